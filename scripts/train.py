@@ -1,0 +1,35 @@
+#!/usr/bin/env python
+"""Train vaswani_mt with the paper's recipe (§5) through Seq2SeqTrainer.
+
+    python scripts/train.py --output_dir outputs/run --preset small ...
+    python scripts/train.py configs/ding_cpu.yaml
+    accelerate launch scripts/train.py ...                                # one or many GPUs (DDP)
+    accelerate launch --multi_gpu --num_processes 2 scripts/train.py --use_cpu ...   # 2 CPU processes
+
+Every Seq2SeqTrainingArguments flag works, plus --preset, --dataset, --source_lang, --target_lang,
+--max_tokens_per_batch, --vocab_size, --tokenizer, ... (`--help` lists them). All logic is in vaswani_mt.training.
+"""
+
+import os
+import sys
+
+# This folder holds evaluate.py, which would shadow the `evaluate` package that vaswani_mt imports.
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+
+import logging
+import shlex
+
+from vaswani_mt.training import parse_args, print_summary, run_training
+
+
+def main() -> None:
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    model_args, data_args, recipe, training_args = parse_args()
+    command = "python " + shlex.join(["scripts/train.py", *sys.argv[1:]])
+    result = run_training(model_args, data_args, recipe, training_args, command=command)
+    if "test" in result or "examples" in result:
+        print_summary(result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""One SGD step of VaswaniTrainer on a fixed global batch of 4 pairs with unequal token counts.
+
+Run as `python tests/ddp_worker.py OUT 4` (one process, batch 4) or with
+`accelerate launch --multi_gpu --num_processes 2 tests/ddp_worker.py OUT 2 --use_cpu` (2 processes x batch 2).
+Rank 0 writes the logged loss and the updated weights to OUT.
+"""
+
+import json
+import sys
+
+import torch
+from safetensors.torch import save_file
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
+
+from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani_mt.training import VaswaniTrainer
+
+out, per_device = sys.argv[1], int(sys.argv[2])
+rows = []
+for i, (src, tgt) in enumerate([(6, 2), (3, 9), (5, 5), (4, 1)]):
+    g = torch.Generator().manual_seed(i)
+    rows.append(
+        {
+            "input_ids": [*torch.randint(4, 200, (src,), generator=g).tolist(), 2],
+            "labels": [*torch.randint(4, 200, (tgt,), generator=g).tolist(), 2],
+        }
+    )
+torch.manual_seed(0)
+model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny", vocab_size=200, dropout=0.0))
+args = Seq2SeqTrainingArguments(
+    output_dir=out,
+    per_device_train_batch_size=per_device,
+    max_steps=1,
+    learning_rate=1.0,
+    optim="sgd",
+    lr_scheduler_type="constant",
+    report_to=[],
+    save_strategy="no",
+    use_cpu="--use_cpu" in sys.argv,
+    disable_tqdm=True,
+    logging_steps=1,
+    ddp_find_unused_parameters=False,
+    seed=0,
+)
+
+
+class _Tok:  # DataCollatorForSeq2Seq needs only padding from a tokenizer
+    pad_token_id = 1
+    padding_side = "right"
+
+    def pad(self, features, return_tensors=None, **kwargs):
+        width = max(len(f["input_ids"]) for f in features)
+        return {
+            "input_ids": torch.tensor([f["input_ids"] + [1] * (width - len(f["input_ids"])) for f in features]),
+            "attention_mask": torch.tensor(
+                [[1] * len(f["input_ids"]) + [0] * (width - len(f["input_ids"])) for f in features]
+            ),
+        }
+
+
+trainer = VaswaniTrainer(
+    model=model,
+    args=args,
+    train_dataset=rows,
+    data_collator=DataCollatorForSeq2Seq(_Tok(), label_pad_token_id=-100),
+    max_tokens_per_batch=None,
+    lr_schedule="trainer",
+)
+trainer.train()
+if trainer.is_world_process_zero():
+    loss = next(row["loss"] for row in trainer.state.log_history if "loss" in row)
+    weights = {k: v.detach().contiguous() for k, v in model.state_dict().items() if "embed_tokens" not in k}
+    weights.pop("lm_head.weight")
+    save_file(weights, f"{out}/weights.safetensors")
+    with open(f"{out}/result.json", "w") as f:
+        json.dump({"loss": loss, "world_size": args.world_size}, f)

@@ -1,0 +1,135 @@
+"""Corpora: the built-in Ding extraction, every local format, Hub datasets, and each bad-data error."""
+
+import json
+
+import datasets
+import pytest
+
+from vaswani_mt.data import DataError, extract_ding_pairs, load_corpus, load_ding, split_by_group
+
+DING_SAMPLE = """# Version :: devel
+Haus {n} | Das Haus ist klein. | Das Haus ist groß.; Das Haus ist riesig. :: \
+house | The house is small. | The house is big.; The house is huge.
+Katze {f} | Die Katze schläft [ugs.] gerne. :: cat | The cat likes to sleep.
+kurz {adj} | Ja. :: short | Yes.
+Hund {m} | Der Hund ist in der Tat ein sehr sehr sehr großer Hund. :: dog | Dog is big.
+Vogel | Das Haus ist klein. :: bird | The small house.
+"""
+
+
+def test_ding_extraction_keeps_whole_sentences_paired_by_position():
+    pairs = extract_ding_pairs(DING_SAMPLE.splitlines())  # the backslash joins the first entry's two halves
+    assert [(de, en) for _, de, en in pairs] == [
+        ("Das Haus ist klein.", "The house is small."),
+        ("Das Haus ist groß.", "The house is big."),
+        ("Das Haus ist riesig.", "The house is huge."),
+        ("Die Katze schläft gerne.", "The cat likes to sleep."),  # [ugs.] annotation removed
+    ]  # "Ja." too short, the dog pair's word ratio > 2, the second "Das Haus ist klein." a duplicate
+    assert [line for line, _, _ in pairs] == [2, 2, 2, 3]
+
+
+def test_split_is_deterministic_and_keeps_groups_together():
+    groups = [str(i // 3) for i in range(3000)]
+    first, second = split_by_group(groups), split_by_group(groups)
+    assert first == second
+    assert sorted(i for indices in first.values() for i in indices) == list(range(3000))
+    for name, indices in first.items():
+        for index in indices:
+            assert all(j in indices for j in range(3 * (index // 3), 3 * (index // 3) + 3)), name
+    assert 0.01 < len(first["validation"]) / 3000 < 0.03 and 0.02 < len(first["test"]) / 3000 < 0.05
+
+
+def test_builtin_corpus_from_debian_package():
+    corpus = load_ding("en", "de")
+    sizes = {k: len(v) for k, v in corpus.items()}
+    assert 18_000 < sizes["train"] < 18_700 and 250 < sizes["validation"] < 450 and 450 < sizes["test"] < 750
+    row = corpus["test"][0]["translation"]
+    assert set(row) == {"en", "de"} and row["en"][-1] in ".!?"
+    reverse = load_corpus("ding", source_lang="de", target_lang="en")
+    assert reverse["test"][0]["translation"] == row  # same split, either direction
+    with pytest.raises(DataError, match="German-English"):
+        load_corpus("ding", source_lang="en", target_lang="fr")
+
+
+def _jsonl(path, rows):
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n", encoding="utf-8")
+    return path
+
+
+PAIRS = [(f"Sentence number {i}.", f"Satz Nummer {i}.") for i in range(200)]
+
+
+def test_jsonl_tsv_and_plain_text_give_the_same_corpus(tmp_path):
+    jsonl = _jsonl(tmp_path / "c.jsonl", [{"translation": {"en": e, "de": d}} for e, d in PAIRS])
+    tsv = tmp_path / "c.tsv"
+    tsv.write_text("de\ten\n" + "".join(f"{d}\t{e}\n" for e, d in PAIRS), encoding="utf-8")
+    (tmp_path / "c.en").write_text("".join(e + "\n" for e, _ in PAIRS), encoding="utf-8")
+    (tmp_path / "c.de").write_text("".join(d + "\n" for _, d in PAIRS), encoding="utf-8")
+    corpora = [load_corpus(str(p)) for p in (jsonl, tsv, tmp_path / "c")]
+    for corpus in corpora:
+        assert sum(len(corpus[s]) for s in ("train", "validation", "test")) == 200
+        assert corpus["train"]["translation"] == corpora[0]["train"]["translation"]
+        assert corpus["test"]["translation"] == corpora[0]["test"]["translation"]
+
+
+def test_hub_dataset_code_path_with_a_locally_built_dataset(tmp_path):
+    folder = tmp_path / "my_wmt"
+    folder.mkdir()
+    for split, chunk in (("train", PAIRS[:150]), ("validation", PAIRS[150:170]), ("test", PAIRS[170:])):
+        _jsonl(folder / f"{split}.jsonl", [{"translation": {"de": d, "en": e}} for e, d in chunk])
+    corpus = load_corpus(str(folder))  # datasets.load_dataset, as for "wmt14" "de-en"
+    assert {k: len(v) for k, v in corpus.items()} == {"train": 150, "validation": 20, "test": 30}
+    saved = tmp_path / "saved"
+    datasets.DatasetDict({"train": corpus["train"], "test": corpus["test"]}).save_to_disk(saved)
+    corpus = load_corpus(str(saved))  # no validation split: held out from train
+    assert len(corpus["validation"]) > 0 and len(corpus["train"]) + len(corpus["validation"]) == 150
+    with pytest.raises(DataError, match="'fr' missing"):
+        load_corpus(str(folder), source_lang="fr")
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("bad.jsonl", '{"translation": {"en": "Hi.", "de": "Hallo."}}\n{"translation": {"en": "x"}}\n',
+         r"bad.jsonl:2: language 'de' missing"),
+        ("bad.jsonl", '{"translation": {"en": "Hi.", "de": "  "}}\n', r"bad.jsonl:1: the 'de' side is empty"),
+        ("bad.jsonl", '{"translation": {"en": "Hi.", "de": "Hallo."}}\n{oops\n', r"bad.jsonl:2: not valid JSON"),
+        ("bad.jsonl", '{"en": "Hi.", "de": "Hallo."}\n', r"bad.jsonl:1: expected"),
+        ("bad.tsv", "en\tfr\nHi.\tSalut.\n", r"bad.tsv:1: the header .* does not name language 'de'"),
+        ("bad.tsv", "en\tde\nHi.\tHallo.\nonly one field\n", r"bad.tsv:3: 1 fields, the header has 2"),
+        ("bad.tsv", "en\tde\nHi.\t\n", r"bad.tsv:2: the 'de' side is empty"),
+    ],
+)  # fmt: skip
+def test_bad_local_files_name_file_line_and_problem(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(DataError, match=message):
+        load_corpus(str(path))
+
+
+def test_undecodable_bytes_are_reported_with_their_line(tmp_path):
+    path = tmp_path / "latin1.tsv"
+    path.write_bytes("en\tde\nHi.\tHallo.\nStreet.\tStra\xdfe.\n".encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin1.tsv:3: bytes that are not UTF-8"):
+        load_corpus(str(path))
+
+
+def test_misaligned_and_missing_plain_text_files(tmp_path):
+    (tmp_path / "c.en").write_text("One.\nTwo.\nThree.\n")
+    (tmp_path / "c.de").write_text("Eins.\nZwei.\n")
+    with pytest.raises(DataError, match=r"c.en has 3 lines but .*c.de has 2"):
+        load_corpus(str(tmp_path / "c"))
+    (tmp_path / "d.en").write_text("One.\n")
+    with pytest.raises(DataError, match=r"d.de: missing"):
+        load_corpus(str(tmp_path / "d"))
+    (tmp_path / "e.en").write_text("One.\n\nThree.\n")
+    (tmp_path / "e.de").write_text("Eins.\nZwei.\nDrei.\n")
+    with pytest.raises(DataError, match=r"e.en:2: the 'source' side is empty"):
+        load_corpus(str(tmp_path / "e"))
+
+
+def test_unknown_file_format_is_refused(tmp_path):
+    path = tmp_path / "corpus.csv"
+    path.write_text("en,de\n")
+    with pytest.raises(DataError, match="unknown format"):
+        load_corpus(str(path))

@@ -1,0 +1,239 @@
+"""The training recipe (§5): schedule, loss under DDP, resume, averaging, and the whole job on small data."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani_mt.checkpoints import average_checkpoints, last_checkpoint, list_checkpoints
+from vaswani_mt.training import VaswaniTrainer, paper_learning_rate, parse_args, plot_curves
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+ACCELERATE = str(Path(PYTHON).parent / "accelerate")
+
+
+def test_learning_rate_at_step_1_warmup_and_100000():
+    d, w = 512, 4000
+    assert paper_learning_rate(1, d, w) == pytest.approx(512**-0.5 * 4000**-1.5)  # not zero on the first update
+    assert paper_learning_rate(4000, d, w) == pytest.approx((512 * 4000) ** -0.5)  # the peak, 6.99e-4
+    assert paper_learning_rate(4000, d, w) == pytest.approx(6.9877e-4, rel=1e-4)
+    assert paper_learning_rate(100_000, d, w) == pytest.approx(512**-0.5 * 100_000**-0.5)
+    assert paper_learning_rate(4001, d, w) < paper_learning_rate(4000, d, w) > paper_learning_rate(3999, d, w)
+    assert paper_learning_rate(10, d, w, scale=2.0) == pytest.approx(2 * paper_learning_rate(10, d, w))
+
+
+def test_trainer_uses_the_papers_schedule_and_adam(tmp_path):
+    model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny", d_model=512, num_heads=8))
+    args_tuple = parse_args(["--output_dir", str(tmp_path), "--report_to", "none"])
+    training_args = args_tuple[3]
+    trainer = VaswaniTrainer(model=model, args=training_args, lr_schedule="paper")
+    trainer.create_optimizer_and_scheduler(num_training_steps=200_000)
+    optimizer, scheduler = trainer.optimizer, trainer.lr_scheduler
+    group = optimizer.param_groups[0]
+    assert (group["betas"], group["eps"], group["weight_decay"]) == ((0.9, 0.98), 1e-9, 0.0)
+    assert group["lr"] == pytest.approx(paper_learning_rate(1, 512, 4000))  # the lr the first update uses
+    for step in (4000, 100_000):  # lr used by update `step` = after step - 1 scheduler steps
+        assert scheduler.lr_lambdas[0](step - 1) == pytest.approx(paper_learning_rate(step, 512, 4000))
+
+
+def test_config_file_sets_options_and_command_line_wins(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("preset: small\nmax_tokens_per_batch: 3000\nwarmup_steps: 800\nlearning_rate: 2.0\n")
+    model_args, data_args, _, training_args = parse_args(["--config", str(config), "--warmup_steps", "900"])
+    assert (model_args.preset, data_args.max_tokens_per_batch) == ("small", 3000)
+    assert (training_args.warmup_steps, training_args.learning_rate) == (900, 2.0)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("presett: small\n")
+    with pytest.raises(ValueError, match=r"bad.yaml.*presett"):
+        parse_args([str(bad)])
+
+
+def test_two_process_ddp_gives_the_same_loss_and_update_as_one_process(tmp_path):
+    """Micro-batches of unequal token counts: the global mean must not become a mean of per-rank means."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    worker = str(ROOT / "tests" / "ddp_worker.py")
+    single, double = tmp_path / "single", tmp_path / "double"
+    subprocess.run([PYTHON, worker, str(single), "4", "--use_cpu"], check=True, env=env, capture_output=True)
+    launch = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
+    launch += ["--main_process_port", str(_free_port())]
+    launch += ["--mixed_precision", "no", "--dynamo_backend", "no", worker, str(double), "2", "--use_cpu"]
+    result = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    one, two = (json.loads((d / "result.json").read_text()) for d in (single, double))
+    assert (one["world_size"], two["world_size"]) == (1, 2)
+    assert two["loss"] == pytest.approx(one["loss"], rel=1e-5)
+    a, b = load_file(single / "weights.safetensors"), load_file(double / "weights.safetensors")
+    moved = False
+    start = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny", vocab_size=200)).state_dict()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=1e-5, msg=key)
+        moved |= key in start and not torch.allclose(a[key], start[key]) if a[key].shape == start[key].shape else 0
+    assert moved
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_jsonl(path: Path, count: int = 240) -> Path:
+    words = "the a house cat dog small big red green runs sleeps eats sees quickly today".split()
+    german = "der die das Haus Katze Hund klein groß rot grün läuft schläft isst sieht schnell heute".split()
+    rows = []
+    for i in range(count):
+        idx = [(i * 7 + k * 3) % len(words) for k in range(3 + i % 5)]
+        en = " ".join(words[j] for j in idx).capitalize() + "."
+        de = " ".join(german[j] for j in idx).capitalize() + "."
+        rows.append(json.dumps({"translation": {"en": en, "de": de}}, ensure_ascii=False))
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def _train_command(data: Path, output: Path, *extra: str) -> list[str]:
+    return [
+        PYTHON, str(ROOT / "scripts" / "train.py"), "--dataset", str(data), "--output_dir", str(output),
+        "--preset", "tiny", "--vocab_size", "300", "--max_tokens_per_batch", "256", "--warmup_steps", "4",
+        "--logging_steps", "1", "--save_steps", "2", "--save_total_limit", "10", "--report_to", "none",
+        "--dropout", "0.0", "--seed", "3", "--test_bleu", "false", "--disable_tqdm", "true", *extra,
+    ]  # fmt: skip
+
+
+def _history(output: Path) -> list[dict]:
+    return json.loads((output / "trainer_state.json").read_text())["log_history"]
+
+
+def test_resume_continues_the_schedule_and_the_data_order(tmp_path):
+    data = _write_jsonl(tmp_path / "pairs.jsonl")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    # Runs past one epoch (about 8 batches of 256 tokens), so the resumed epoch must shuffle as the original did.
+    subprocess.run(_train_command(data, straight, "--max_steps", "12"), check=True, env=env, capture_output=True)
+    subprocess.run(_train_command(data, resumed, "--max_steps", "10"), check=True, env=env, capture_output=True)
+    result = subprocess.run(_train_command(data, resumed, "--max_steps", "12"), env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resuming from" in result.stderr and "checkpoint-10" in result.stderr
+    a, b = _history(straight), _history(resumed)
+    for step in (11, 12):
+        row_a = next(r for r in a if r.get("step") == step and "loss" in r)
+        row_b = next(r for r in b if r.get("step") == step and "loss" in r)
+        assert row_b["learning_rate"] == pytest.approx(row_a["learning_rate"])
+        assert row_b["target_tokens_per_step"] == row_a["target_tokens_per_step"]  # the same batch
+        assert row_b["loss"] == pytest.approx(row_a["loss"], rel=1e-4)
+    wa, wb = (
+        load_file(straight / "checkpoint-12" / "model.safetensors"),
+        load_file(resumed / "checkpoint-12" / "model.safetensors"),
+    )
+    for key in wa:
+        torch.testing.assert_close(wa[key], wb[key], atol=1e-5, rtol=1e-4)
+
+
+def test_killed_run_resumes_from_its_last_complete_checkpoint(tmp_path):
+    data = _write_jsonl(tmp_path / "pairs.jsonl")
+    output = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(
+        _train_command(data, output, "--max_steps", "100000"), env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(list_checkpoints(output)) < 2:
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    survivor = last_checkpoint(output)
+    assert survivor is not None
+    (output / "checkpoint-999999").mkdir()  # a checkpoint cut off while being written: no trainer_state.json
+    (output / "checkpoint-999999" / "model.safetensors").write_bytes(b"partial")
+    step = int(survivor.name.split("-")[1])
+    result = subprocess.run(
+        _train_command(data, output, "--max_steps", str(step + 2)), env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"resuming from {survivor}" in result.stderr
+    assert "ignoring" in result.stderr and "checkpoint-999999" in result.stderr
+    assert json.loads((output / "trainer_state.json").read_text())["global_step"] == step + 2
+
+
+def test_averaging_writes_the_mean_of_the_last_k_checkpoints(tmp_path):
+    checkpoints = tmp_path / "run"
+    models = []
+    for step, seed in ((1, 0), (2, 1), (3, 2)):
+        torch.manual_seed(seed)
+        model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny"))
+        folder = checkpoints / f"checkpoint-{step}"
+        model.save_pretrained(folder)
+        (folder / "trainer_state.json").write_text("{}")
+        models.append(model)
+    (checkpoints / "checkpoint-4").mkdir()  # incomplete: ignored
+    out = average_checkpoints(checkpoints, last=2, output=tmp_path / "avg")
+    averaged = VaswaniForConditionalGeneration.from_pretrained(out)
+    expected = (models[1].model.shared.weight + models[2].model.shared.weight) / 2
+    torch.testing.assert_close(averaged.model.shared.weight, expected)
+    assert averaged.lm_head.weight is averaged.model.shared.weight
+    torch.testing.assert_close(
+        averaged.model.decoder.layers[0].ffn.fc1.bias,
+        (models[1].model.decoder.layers[0].ffn.fc1.bias + models[2].model.decoder.layers[0].ffn.fc1.bias) / 2,
+    )
+    assert not (out / "trainer_state.json").exists()
+    with pytest.raises(ValueError, match="checkpoints"):
+        average_checkpoints(checkpoints, last=2, output=checkpoints)
+
+
+def test_average_script_loads_in_a_fresh_process(tmp_path):
+    checkpoints = tmp_path / "run"
+    for step in (1, 2):
+        torch.manual_seed(step)
+        folder = checkpoints / f"checkpoint-{step}"
+        VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny")).save_pretrained(folder)
+        (folder / "trainer_state.json").write_text("{}")
+    out = tmp_path / "averaged"
+    subprocess.run(
+        [PYTHON, str(ROOT / "scripts" / "average_checkpoints.py"), "--checkpoint_dir", str(checkpoints),
+         "--last", "2", "--output", str(out)], check=True, capture_output=True,
+    )  # fmt: skip
+    probe = (
+        "import sys, vaswani_mt; from transformers import AutoModelForSeq2SeqLM as A; A.from_pretrained(sys.argv[1])"
+    )
+    subprocess.run([PYTHON, "-c", probe, str(out)], check=True, capture_output=True)
+
+
+def test_plot_has_a_panel_per_logged_curve(tmp_path):
+    history = [
+        {"step": s, "loss": 5 - s / 10, "learning_rate": 1e-3, "target_tokens_per_second": 900} for s in range(5)
+    ]
+    path = plot_curves(history, tmp_path / "curves.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_end_to_end_job_on_local_jsonl(tmp_path):
+    """The main job, small: trains, averages the last checkpoints, scores the test split, writes a Hub folder."""
+    data = _write_jsonl(tmp_path / "pairs.jsonl", count=400)
+    output = tmp_path / "run"
+    command = _train_command(data, output, "--max_steps", "8", "--average_last", "3", "--test_bleu", "true")
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "test sacreBLEU" in result.stdout and "signature: nrefs:1|case:mixed" in result.stdout
+    files = {p.name for p in output.iterdir()}
+    assert {"model.safetensors", "config.json", "generation_config.json", "modeling_vaswani.py", "tokenizer.json",
+            "README.md", "results.json", "training_curves.png"} <= files  # fmt: skip
+    assert "training_args.bin" not in files  # no pickle in the published folder
+    results = json.loads((output / "results.json").read_text())
+    assert 0.0 <= results["test"]["score"] <= 100.0
+    card = (output / "README.md").read_text()
+    assert f"value: {round(results['test']['score'], 2)}" in card and "checkpoint-8" in card
+    history = _history(output)
+    logged = [r for r in history if "loss" in r]
+    assert all(r["target_tokens_per_step"] > 0 and r["target_tokens_per_second"] > 0 for r in logged)
+    assert logged[0]["learning_rate"] > 0

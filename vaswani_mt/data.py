@@ -1,0 +1,334 @@
+"""Parallel text: the built-in German-English corpus, local files and Hub datasets, as `datasets.DatasetDict`s.
+
+Every corpus comes out in the Hub's translation convention, splits "train", "validation" and "test", rows
+`{"translation": {"en": ..., "de": ...}}`, so the rest of the pipeline never cares where it came from.
+
+- `"ding"` (the default): sentence pairs extracted at run time from Debian's `trans-de-en` package (the Ding
+  dictionary, GPL-2+). The package is fetched with `apt-get download`, unpacked with `dpkg-deb -x` and the result
+  cached; the extracted text is never part of this repository. Split by dictionary entry, never by pair.
+- A local file: JSONL rows `{"translation": {...}}`, a TSV whose header names the languages, or a path prefix `P`
+  with two aligned plain-text files `P.<src>` and `P.<tgt>`. Split deterministically by line.
+- A directory saved with `DatasetDict.save_to_disk`.
+- Anything else goes to `datasets.load_dataset(name, config)`: a Hub id such as `wmt14` `de-en`, or a local
+  dataset folder.
+
+Bad data raises `DataError` naming the file, the line and the problem; nothing is dropped without a logged count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import datasets
+
+logger = logging.getLogger(__name__)
+
+BUILTIN_CORPUS = "ding"
+DING_PACKAGE = "trans-de-en"
+DING_PATH_IN_PACKAGE = "usr/share/trans/de-en"
+SPLITS = ("train", "validation", "test")
+# Fractions of dictionary entries (not pairs) held out; about 340 dev and 620 test pairs out of ~19,200.
+HELD_OUT = {"validation": 0.018, "test": 0.032}
+
+
+class DataError(ValueError):
+    """Bad input data; the message names the file, the line and the problem."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Deterministic splits
+
+
+def _bucket(key: str, seed: int) -> float:
+    """A stable number in [0, 1) for `key`: the same split on every machine and Python version."""
+    digest = hashlib.sha256(f"{seed}:{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def split_by_group(groups: Sequence[str], seed: int = 0) -> dict[str, list[int]]:
+    """Assigns each item to train/validation/test by a hash of its group, so items of one group stay together."""
+    out: dict[str, list[int]] = {name: [] for name in SPLITS}
+    dev, test = HELD_OUT["validation"], HELD_OUT["test"]
+    for index, group in enumerate(groups):
+        u = _bucket(group, seed)
+        out["validation" if u < dev else "test" if u < dev + test else "train"].append(index)
+    return out
+
+
+def _to_dataset_dict(pairs: Sequence[tuple[str, str]], groups: Sequence[str], source: str, target: str, seed: int):
+    indices = split_by_group(groups, seed)
+    return datasets.DatasetDict(
+        {
+            name: datasets.Dataset.from_dict({"translation": [{source: pairs[i][0], target: pairs[i][1]} for i in idx]})
+            for name, idx in indices.items()
+        }
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The built-in corpus: sentence pairs from the Ding dictionary
+
+_ANNOTATION = re.compile(r"\{[^}]*\}|\[[^\]]*\]")
+
+
+def _clean(text: str) -> str:
+    return re.sub(r"\s+", " ", _ANNOTATION.sub("", text)).strip()
+
+
+def _is_sentence(text: str) -> bool:
+    return len(text.split()) >= 3 and text[0].isupper() and text[-1] in ".!?"
+
+
+def extract_ding_pairs(lines: Iterable[str]) -> list[tuple[int, str, str]]:
+    """(line number, German, English) for the sub-entries of the dictionary that are whole sentences on both sides.
+
+    A line reads `de1 | de2 ... :: en1 | en2 ...`; sub-entries pair by position and `;` separates variants, which
+    pair by position too. Kept: >= 3 words, capitalised, ending in . ! or ?, after removing `{...}` and `[...]`
+    annotations, word-count ratio <= 2, each German sentence once.
+    """
+    pairs, seen = [], set()
+    for lineno, line in enumerate(lines, 1):
+        if line.startswith("#") or "::" not in line:
+            continue
+        german, english = line.rstrip("\n").split("::", 1)
+        german_subs, english_subs = german.split("|"), english.split("|")
+        if len(german_subs) != len(english_subs):
+            continue
+        for german_sub, english_sub in zip(german_subs, english_subs, strict=True):
+            for de, en in zip(german_sub.split(";"), english_sub.split(";"), strict=False):
+                de, en = _clean(de), _clean(en)
+                if not (_is_sentence(de) and _is_sentence(en)) or de in seen:
+                    continue
+                words_de, words_en = len(de.split()), len(en.split())
+                if max(words_de, words_en) > 2 * min(words_de, words_en):
+                    continue
+                seen.add(de)
+                pairs.append((lineno, de, en))
+    return pairs
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("VASWANI_MT_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "vaswani_mt"
+    )
+    return Path(root)
+
+
+def _fetch_ding_dictionary(directory: Path) -> Path:
+    """The dictionary file: an installed package's, else `apt-get download` + `dpkg-deb -x` into the cache."""
+    installed = Path("/") / DING_PATH_IN_PACKAGE
+    if installed.is_file():
+        return installed
+    target = directory / "de-en"
+    if target.is_file():
+        return target
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+        for tool in ("apt-get", "dpkg-deb"):
+            if shutil.which(tool) is None:
+                raise DataError(
+                    f"the built-in corpus needs Debian's {tool} to fetch the {DING_PACKAGE} package; install "
+                    f"{DING_PACKAGE} or pass --dataset with your own parallel text"
+                )
+        result = subprocess.run(["apt-get", "download", DING_PACKAGE], cwd=tmp, capture_output=True, text=True)
+        debs = list(Path(tmp).glob(f"{DING_PACKAGE}_*.deb"))
+        if result.returncode != 0 or not debs:
+            raise DataError(f"apt-get download {DING_PACKAGE} failed: {result.stderr.strip() or result.stdout.strip()}")
+        subprocess.run(["dpkg-deb", "-x", str(debs[0]), os.path.join(tmp, "root")], check=True)
+        # Move into place only once complete, so an interrupted download never looks like a finished one.
+        os.replace(os.path.join(tmp, "root", DING_PATH_IN_PACKAGE), target)
+    return target
+
+
+def load_ding(source_lang: str = "en", target_lang: str = "de", seed: int = 0) -> datasets.DatasetDict:
+    """The built-in en-de corpus (about 19,200 pairs), split by dictionary entry; cached as JSONL after extraction."""
+    if {source_lang, target_lang} != {"en", "de"}:
+        raise DataError(f"the built-in corpus is German-English; got languages {source_lang!r} and {target_lang!r}")
+    directory = cache_dir() / "ding"
+    pairs_file = directory / "pairs.jsonl"
+    if not pairs_file.is_file():
+        dictionary = _fetch_ding_dictionary(directory)
+        with open(dictionary, encoding="utf-8") as f:
+            extracted = extract_ding_pairs(f)
+        tmp = pairs_file.with_suffix(".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            for entry, de, en in extracted:
+                f.write(json.dumps({"entry": entry, "de": de, "en": en}, ensure_ascii=False) + "\n")
+        os.replace(tmp, pairs_file)
+        logger.info("extracted %d sentence pairs from %s into %s", len(extracted), dictionary, pairs_file)
+    rows = [json.loads(line) for line in pairs_file.read_text(encoding="utf-8").splitlines()]
+    pairs = [(row[source_lang], row[target_lang]) for row in rows]
+    return _to_dataset_dict(pairs, [str(row["entry"]) for row in rows], source_lang, target_lang, seed)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Local files
+
+
+def _read_lines(path: Path) -> list[str]:
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: bytes that are not UTF-8 ({data[error.start : error.end]!r})") from None
+    return text.splitlines()
+
+
+def _check_side(path: Path, line: int, lang: str, text) -> str:
+    if not isinstance(text, str):
+        raise DataError(f"{path}:{line}: the {lang!r} side is not a string: {text!r}")
+    if not text.strip():
+        raise DataError(f"{path}:{line}: the {lang!r} side is empty")
+    return text.strip()
+
+
+def read_jsonl(path: Path, source_lang: str, target_lang: str) -> list[tuple[str, str]]:
+    pairs = []
+    for line, raw in enumerate(_read_lines(path), 1):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise DataError(f"{path}:{line}: not valid JSON ({error.msg})") from None
+        translation = row.get("translation") if isinstance(row, dict) else None
+        if not isinstance(translation, dict):
+            raise DataError(f'{path}:{line}: expected {{"translation": {{...}}}}, got {raw[:80]!r}')
+        for lang in (source_lang, target_lang):
+            if lang not in translation:
+                raise DataError(f"{path}:{line}: language {lang!r} missing (has {sorted(translation)})")
+        pairs.append(tuple(_check_side(path, line, lang, translation[lang]) for lang in (source_lang, target_lang)))
+    return pairs
+
+
+def read_tsv(path: Path, source_lang: str, target_lang: str) -> list[tuple[str, str]]:
+    lines = _read_lines(path)
+    if not lines:
+        raise DataError(f"{path}:1: empty file; expected a header naming the languages")
+    header = lines[0].split("\t")
+    for lang in (source_lang, target_lang):
+        if lang not in header:
+            raise DataError(f"{path}:1: the header {header} does not name language {lang!r}")
+    columns = [header.index(source_lang), header.index(target_lang)]
+    pairs = []
+    for line, raw in enumerate(lines[1:], 2):
+        fields = raw.split("\t")
+        if len(fields) != len(header):
+            raise DataError(f"{path}:{line}: {len(fields)} fields, the header has {len(header)}")
+        pairs.append(tuple(_check_side(path, line, header[c], fields[c]) for c in columns))
+    return pairs
+
+
+def read_parallel_text(source_path: str | Path, target_path: str | Path) -> list[tuple[str, str]]:
+    source_path, target_path = Path(source_path), Path(target_path)
+    sources, targets = _read_lines(source_path), _read_lines(target_path)
+    if len(sources) != len(targets):
+        raise DataError(
+            f"{source_path} has {len(sources)} lines but {target_path} has {len(targets)}: the files are not aligned"
+        )
+    return [
+        (_check_side(source_path, i, "source", s), _check_side(target_path, i, "target", t))
+        for i, (s, t) in enumerate(zip(sources, targets, strict=True), 1)
+    ]
+
+
+def _local_pairs(dataset: str, source_lang: str, target_lang: str) -> list[tuple[str, str]] | None:
+    path = Path(dataset)
+    if path.is_file() and path.suffix in (".jsonl", ".json"):
+        return read_jsonl(path, source_lang, target_lang)
+    if path.is_file() and path.suffix in (".tsv", ".tab"):
+        return read_tsv(path, source_lang, target_lang)
+    source, target = Path(f"{dataset}.{source_lang}"), Path(f"{dataset}.{target_lang}")
+    if source.is_file() or target.is_file():
+        for p in (source, target):
+            if not p.is_file():
+                raise DataError(f"{p}: missing; plain-text corpora need both {source} and {target}")
+        return read_parallel_text(source, target)
+    if path.is_file():
+        raise DataError(
+            f"{path}: unknown format; use .jsonl, .tsv, or two files PREFIX.{source_lang} PREFIX.{target_lang}"
+        )
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Entry point
+
+
+def load_corpus(
+    dataset: str = BUILTIN_CORPUS,
+    dataset_config: str | None = None,
+    source_lang: str = "en",
+    target_lang: str = "de",
+    seed: int = 0,
+) -> datasets.DatasetDict:
+    """Loads `dataset` (see the module docstring) as train/validation/test in the translation convention."""
+    if source_lang == target_lang:
+        raise DataError(f"source and target language are both {source_lang!r}")
+    if dataset == BUILTIN_CORPUS:
+        return load_ding(source_lang, target_lang, seed)
+    pairs = _local_pairs(dataset, source_lang, target_lang)
+    if pairs is not None:
+        if not pairs:
+            raise DataError(f"{dataset}: no sentence pairs")
+        return _to_dataset_dict(pairs, [str(i) for i in range(len(pairs))], source_lang, target_lang, seed)
+    if Path(dataset, "dataset_dict.json").is_file():
+        corpus = datasets.load_from_disk(dataset)
+    else:
+        corpus = datasets.load_dataset(dataset, dataset_config)  # a Hub id, or a local dataset folder
+    return _normalise_hub_corpus(corpus, dataset, source_lang, target_lang, seed)
+
+
+def _normalise_hub_corpus(corpus, name: str, source_lang: str, target_lang: str, seed: int) -> datasets.DatasetDict:
+    aliases = {"valid": "validation", "dev": "validation"}
+    corpus = datasets.DatasetDict({aliases.get(k, k): v for k, v in corpus.items()})
+    if "train" not in corpus:
+        raise DataError(f"{name}: no 'train' split (has {sorted(corpus)})")
+    train = corpus["train"]
+    if "translation" not in train.column_names:
+        raise DataError(f"{name}: no 'translation' column (has {train.column_names})")
+    languages = set(train[0]["translation"])
+    for lang in (source_lang, target_lang):
+        if lang not in languages:
+            raise DataError(f"{name}: language {lang!r} missing (has {sorted(languages)})")
+    if "validation" not in corpus or "test" not in corpus:
+        # Hold out from train deterministically by row, as for local files.
+        held = split_by_group([str(i) for i in range(len(train))], seed)
+        keep = list(held["train"])
+        for split in ("validation", "test"):
+            if split in corpus:
+                keep += held[split]  # that split exists: its bucket of train rows stays in train
+            else:
+                corpus[split] = train.select(held[split])
+        corpus["train"] = train.select(sorted(keep))
+    return datasets.DatasetDict({split: corpus[split] for split in SPLITS})
+
+
+def source_target(corpus: datasets.Dataset, source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:
+    """The source and target sentences of a split, as two aligned lists."""
+    rows = corpus["translation"]
+    return [row[source_lang] for row in rows], [row[target_lang] for row in rows]
+
+
+__all__ = [
+    "BUILTIN_CORPUS",
+    "DataError",
+    "extract_ding_pairs",
+    "load_corpus",
+    "load_ding",
+    "read_jsonl",
+    "read_parallel_text",
+    "read_tsv",
+    "source_target",
+    "split_by_group",
+]

@@ -1,0 +1,644 @@
+"""Training with the paper's recipe (§5) through transformers' `Seq2SeqTrainer` and accelerate.
+
+- `paper_learning_rate`: Eq. (3), `lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)`.
+- `VaswaniTrainer`: `Seq2SeqTrainer` with token-budget batches (§5.1), the paper's schedule and Adam settings,
+  and tokens per step / per second in the logs.
+- `run_training`: the whole job: corpus, tokenizer, model, training (resuming from the last complete checkpoint),
+  checkpoint averaging (§6.1), test BLEU, and a Hub-ready folder with a model card.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+from torch.utils.data import DataLoader
+from transformers import (
+    AutoTokenizer,
+    DataCollatorForSeq2Seq,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+    TrainerCallback,
+    set_seed,
+)
+
+from .batching import TokenBudgetBatchSampler
+from .checkpoints import average_checkpoints, last_checkpoint, list_checkpoints
+from .configuration_vaswani import PRESETS, VaswaniConfig
+from .data import BUILTIN_CORPUS, load_corpus, source_target
+from .evaluation import bleu, evaluate_bleu
+from .hub import render_model_card, widget_yaml
+from .modeling_vaswani import VaswaniForConditionalGeneration
+from .tokenization import train_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+def paper_learning_rate(step: int, d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
+    """§5.3 Eq. (3): `scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)`, for update `step` >= 1.
+
+    The rate rises linearly for `warmup_steps` updates, peaks at `scale * (d_model * warmup_steps)^-0.5`, then
+    decays as the inverse square root of the step. `scale` is 1 in the paper; small models trained for minutes
+    on a CPU can need another peak, hence the factor (exposed as `--learning_rate`, a multiplier).
+    """
+    step = max(step, 1)
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Arguments: HfArgumentParser dataclasses next to Seq2SeqTrainingArguments
+
+
+@dataclass
+class ModelArguments:
+    preset: str = field(default="base", metadata={"help": f"model shape: one of {sorted(PRESETS)}"})
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "start from a saved vaswani_mt model (folder or Hub id) instead of a preset"}
+    )
+    tokenizer: str | None = field(
+        default=None, metadata={"help": "reuse a saved tokenizer (folder or Hub id); default: train one"}
+    )
+    vocab_size: int = field(default=37000, metadata={"help": "size of the joint BPE vocabulary to train (§5.1)"})
+    dropout: float | None = field(default=None, metadata={"help": "P_drop; default: the preset's"})
+    label_smoothing: float | None = field(default=None, metadata={"help": "eps_ls; default: the preset's (0.1)"})
+    attn_implementation: str = field(default="sdpa", metadata={"help": "sdpa or eager"})
+
+
+@dataclass
+class DataArguments:
+    dataset: str = field(
+        default=BUILTIN_CORPUS,
+        metadata={"help": "'ding' (built-in en-de), a .jsonl/.tsv file, a PREFIX of PREFIX.<lang> files, or a Hub id"},
+    )
+    dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset config, e.g. de-en for wmt14"})
+    source_lang: str = field(default="en")
+    target_lang: str = field(default="de")
+    max_tokens_per_batch: int | None = field(
+        default=4096,
+        metadata={"help": "token budget per batch and device, each side (padded); 0 = Trainer's fixed batch size"},
+    )
+    max_source_length: int = field(default=256, metadata={"help": "longer pairs are dropped (counted in the log)"})
+    max_target_length: int = field(default=256)
+    max_train_samples: int | None = field(default=None, metadata={"help": "use only the first N training pairs"})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "use only the first N dev/test pairs"})
+
+
+@dataclass
+class RecipeArguments:
+    lr_schedule: str = field(
+        default="paper",
+        metadata={"help": "'paper' (Eq. 3, --learning_rate multiplies it) or 'trainer' (--lr_scheduler_type)"},
+    )
+    checkpoint_minutes: float | None = field(
+        default=None, metadata={"help": "also save a checkpoint every M minutes of wall time (the paper: 10)"}
+    )
+    time_budget_minutes: float | None = field(
+        default=None, metadata={"help": "stop training (with a checkpoint) after M minutes of wall time"}
+    )
+    average_last: int = field(
+        default=5, metadata={"help": "publish the mean of the last K checkpoints (§6.1; 1 = the final weights)"}
+    )
+    eval_bleu: bool = field(default=False, metadata={"help": "dev-set BLEU at each evaluation during training"})
+    test_bleu: bool = field(default=True, metadata={"help": "sacreBLEU on the test split at the end"})
+    show_translations: int = field(default=5, metadata={"help": "test sentences printed with their translations"})
+    config: str | None = field(default=None, metadata={"help": "a YAML or JSON file with any of these options"})
+
+
+# The recipe's defaults for Seq2SeqTrainingArguments: §5.3 Adam, Eq. (3) with warmup 4000, no weight decay.
+TRAINING_DEFAULTS = dict(
+    learning_rate=1.0,
+    warmup_steps=4000,
+    adam_beta1=0.9,
+    adam_beta2=0.98,
+    adam_epsilon=1e-9,
+    weight_decay=0.0,
+    optim="adamw_torch_fused",
+    max_grad_norm=0.0,
+    logging_steps=50,
+    save_steps=1000,
+    save_total_limit=5,
+    report_to=["tensorboard"],
+    output_dir="outputs/run",
+    per_device_train_batch_size=64,
+    per_device_eval_batch_size=64,
+    dataloader_drop_last=False,
+    remove_unused_columns=True,
+    predict_with_generate=False,
+    ddp_find_unused_parameters=False,
+)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The Trainer
+
+
+class VaswaniTrainer(Seq2SeqTrainer):
+    """`Seq2SeqTrainer` with the paper's batching and schedule, and token counts in the logs.
+
+    `max_tokens_per_batch` switches the training DataLoader to `TokenBudgetBatchSampler` (per device; each rank
+    gets distinct batches and the same number of steps). `lr_schedule="paper"` replaces `--lr_scheduler_type`
+    with Eq. (3) times `--learning_rate`. Logs gain `source_tokens_per_step`, `target_tokens_per_step` (whole
+    optimizer step, all processes) and `target_tokens_per_second` (wall time).
+    """
+
+    def __init__(self, *args, max_tokens_per_batch: int | None = None, lr_schedule: str = "paper", **kwargs):
+        super().__init__(*args, **kwargs)
+        if lr_schedule not in ("paper", "trainer"):
+            raise ValueError(f"lr_schedule must be 'paper' or 'trainer', got {lr_schedule!r}")
+        self.max_tokens_per_batch = max_tokens_per_batch
+        self.lr_schedule = lr_schedule
+        self.token_sampler: TokenBudgetBatchSampler | None = None
+        self._token_counts = torch.zeros(2, dtype=torch.long)  # source, target tokens since the last log
+        self._micro_batches = 0
+        self._window_start: float | None = None
+        if max_tokens_per_batch:
+            self.add_callback(_SamplerEpochCallback(self))
+
+    def get_train_dataloader(self) -> DataLoader:
+        if not self.max_tokens_per_batch:
+            return super().get_train_dataloader()
+        dataset = self.train_dataset
+        sampler = TokenBudgetBatchSampler(
+            dataset["source_length"],
+            dataset["target_length"],
+            self.max_tokens_per_batch,
+            shuffle=True,
+            seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed,
+            num_replicas=max(1, self.args.world_size),
+            rank=self.args.process_index,
+        )
+        dataset = self._remove_unused_columns(dataset, description="training")
+        loader = DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            collate_fn=self.data_collator,
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory and torch.cuda.is_available(),
+        )
+        loader = self.accelerator.prepare(loader)
+        # The sampler already gives each rank its own batches; accelerate's BatchSamplerShard would split them
+        # again (transformers does the same for its BatchRebalanceSampler).
+        shard = getattr(loader, "batch_sampler", None)
+        if shard is not None and getattr(shard, "batch_sampler", None) is sampler:
+            shard.num_processes, shard.process_index = 1, 0
+        self.token_sampler = sampler
+        return loader
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        if self.lr_schedule != "paper":
+            return super().create_scheduler(num_training_steps, optimizer)
+        if self.lr_scheduler is None:
+            optimizer = optimizer if optimizer is not None else self.optimizer
+            warmup = self.args.get_warmup_steps(num_training_steps)
+            if warmup < 1:
+                raise ValueError(f"the paper's schedule needs warmup_steps >= 1, got {self.args.warmup_steps}")
+            d_model = self.model.config.d_model
+            # LambdaLR multiplies --learning_rate (the scale); its index 0 is the first update, the paper's step 1.
+            self.lr_scheduler = LambdaLR(optimizer, partial(_paper_lambda, d_model=d_model, warmup=warmup))
+        return self.lr_scheduler
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if self._window_start is None:
+            self._window_start = time.perf_counter()
+        self._micro_batches += 1
+        self._token_counts[0] += int(inputs["attention_mask"].sum())
+        self._token_counts[1] += int(inputs["labels"].ne(-100).sum())
+        return super().training_step(model, inputs, num_items_in_batch)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs and "eval_loss" not in logs and self._micro_batches:
+            counts = self.accelerator.reduce(self._token_counts.to(self.args.device), reduction="sum").cpu()
+            steps = self._micro_batches / self.args.gradient_accumulation_steps
+            seconds = max(time.perf_counter() - self._window_start, 1e-9)
+            logs["source_tokens_per_step"] = round(int(counts[0]) / steps, 1)
+            logs["target_tokens_per_step"] = round(int(counts[1]) / steps, 1)
+            logs["target_tokens_per_second"] = round(int(counts[1]) / seconds, 1)
+            self._token_counts.zero_()
+            self._micro_batches, self._window_start = 0, None
+        super().log(logs, start_time)
+
+
+def _paper_lambda(index: int, d_model: int, warmup: int) -> float:
+    return paper_learning_rate(index + 1, d_model, warmup)
+
+
+class _SamplerEpochCallback(TrainerCallback):
+    """Tells the token sampler the epoch before each epoch's batches are drawn, also in a resumed run, where
+    transformers fast-forwards through a wrapper that does not pass `set_epoch` on."""
+
+    def __init__(self, trainer: VaswaniTrainer):
+        self.trainer = trainer
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        if self.trainer.token_sampler is not None:
+            self.trainer.token_sampler.set_epoch(math.floor(state.epoch + 1e-6) if state.epoch else 0)
+
+
+class WallClockCallback(TrainerCallback):
+    """Saves a checkpoint every `checkpoint_minutes` (the paper: 10) and stops, with a checkpoint, once
+    `budget_minutes` have passed. All processes take the same decision (rank 0's clock)."""
+
+    def __init__(self, checkpoint_minutes: float | None = None, budget_minutes: float | None = None):
+        self.checkpoint_seconds = checkpoint_minutes * 60 if checkpoint_minutes else None
+        self.budget_seconds = budget_minutes * 60 if budget_minutes else None
+        self.start = self.last_save = time.monotonic()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = self.last_save = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now = time.monotonic()
+        save = bool(self.checkpoint_seconds and now - self.last_save >= self.checkpoint_seconds)
+        stop = bool(self.budget_seconds and now - self.start >= self.budget_seconds)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            flags = torch.tensor([int(save), int(stop)], device=args.device)
+            torch.distributed.broadcast(flags, src=0)
+            save, stop = bool(flags[0]), bool(flags[1])
+        if stop:
+            control.should_training_stop = True
+            save = True
+        if save:
+            control.should_save = True
+            self.last_save = now
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        self.last_save = time.monotonic()
+
+
+class CurvesCallback(TrainerCallback):
+    """Keeps the logged curves and draws them to `training_curves.png` in the output folder."""
+
+    def __init__(self):
+        self.history: list[dict] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs:
+            self.history.append({"step": state.global_step, **logs})
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            plot_curves(self.history, Path(args.output_dir) / "training_curves.png")
+
+    on_train_end = on_save
+
+
+def plot_curves(history: list[dict], path: Path) -> Path | None:
+    """Loss, dev loss, learning rate, tokens/s and dev BLEU against the step, in one PNG."""
+    panels = [
+        ("loss", ["loss", "eval_loss"]),
+        ("learning rate", ["learning_rate"]),
+        ("target tokens / s", ["target_tokens_per_second"]),
+        ("dev BLEU", ["eval_bleu"]),
+    ]
+    panels = [(title, keys) for title, keys in panels if any(k in row for row in history for k in keys)]
+    if not panels:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.5), squeeze=False)
+    for axis, (title, keys) in zip(axes[0], panels, strict=True):
+        for key in keys:
+            points = [(row["step"], row[key]) for row in history if key in row]
+            if points:
+                axis.plot(*zip(*points, strict=True), marker="." if len(points) < 30 else None, label=key)
+        axis.set_title(title)
+        axis.set_xlabel("step")
+        axis.legend(fontsize="small")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.png")
+    figure.savefig(tmp, dpi=100)
+    plt.close(figure)
+    os.replace(tmp, path)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The job
+
+
+def build_tokenizer(model_args: ModelArguments, corpus, data_args: DataArguments, output_dir: Path):
+    """A given tokenizer, the run's own from an earlier attempt (resume), or a new one trained on the train split."""
+    saved = output_dir / "tokenizer"
+    if model_args.tokenizer:
+        return AutoTokenizer.from_pretrained(model_args.tokenizer)
+    if model_args.model_name_or_path:
+        return AutoTokenizer.from_pretrained(model_args.model_name_or_path)
+    if (saved / "tokenizer.json").is_file():
+        logger.info("reusing this run's tokenizer from %s", saved)
+        return AutoTokenizer.from_pretrained(saved)
+    sources, targets = source_target(corpus["train"], data_args.source_lang, data_args.target_lang)
+    tokenizer = train_tokenizer(sources + targets, vocab_size=model_args.vocab_size)
+    tmp = output_dir / "tokenizer.tmp"
+    tokenizer.save_pretrained(tmp)
+    os.replace(tmp, saved)  # whole or not at all: a resumed run must find the very same vocabulary
+    logger.info("trained a %d-token BPE vocabulary on %d sentences", len(tokenizer), len(sources) * 2)
+    return tokenizer
+
+
+def tokenize_corpus(corpus, tokenizer, data_args: DataArguments):
+    """Adds input_ids / labels (both ending in EOS) and their lengths; drops over-long pairs, with a count."""
+    src, tgt = data_args.source_lang, data_args.target_lang
+
+    def encode(batch):
+        sources = [row[src] for row in batch["translation"]]
+        targets = [row[tgt] for row in batch["translation"]]
+        encoded = tokenizer(sources, text_target=targets)
+        encoded["source_length"] = [len(ids) for ids in encoded["input_ids"]]
+        encoded["target_length"] = [len(ids) for ids in encoded["labels"]]
+        return encoded
+
+    out = {}
+    for split, dataset in corpus.items():
+        dataset = dataset.map(encode, batched=True, remove_columns=dataset.column_names, desc=f"tokenizing {split}")
+        if split == "train":
+            before = len(dataset)
+            dataset = dataset.filter(
+                lambda s, t: s <= data_args.max_source_length and t <= data_args.max_target_length,
+                input_columns=["source_length", "target_length"],
+            )
+            if len(dataset) < before:
+                logger.warning(
+                    "dropped %d of %d training pairs longer than %d source / %d target tokens",
+                    before - len(dataset),
+                    before,
+                    data_args.max_source_length,
+                    data_args.max_target_length,
+                )
+        out[split] = dataset
+    return out
+
+
+def build_model(model_args: ModelArguments, tokenizer) -> VaswaniForConditionalGeneration:
+    if model_args.model_name_or_path:
+        return VaswaniForConditionalGeneration.from_pretrained(
+            model_args.model_name_or_path, attn_implementation=model_args.attn_implementation
+        )
+    overrides = {
+        "vocab_size": len(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "decoder_start_token_id": tokenizer.bos_token_id,
+    }
+    if model_args.dropout is not None:
+        overrides["dropout"] = model_args.dropout
+    if model_args.label_smoothing is not None:
+        overrides["label_smoothing"] = model_args.label_smoothing
+    config = VaswaniConfig.from_preset(model_args.preset, **overrides)
+    config._attn_implementation = model_args.attn_implementation
+    return VaswaniForConditionalGeneration(config)
+
+
+def _bleu_metric(tokenizer):
+    def compute(prediction):
+        predictions, labels = prediction.predictions, prediction.label_ids
+        labels = [[t for t in row if t >= 0] for row in labels]
+        predictions = [[t for t in row if t >= 0] for row in predictions]
+        hyps = tokenizer.batch_decode(predictions, skip_special_tokens=True)
+        refs = tokenizer.batch_decode(labels, skip_special_tokens=True)
+        return {"bleu": bleu([h.strip() for h in hyps], [r.strip() for r in refs])["score"]}
+
+    return compute
+
+
+def run_training(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    recipe: RecipeArguments,
+    training_args: Seq2SeqTrainingArguments,
+    command: str = "",
+) -> dict:
+    """The main job. Returns the test results (BLEU, signature, translations) and where the model went."""
+    started = time.monotonic()
+    set_seed(training_args.seed)  # before the model is built: its initial weights come from this seed
+    output_dir = Path(training_args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if training_args.label_smoothing_factor:
+        # The model's own loss is label-smoothed (config.label_smoothing); Trainer's smoother would apply it twice.
+        model_args.label_smoothing = training_args.label_smoothing_factor
+        training_args.label_smoothing_factor = 0.0
+
+    corpus = load_corpus(
+        data_args.dataset, data_args.dataset_config, data_args.source_lang, data_args.target_lang, training_args.seed
+    )
+    if data_args.max_train_samples:
+        corpus["train"] = corpus["train"].select(range(min(data_args.max_train_samples, len(corpus["train"]))))
+    if data_args.max_eval_samples:
+        for split in ("validation", "test"):
+            corpus[split] = corpus[split].select(range(min(data_args.max_eval_samples, len(corpus[split]))))
+    logger.info("corpus %s: %s", data_args.dataset, {k: len(v) for k, v in corpus.items()})
+
+    with training_args.main_process_first(desc="tokenizer"):
+        tokenizer = build_tokenizer(model_args, corpus, data_args, output_dir)
+    tokenized = tokenize_corpus(corpus, tokenizer, data_args)
+    model = build_model(model_args, tokenizer)
+    logger.info(
+        "model: preset %s, %.1fM parameters", model_args.preset, sum(p.numel() for p in model.parameters()) / 1e6
+    )
+
+    if recipe.eval_bleu:
+        training_args.predict_with_generate = True
+    trainer = VaswaniTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=tokenized["train"],
+        eval_dataset=tokenized["validation"].remove_columns(["source_length", "target_length"]),
+        data_collator=DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100),
+        processing_class=tokenizer,
+        compute_metrics=_bleu_metric(tokenizer) if recipe.eval_bleu else None,
+        max_tokens_per_batch=data_args.max_tokens_per_batch,
+        lr_schedule=recipe.lr_schedule,
+        callbacks=[WallClockCallback(recipe.checkpoint_minutes, recipe.time_budget_minutes), CurvesCallback()],
+    )
+
+    resume = training_args.resume_from_checkpoint
+    if resume in (None, "", "last", "auto", "True", "true"):
+        found = last_checkpoint(output_dir)
+        if found is None and resume not in (None, ""):
+            logger.warning("no complete checkpoint in %s to resume from; starting fresh", output_dir)
+        resume = str(found) if found is not None else None
+    if resume:
+        logger.info("resuming from %s", resume)
+    train_result = trainer.train(resume_from_checkpoint=resume)
+    trainer.save_state()
+    train_seconds = time.monotonic() - started
+
+    result: dict = {"train": train_result.metrics, "output_dir": str(output_dir)}
+    if not trainer.is_world_process_zero():
+        return result
+
+    final = _finalize_model(trainer, recipe, output_dir)
+    tokenizer.save_pretrained(output_dir)
+    final.save_pretrained(output_dir)
+    if recipe.test_bleu:
+        sources, references = source_target(corpus["test"], data_args.source_lang, data_args.target_lang)
+        test = evaluate_bleu(final, tokenizer, sources, references, batch_size=training_args.per_device_eval_batch_size)
+        result["test"] = {k: v for k, v in test.items() if k != "translations"}
+        result["examples"] = [
+            {"source": s, "reference": r, "translation": t}
+            for s, r, t in zip(sources, references, test["translations"], strict=True)
+        ][: max(recipe.show_translations, 0)]
+        (output_dir / "test_translations.txt").write_text("\n".join(test["translations"]) + "\n", encoding="utf-8")
+    result["wall_minutes"] = round((time.monotonic() - started) / 60, 2)
+    result["train_minutes"] = round(train_seconds / 60, 2)
+    (output_dir / "results.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    card = render_model_card(
+        _card_values(final, tokenizer, model_args, data_args, recipe, training_args, trainer, corpus, result, command)
+    )
+    (output_dir / "README.md").write_text(card, encoding="utf-8")
+    return result
+
+
+def _finalize_model(trainer: VaswaniTrainer, recipe: RecipeArguments, output_dir: Path):
+    """The weights to publish: the mean of the last K checkpoints (§6.1) when there are several, else the final."""
+    model = trainer.model
+    checkpoints = list_checkpoints(output_dir)
+    if recipe.average_last > 1 and len(checkpoints) > 1:
+        averaged_dir = output_dir / "averaged"
+        average_checkpoints(output_dir, recipe.average_last, averaged_dir)
+        averaged = VaswaniForConditionalGeneration.from_pretrained(
+            averaged_dir, attn_implementation=model.config._attn_implementation
+        )
+        averaged.averaged_from = [c.name for c in checkpoints[-recipe.average_last :]]
+        shutil.rmtree(averaged_dir)
+        return averaged.to(model.device).eval()
+    model.averaged_from = []
+    return model.eval()
+
+
+def _card_values(model, tokenizer, model_args, data_args, recipe, training_args, trainer, corpus, result, command):
+    config = model.config
+    test = result.get("test", {})
+    src, tgt = data_args.source_lang, data_args.target_lang
+    examples = [row[src] for row in corpus["test"]["translation"][:3]] or ["Hello."]
+    builtin = data_args.dataset == BUILTIN_CORPUS
+    averaged = getattr(model, "averaged_from", [])
+    return {
+        "source_lang": src,
+        "target_lang": tgt,
+        "license": "gpl-2.0" if builtin else "apache-2.0",
+        "dataset_id": "trans-de-en (Debian, Ding dictionary)" if builtin else data_args.dataset,
+        "dataset_name": "Ding de-en dictionary sentence pairs" if builtin else data_args.dataset,
+        "dataset_note": "sentence-like example pairs of the Ding dictionary (GPL-2+), split by dictionary entry"
+        if builtin
+        else f"{data_args.dataset} {data_args.dataset_config or ''}".strip(),
+        "widget": widget_yaml(examples),
+        "model_name": f"vaswani-mt-{model_args.preset}-{src}-{tgt}",
+        "architecture": f"N = {config.num_encoder_layers}+{config.num_decoder_layers} layers, "
+        f"d_model = {config.d_model}, d_ff = {config.d_ff}, h = {config.num_heads}, d_k = d_v = {config.d_k}",
+        "vocab_size": len(tokenizer),
+        "parameters": f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M",
+        "preset": model_args.preset,
+        "train_pairs": len(corpus["train"]),
+        "lr_scale": training_args.learning_rate,
+        "warmup": training_args.warmup_steps,
+        "label_smoothing": config.label_smoothing,
+        "dropout": config.dropout,
+        "max_tokens": data_args.max_tokens_per_batch,
+        "steps": trainer.state.global_step,
+        "train_minutes": result.get("train_minutes", "?"),
+        "hardware": _hardware(),
+        "weights_note": f"the average of {len(averaged)} checkpoints ({', '.join(averaged)})"
+        if averaged
+        else "the final weights",
+        "test_pairs": len(corpus["test"]),
+        "bleu": round(test["score"], 2) if test else "null",
+        "chrf": round(test["chrf"], 2) if test else "not evaluated",
+        "signature": test.get("signature", "not evaluated"),
+        "command": command or "scripts/train.py",
+        "limitations": "Trained on short dictionary example sentences (about 8 words): expect poor output on long, "
+        "technical or informal text, and on names and numbers the dictionary does not contain."
+        if builtin
+        else "Quality outside the training domain is unknown.",
+        "repo_id": f"USER/vaswani-mt-{src}-{tgt}",
+        "example": examples[0].replace('"', '\\"'),
+    }
+
+
+def _hardware() -> str:
+    if torch.cuda.is_available():
+        return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    return f"CPU ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+
+
+def print_summary(result: dict, stream=sys.stdout) -> None:
+    """The end of the main job: BLEU with its signature, timings, and a few translations."""
+    test = result.get("test")
+    if test:
+        print(f"\ntest sacreBLEU = {test['score']:.2f}  (chrF {test['chrf']:.2f})", file=stream)
+        print(f"signature: {test['signature']}", file=stream)
+    if "wall_minutes" in result:
+        print(f"wall time: {result['wall_minutes']} min (training {result['train_minutes']} min)", file=stream)
+    for example in result.get("examples", []):
+        print(f"\n  source:      {example['source']}", file=stream)
+        print(f"  translation: {example['translation']}", file=stream)
+        print(f"  reference:   {example['reference']}", file=stream)
+    print(f"\nmodel folder: {result['output_dir']}", file=stream)
+
+
+ARGUMENT_CLASSES = (ModelArguments, DataArguments, RecipeArguments, Seq2SeqTrainingArguments)
+
+
+def parse_args(argv: list[str] | None = None):
+    """Parses `scripts/train.py`'s command line: every Seq2SeqTrainingArguments flag plus ours, with the recipe's
+    defaults. `--config FILE` (YAML or JSON, also as the only argument) sets any of them; the command line wins."""
+    import yaml
+    from transformers import HfArgumentParser
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = HfArgumentParser(ARGUMENT_CLASSES)
+    parser.set_defaults(**TRAINING_DEFAULTS)
+    config_file = None
+    if "--config" in argv:
+        at = argv.index("--config")
+        if at + 1 >= len(argv):
+            raise ValueError("--config needs a file")
+        config_file = argv[at + 1]
+        del argv[at : at + 2]
+    elif len(argv) == 1 and argv[0].endswith((".yaml", ".yml", ".json")):
+        config_file = argv.pop()
+    if config_file:
+        with open(config_file, encoding="utf-8") as f:
+            values = yaml.safe_load(f) if config_file.endswith((".yaml", ".yml")) else json.load(f)
+        if not isinstance(values, dict):
+            raise ValueError(f"{config_file}: expected a mapping of option names to values")
+        known = {field_.dest for field_ in parser._actions}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"{config_file}: unknown options {unknown}")
+        parser.set_defaults(**values)
+    model_args, data_args, recipe, training_args = parser.parse_args_into_dataclasses(args=argv)
+    recipe.config = config_file
+    return model_args, data_args, recipe, training_args
+
+
+__all__ = [
+    "ARGUMENT_CLASSES",
+    "TRAINING_DEFAULTS",
+    "CurvesCallback",
+    "DataArguments",
+    "ModelArguments",
+    "RecipeArguments",
+    "VaswaniTrainer",
+    "WallClockCallback",
+    "paper_learning_rate",
+    "parse_args",
+    "plot_curves",
+    "print_summary",
+    "run_training",
+]
