@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -422,20 +423,25 @@ def run_training(
     recipe: RecipeArguments,
     training_args: Seq2SeqTrainingArguments,
     command: str = "",
+    model_factory: Callable | None = None,
 ) -> dict:
-    """The main job. Returns the test results (BLEU, signature, translations) and where the model went."""
+    """The main job. Returns the test results (BLEU, signature, translations) and where the model went.
+
+    `model_factory(model_args, tokenizer)` replaces the vaswani_mt model by another seq2seq model trained and
+    scored by exactly the same pipeline (the benchmarks use it for MarianMTModel); such a model keeps its own
+    loss, label-smoothed by the Trainer when `--label_smoothing_factor` is set.
+    """
     started = time.monotonic()
     set_seed(training_args.seed)  # before the model is built: its initial weights come from this seed
     output_dir = Path(training_args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    if training_args.label_smoothing_factor:
+    if training_args.label_smoothing_factor and model_factory is None:
         # The model's own loss is label-smoothed (config.label_smoothing); Trainer's smoother would apply it twice.
         model_args.label_smoothing = training_args.label_smoothing_factor
         training_args.label_smoothing_factor = 0.0
 
-    corpus = load_corpus(
-        data_args.dataset, data_args.dataset_config, data_args.source_lang, data_args.target_lang, training_args.seed
-    )
+    # The split never depends on --seed: every run of a corpus is scored on the same test pairs.
+    corpus = load_corpus(data_args.dataset, data_args.dataset_config, data_args.source_lang, data_args.target_lang)
     if data_args.max_train_samples:
         corpus["train"] = corpus["train"].select(range(min(data_args.max_train_samples, len(corpus["train"]))))
     if data_args.max_eval_samples:
@@ -446,7 +452,7 @@ def run_training(
     with training_args.main_process_first(desc="tokenizer"):
         tokenizer = build_tokenizer(model_args, corpus, data_args, output_dir)
     tokenized = tokenize_corpus(corpus, tokenizer, data_args)
-    model = build_model(model_args, tokenizer)
+    model = (model_factory or build_model)(model_args, tokenizer)
     logger.info(
         "model: preset %s, %.1fM parameters", model_args.preset, sum(p.numel() for p in model.parameters()) / 1e6
     )
@@ -497,10 +503,11 @@ def run_training(
     result["wall_minutes"] = round((time.monotonic() - started) / 60, 2)
     result["train_minutes"] = round(train_seconds / 60, 2)
     (output_dir / "results.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
-    card = render_model_card(
-        _card_values(final, tokenizer, model_args, data_args, recipe, training_args, trainer, corpus, result, command)
-    )
-    (output_dir / "README.md").write_text(card, encoding="utf-8")
+    if isinstance(final, VaswaniForConditionalGeneration):
+        values = _card_values(
+            final, tokenizer, model_args, data_args, recipe, training_args, trainer, corpus, result, command
+        )
+        (output_dir / "README.md").write_text(render_model_card(values), encoding="utf-8")
     return result
 
 
@@ -511,9 +518,8 @@ def _finalize_model(trainer: VaswaniTrainer, recipe: RecipeArguments, output_dir
     if recipe.average_last > 1 and len(checkpoints) > 1:
         averaged_dir = output_dir / "averaged"
         average_checkpoints(output_dir, recipe.average_last, averaged_dir)
-        averaged = VaswaniForConditionalGeneration.from_pretrained(
-            averaged_dir, attn_implementation=model.config._attn_implementation
-        )
+        averaged = type(model).from_pretrained(averaged_dir, attn_implementation=model.config._attn_implementation)
+        averaged.generation_config = model.generation_config
         averaged.averaged_from = [c.name for c in checkpoints[-recipe.average_last :]]
         shutil.rmtree(averaged_dir)
         return averaged.to(model.device).eval()

@@ -1,0 +1,102 @@
+#!/usr/bin/env python
+"""Training quality side by side: vaswani_mt vs transformers.MarianMTModel of the same shape.
+
+Both go through the identical pipeline (vaswani_mt.training.run_training): the same corpus and split, the same
+tokenizer (trained once by the first run and reused), the same token-budget batches, Adam settings, Eq. (3)
+schedule, dropout, label smoothing 0.1 and wall-time budget, the same checkpoint averaging and the same test
+set. The only difference is the model: Marian keeps its own init and loss path (plain cross-entropy,
+label-smoothed by Seq2SeqTrainer's --label_smoothing_factor) and its own beam search (transformers' length
+penalty, beam 4, alpha 0.6). The runs are sequential in one process, so both see the same machine.
+
+    python benchmarks/train_vs_marian.py --config configs/ding_cpu.yaml --time_budget_minutes 20
+"""
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import MarianMTModel
+
+from vaswani_mt.export import marian_config
+from vaswani_mt.training import build_model, parse_args, run_training
+
+
+def marian_factory(model_args, tokenizer) -> MarianMTModel:
+    """MarianMTModel with our config's shape, its own initialisation, and a paper-like beam search."""
+    shape = build_model(model_args, tokenizer).config
+    marian = MarianMTModel(marian_config(shape))
+    marian.config._attn_implementation = model_args.attn_implementation
+    generation = marian.generation_config
+    generation.num_beams, generation.length_penalty, generation.max_new_tokens = 4, 0.6, 128
+    generation.bad_words_ids = None
+    return marian
+
+
+def curve(output_dir: Path) -> dict:
+    history = json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
+    rows = [row for row in history if "loss" in row]
+    speeds = sorted(row["target_tokens_per_second"] for row in rows if "target_tokens_per_second" in row)
+    return {
+        "steps": max((row["step"] for row in history), default=0),
+        "final_train_loss": rows[-1]["loss"] if rows else None,
+        "median_target_tokens_per_second": speeds[len(speeds) // 2] if speeds else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="configs/ding_cpu.yaml")
+    parser.add_argument("--output_dir", default="outputs/bench-train")
+    parser.add_argument("--only", choices=["vaswani_mt", "marian"], help="run one side only")
+    args, overrides = parser.parse_known_args()
+
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", torch.get_num_threads())))
+    results = {}
+    tokenizer_dir = None
+    for name in ("vaswani_mt", "marian"):
+        if args.only and name != args.only:
+            continue
+        argv = ["--config", args.config, "--output_dir", f"{args.output_dir}/{name}", *overrides]
+        if tokenizer_dir:
+            argv += ["--tokenizer", tokenizer_dir]
+        if name == "marian":
+            argv += ["--label_smoothing_factor", "0.1"]
+        model_args, data_args, recipe, training_args = parse_args(argv)
+        started = time.monotonic()
+        result = run_training(
+            model_args, data_args, recipe, training_args, model_factory=marian_factory if name == "marian" else None
+        )
+        tokenizer_dir = tokenizer_dir or str(Path(training_args.output_dir) / "tokenizer")
+        results[name] = {
+            "test_bleu": round(result["test"]["score"], 2),
+            "test_chrf": round(result["test"]["chrf"], 2),
+            "wall_minutes": round((time.monotonic() - started) / 60, 2),
+            **curve(Path(training_args.output_dir)),
+            "signature": result["test"]["signature"],
+        }
+        print(json.dumps({name: results[name]}), flush=True)
+
+    record = {
+        "command": "python " + " ".join(sys.argv),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} "
+        f"({torch.get_num_threads()} threads), transformers {transformers.__version__}",
+        "results": results,
+    }
+    print(json.dumps(record, indent=2))
+    print("\n| model | test sacreBLEU | chrF | steps | median target tok/s | final train loss | wall min |")
+    print("|---|---|---|---|---|---|---|")
+    for name, r in results.items():
+        print(
+            f"| {name} | {r['test_bleu']} | {r['test_chrf']} | {r['steps']} | {r['median_target_tokens_per_second']} "
+            f"| {r['final_train_loss']:.3f} | {r['wall_minutes']} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
