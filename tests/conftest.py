@@ -35,6 +35,42 @@ def model():
     return make_model()
 
 
+def uneven_pairs() -> list[dict]:
+    """Four pairs whose source and target token counts all differ: a mean of per-batch means is not the mean."""
+    rows = []
+    for i, (src, tgt) in enumerate([(6, 2), (3, 9), (5, 5), (4, 1)]):
+        g = torch.Generator().manual_seed(i)
+        rows.append(
+            {
+                "input_ids": [*torch.randint(4, 200, (src,), generator=g).tolist(), 2],
+                "labels": [*torch.randint(4, 200, (tgt,), generator=g).tolist(), 2],
+            }
+        )
+    return rows
+
+
+def one_sgd_step_arguments(output_dir, per_device: int, accumulation: int = 1, use_cpu: bool = True):
+    """One plain SGD step at lr 1: the update is the gradient itself, so equal updates mean equal gradients."""
+    from transformers import Seq2SeqTrainingArguments
+
+    return Seq2SeqTrainingArguments(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=per_device,
+        gradient_accumulation_steps=accumulation,
+        max_steps=1,
+        learning_rate=1.0,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        report_to=[],
+        save_strategy="no",
+        use_cpu=use_cpu,
+        disable_tqdm=True,
+        logging_steps=1,
+        ddp_find_unused_parameters=False,
+        seed=0,
+    )
+
+
 def padded_batch(seed: int = 0, lengths=(7, 4, 5), vocab: int = 200, pad: int = 1):
     """Source ids (specials 0-3 avoided, EOS=2 last) right-padded with `pad`, and the matching attention mask."""
     generator = torch.Generator().manual_seed(seed)

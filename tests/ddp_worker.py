@@ -9,39 +9,18 @@ import json
 import sys
 
 import torch
+from conftest import one_sgd_step_arguments, uneven_pairs
 from safetensors.torch import save_file
-from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
+from transformers import DataCollatorForSeq2Seq
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_mt.training import VaswaniTrainer
 
 out, per_device = sys.argv[1], int(sys.argv[2])
-rows = []
-for i, (src, tgt) in enumerate([(6, 2), (3, 9), (5, 5), (4, 1)]):
-    g = torch.Generator().manual_seed(i)
-    rows.append(
-        {
-            "input_ids": [*torch.randint(4, 200, (src,), generator=g).tolist(), 2],
-            "labels": [*torch.randint(4, 200, (tgt,), generator=g).tolist(), 2],
-        }
-    )
+rows = uneven_pairs()
 torch.manual_seed(0)
 model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny", vocab_size=200, dropout=0.0))
-args = Seq2SeqTrainingArguments(
-    output_dir=out,
-    per_device_train_batch_size=per_device,
-    max_steps=1,
-    learning_rate=1.0,
-    optim="sgd",
-    lr_scheduler_type="constant",
-    report_to=[],
-    save_strategy="no",
-    use_cpu="--use_cpu" in sys.argv,
-    disable_tqdm=True,
-    logging_steps=1,
-    ddp_find_unused_parameters=False,
-    seed=0,
-)
+args = one_sgd_step_arguments(out, per_device, use_cpu="--use_cpu" in sys.argv)
 
 
 class _Tok:  # DataCollatorForSeq2Seq needs only padding from a tokenizer

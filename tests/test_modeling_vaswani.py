@@ -2,10 +2,10 @@ import math
 
 import pytest
 import torch
-from conftest import make_model, padded_batch
+from conftest import make_model, one_sgd_step_arguments, padded_batch, uneven_pairs
 from safetensors import safe_open
 from torch import nn
-from transformers import AutoModel, AutoModelForSeq2SeqLM, Seq2SeqTrainer, Seq2SeqTrainingArguments
+from transformers import AutoModel, AutoModelForSeq2SeqLM, Seq2SeqTrainer
 
 from vaswani_mt import VaswaniForConditionalGeneration, VaswaniModel, sinusoidal_position_encoding
 from vaswani_mt.modeling_vaswani import shift_tokens_right
@@ -225,16 +225,7 @@ def test_output_attentions_with_eager_and_a_clear_error_otherwise():
 
 def test_gradient_accumulation_under_seq2seq_trainer_matches_one_big_batch(tmp_path):
     """Micro-batches with different token counts: the summed gradient must equal the full batch's (SGD shows it)."""
-    lengths = [(6, 2), (3, 7), (5, 5), (4, 1)]
-    rows = []
-    for i, (src, tgt) in enumerate(lengths):
-        g = torch.Generator().manual_seed(i)
-        rows.append(
-            {
-                "input_ids": torch.randint(4, 200, (src,), generator=g).tolist(),
-                "labels": [*torch.randint(4, 200, (tgt,), generator=g).tolist(), 2],
-            }
-        )
+    rows = uneven_pairs()
 
     def collate(features):
         width = max(len(f["input_ids"]) for f in features)
@@ -249,19 +240,7 @@ def test_gradient_accumulation_under_seq2seq_trainer_matches_one_big_batch(tmp_p
 
     def train(batch_size, accumulation):
         model = make_model(dropout=0.0)
-        args = Seq2SeqTrainingArguments(
-            output_dir=str(tmp_path / f"run{accumulation}"),
-            per_device_train_batch_size=batch_size,
-            gradient_accumulation_steps=accumulation,
-            max_steps=1,
-            learning_rate=1.0,
-            optim="sgd",
-            lr_scheduler_type="constant",
-            report_to=[],
-            save_strategy="no",
-            use_cpu=True,
-            disable_tqdm=True,
-        )
+        args = one_sgd_step_arguments(tmp_path / f"run{accumulation}", batch_size, accumulation)
         trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=rows, data_collator=collate)
         trainer.train_dataset = rows
         trainer._get_train_sampler = lambda *a, **k: torch.utils.data.SequentialSampler(rows)

@@ -222,6 +222,7 @@ def test_end_to_end_job_on_local_jsonl(tmp_path):
     data = _write_jsonl(tmp_path / "pairs.jsonl", count=400)
     output = tmp_path / "run"
     command = _train_command(data, output, "--max_steps", "8", "--average_last", "3", "--test_bleu", "true")
+    command += ["--eval_bleu", "true", "--eval_strategy", "steps", "--eval_steps", "4", "--max_eval_samples", "12"]
     result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "test sacreBLEU" in result.stdout and "signature: nrefs:1|case:mixed" in result.stdout
@@ -237,3 +238,27 @@ def test_end_to_end_job_on_local_jsonl(tmp_path):
     logged = [r for r in history if "loss" in r]
     assert all(r["target_tokens_per_step"] > 0 and r["target_tokens_per_second"] > 0 for r in logged)
     assert logged[0]["learning_rate"] > 0
+    evaluated = [r for r in history if "eval_bleu" in r]
+    assert [r["step"] for r in evaluated] == [4, 8] and all(0 <= r["eval_bleu"] <= 100 for r in evaluated)
+
+
+def test_marian_benchmark_runs_both_models_through_the_same_pipeline(tmp_path):
+    data = _write_jsonl(tmp_path / "pairs.jsonl", count=300)
+    config = tmp_path / "bench.yaml"
+    config.write_text(
+        f"dataset: {data}\npreset: tiny\nvocab_size: 300\nmax_tokens_per_batch: 256\nwarmup_steps: 4\n"
+        "max_steps: 4\nsave_steps: 2\naverage_last: 2\nreport_to: none\nlogging_steps: 1\n"
+    )
+    result = subprocess.run(
+        [PYTHON, str(ROOT / "benchmarks" / "train_vs_marian.py"), "--config", str(config),
+         "--output_dir", str(tmp_path / "bench"), "--max_eval_samples", "10", "--disable_tqdm", "true"],
+        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| vaswani_mt |" in result.stdout and "| marian |" in result.stdout
+    marian_config = json.loads((tmp_path / "bench" / "marian" / "config.json").read_text())
+    assert marian_config["model_type"] == "marian" and marian_config["d_model"] == 32
+    # the same tokenizer for both: Marian reused the first run's
+    ours = json.loads((tmp_path / "bench" / "vaswani_mt" / "tokenizer.json").read_text())["model"]["vocab"]
+    theirs = json.loads((tmp_path / "bench" / "marian" / "tokenizer.json").read_text())["model"]["vocab"]
+    assert ours == theirs

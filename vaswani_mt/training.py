@@ -464,7 +464,9 @@ def run_training(
         args=training_args,
         train_dataset=tokenized["train"],
         eval_dataset=tokenized["validation"].remove_columns(["source_length", "target_length"]),
-        data_collator=DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100),
+        # With the model, the collator also builds decoder_input_ids from the labels (needed when Trainer's
+        # label smoother takes the labels away from the forward call, as for the benchmarks' Marian).
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
         processing_class=tokenizer,
         compute_metrics=_bleu_metric(tokenizer) if recipe.eval_bleu else None,
         max_tokens_per_batch=data_args.max_tokens_per_batch,
@@ -602,13 +604,15 @@ ARGUMENT_CLASSES = (ModelArguments, DataArguments, RecipeArguments, Seq2SeqTrain
 
 def parse_args(argv: list[str] | None = None):
     """Parses `scripts/train.py`'s command line: every Seq2SeqTrainingArguments flag plus ours, with the recipe's
-    defaults. `--config FILE` (YAML or JSON, also as the only argument) sets any of them; the command line wins."""
+    defaults. `--config FILE` (YAML or JSON; also as the first argument) sets any of them; the command line wins."""
     import yaml
     from transformers import HfArgumentParser
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = HfArgumentParser(ARGUMENT_CLASSES)
     parser.set_defaults(**TRAINING_DEFAULTS)
+    # Without a GPU, say so up front: transformers refuses --bf16 (CPU autocast, AMX) unless use_cpu is set.
+    parser.set_defaults(use_cpu=not (torch.cuda.is_available() or torch.backends.mps.is_available()))
     config_file = None
     if "--config" in argv:
         at = argv.index("--config")
@@ -616,8 +620,8 @@ def parse_args(argv: list[str] | None = None):
             raise ValueError("--config needs a file")
         config_file = argv[at + 1]
         del argv[at : at + 2]
-    elif len(argv) == 1 and argv[0].endswith((".yaml", ".yml", ".json")):
-        config_file = argv.pop()
+    elif argv and argv[0].endswith((".yaml", ".yml", ".json")):
+        config_file = argv.pop(0)
     if config_file:
         with open(config_file, encoding="utf-8") as f:
             values = yaml.safe_load(f) if config_file.endswith((".yaml", ".yml")) else json.load(f)
