@@ -655,11 +655,11 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
         )
 
-    def _update_finished_beams(self, *args, **kwargs):
+    def _update_finished_beams(self, **kwargs):
         """Scores finished hypotheses with the GNMT penalty `log P(Y|X) / ((5 + |Y|) / 6)^alpha` (§6.1) instead of
         transformers' `log P(Y|X) / |Y|^alpha`. |Y| counts generated tokens with the final EOS and without the
         decoder start token."""
-        kwargs = _bind_beam_arguments(super()._update_finished_beams, args, kwargs)
+        # transformers passes every argument by keyword (generation/utils.py, `_beam_search`).
         length = kwargs["cur_len"] + 1 - kwargs["decoder_prompt_len"]
         kwargs["topk_log_probs"] = kwargs["topk_log_probs"] / gnmt_length_penalty(length, kwargs["length_penalty"])
         kwargs["length_penalty"] = 0.0  # transformers then divides by |Y|^0 = 1
@@ -692,13 +692,6 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
 VaswaniConfig.register_for_auto_class("AutoConfig")
 VaswaniModel.register_for_auto_class("AutoModel")
 VaswaniForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
-
-
-def _bind_beam_arguments(method: Callable, args: tuple, kwargs: dict) -> dict:
-    """Turns a call's positional arguments into keywords, so an override can rewrite them by name."""
-    import inspect
-
-    return dict(inspect.signature(method).bind(*args, **kwargs).arguments)
 
 
 __all__ = [
