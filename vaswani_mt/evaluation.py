@@ -61,12 +61,18 @@ def translate(
     sentences: Sequence[str],
     batch_size: int = 32,
     progress: bool = False,
+    max_source_tokens: int | None = None,
     **generate_kwargs,
 ) -> list[str]:
     """Translates `sentences` in batches of similar length (order preserved) with `model.generate`.
 
-    Without `generate_kwargs` this is the paper's search (§6.1): beam 4, GNMT alpha 0.6, input length + 50.
+    Without `generate_kwargs` this is the paper's search (§6.1): beam 4, GNMT alpha 0.6, input length + 50. Empty
+    lines stay empty; a source longer than `max_source_tokens` (default: `config.max_position_embeddings`) is cut
+    with a warning; characters outside the vocabulary are named in a warning (the translation pipeline's rules).
     """
+    from .pipeline_vaswani import default_max_source_tokens, encode_source
+
+    limit = max_source_tokens or default_max_source_tokens(model, tokenizer)
     model.eval()
     results: list[str] = [""] * len(sentences)
     blank = [i for i, sentence in enumerate(sentences) if not sentence.strip()]
@@ -82,8 +88,8 @@ def translate(
         bar = tqdm(total=len(order), desc="translating", unit="sent", file=sys.stderr)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        batch = tokenizer([sentences[i] for i in chunk], return_tensors="pt", padding=True).to(model.device)
-        batch.pop("token_type_ids", None)
+        encoded = [encode_source(tokenizer, sentences[i], limit) for i in chunk]
+        batch = tokenizer.pad({"input_ids": encoded}, return_tensors="pt").to(model.device)
         output = model.generate(**batch, **generate_kwargs)
         for i, text in zip(chunk, tokenizer.batch_decode(output, skip_special_tokens=True), strict=True):
             results[i] = text.strip()
@@ -94,24 +100,33 @@ def translate(
     return results
 
 
-def load_for_inference(model: str, device: str | None = None):
+def load_for_inference(model: str, device: str | None = None, attn_implementation: str | None = None):
     """A saved vaswani_mt model (folder or Hub id) and its tokenizer, in eval mode on `device` (default: GPU if
-    there is one). Anything else gets an error that says what the folder is."""
+    there is one). Anything else gets an error that says what the folder is. `attn_implementation="eager"` is
+    what `output_attentions` needs."""
     from pathlib import Path
 
     from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
     import vaswani_mt  # noqa: F401 - registers the Auto classes
 
-    if Path(model).exists() and not Path(model, "config.json").is_file():
+    path = Path(model)
+    if path.exists() and not Path(model, "config.json").is_file():
         raise ValueError(f"{model} is not a model folder: it has no config.json")
-    model_type = AutoConfig.from_pretrained(model).model_type
+    if not path.exists() and (path.is_absolute() or model.startswith((".", "~")) or len(path.parts) != 2
+                              or path.parent.is_dir()):  # fmt: skip
+        raise ValueError(f"{model}: no such folder (and not a Hub id of the form USER/NAME)")
+    try:
+        model_type = AutoConfig.from_pretrained(model).model_type
+    except OSError as error:
+        raise ValueError(f"{model} is not a folder here, and loading it from the Hub failed: {error}") from error
     if model_type != "vaswani_mt":
         raise ValueError(f"{model} holds a {model_type!r} model, not a vaswani_mt one")
     if Path(model).is_dir() and not Path(model, "tokenizer.json").is_file():
         raise ValueError(f"{model} has no tokenizer.json: save the tokenizer next to the model")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    loaded = AutoModelForSeq2SeqLM.from_pretrained(model).to(device).eval()
+    options = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(model, **options).to(device).eval()
     return loaded, AutoTokenizer.from_pretrained(model)
 
 

@@ -1,13 +1,32 @@
-"""The Hub model card: `model_card.md` (top level of the repository, shipped in the package) rendered with a
-run's measured values."""
+"""Publishing on the Hugging Face Hub: the model card and the exact folder the Hub gets.
+
+- `model_card.md` (top level of the repository, shipped in the package) is the card's template; training renders it
+  with the run's measured values (`render_model_card`) into the model folder's README.md.
+- `build_hub_folder` writes what a Hub repository receives: safetensors weights, the remote code with its
+  `auto_map` and translation pipeline, the tokenizer, the generation config and the card retargeted to the repository
+  id; or, with `native="marian"`, the exact `MarianMTModel` conversion, which loads without remote code.
+- `check_hub_folder` proves it before any upload: the card's YAML holds every field the Hub reads, and the folder
+  loads through the Auto classes (and the pipeline) in a fresh process where vaswani_mt is not importable, giving
+  the tokens the model gives here.
+- `upload_folder` sends it with `huggingface_hub`; its errors (no token, no network, refused token) are reported
+  plainly and the folder stays on disk.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+import tempfile
 from importlib import resources
+from pathlib import Path
+
+import yaml
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+NATIVE_FORMATS = ("vaswani", "marian")
 
 
 def model_card_template() -> str:
@@ -19,13 +38,309 @@ def widget_yaml(examples: list[str]) -> str:
     return "\n".join(f"- text: {json.dumps(text, ensure_ascii=False)}" for text in examples)
 
 
+def usage_section(repo_id: str, example: str, native: str = "vaswani") -> str:
+    """The card's "How to use": the translation pipeline and the Auto classes (remote code), or for the Marian
+    conversion, `MarianMTModel` without remote code."""
+    text = json.dumps(example, ensure_ascii=False)
+    if native == "marian":
+        return f"""A native `MarianMTModel`: no remote code, any transformers version with Marian.
+
+```python
+from transformers import AutoTokenizer, MarianMTModel
+
+model = MarianMTModel.from_pretrained("{repo_id}")
+tokenizer = AutoTokenizer.from_pretrained("{repo_id}")
+batch = tokenizer([{text}], return_tensors="pt")
+print(tokenizer.batch_decode(model.generate(**batch, num_beams=4), skip_special_tokens=True))
+```
+
+Greedy search gives the original model's tokens. Beam search here uses transformers' length penalty `|Y|^α` and
+a fixed `max_length` of 512, not the paper's GNMT penalty and input length + 50, so beam outputs can differ."""
+    return f"""The architecture is this repository's own code, so loading needs `trust_remote_code=True`. transformers 5
+has no `translation` pipeline task of its own; this repository brings one (`pipeline_vaswani.py`, named in
+`config.json`), which answers in the translation widget's format.
+
+```python
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+
+translator = pipeline("translation", model="{repo_id}", trust_remote_code=True)
+print(translator([{text}], batch_size=8, num_beams=4))  # [{{"translation_text": ...}}]
+
+model = AutoModelForSeq2SeqLM.from_pretrained("{repo_id}", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("{repo_id}", trust_remote_code=True)
+batch = tokenizer([{text}], return_tensors="pt")
+print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
+```
+
+`generate()` defaults to the paper's search (§6.1): beam 4, GNMT length penalty α = 0.6, maximum output length =
+input length + 50. The pipeline cuts a source longer than `max_position_embeddings` (1024 tokens) with a warning,
+translates an empty line to "", and names characters outside the vocabulary (they become `<unk>`)."""
+
+
 def render_model_card(values: dict, template: str | None = None) -> str:
-    """Fills every `{{name}}` of the template; a placeholder without a value is an error, not a blank."""
+    """Fills every `{{name}}` of the template; a placeholder without a value is an error, not a blank.
+
+    `usage` defaults to `usage_section(values["repo_id"], values["example"])`.
+    """
     template = model_card_template() if template is None else template
+    values = dict(values)
+    if "usage" not in values and "repo_id" in values and "example" in values:
+        values["usage"] = usage_section(values["repo_id"], str(values["example"]).replace('\\"', '"'))
     missing = sorted({name for name in _PLACEHOLDER.findall(template) if name not in values})
     if missing:
         raise ValueError(f"model card values missing: {', '.join(missing)}")
     return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), template)
 
 
-__all__ = ["model_card_template", "render_model_card", "widget_yaml"]
+def split_card(card: str) -> tuple[dict, str]:
+    """The YAML front matter (parsed) and the markdown body of a model card."""
+    match = re.match(r"---\n(.*?\n)---\n(.*)", card, re.S)
+    if not match:
+        raise ValueError("the model card has no YAML front matter (--- ... ---) at its top")
+    metadata = yaml.safe_load(match.group(1))
+    if not isinstance(metadata, dict):
+        raise ValueError("the model card's front matter is not a YAML mapping")
+    return metadata, match.group(2)
+
+
+def join_card(metadata: dict, body: str) -> str:
+    front = yaml.safe_dump(metadata, sort_keys=False, allow_unicode=True, width=1000)
+    return f"---\n{front}---\n{body}"
+
+
+def check_card(card: str) -> dict:
+    """Parses the card's front matter and checks every field the Hub reads for a translation model: raises
+    ValueError naming what is missing; returns the metadata."""
+    metadata, _ = split_card(card)
+    problems = []
+    if metadata.get("pipeline_tag") != "translation":
+        problems.append("pipeline_tag: translation")
+    if metadata.get("library_name") != "transformers":
+        problems.append("library_name: transformers")
+    languages = metadata.get("language")
+    if not (isinstance(languages, list) and len(languages) == 2 and all(languages)):
+        problems.append("language: [source, target]")
+    for field in ("license", "datasets"):
+        if not metadata.get(field):
+            problems.append(field)
+    if "bleu" not in (metadata.get("metrics") or []):
+        problems.append("metrics: [bleu]")
+    widget = metadata.get("widget") or []
+    if not (widget and all(isinstance(w, dict) and str(w.get("text", "")).strip() for w in widget)):
+        problems.append("widget: examples with text")
+    try:
+        result = metadata["model-index"][0]["results"][0]
+        bleu = next(m for m in result["metrics"] if m["type"] == "bleu")["value"]
+        if result["task"]["type"] != "translation" or not result["dataset"]["type"]:
+            raise KeyError("task or dataset")
+        if not isinstance(bleu, (int, float)) or isinstance(bleu, bool):
+            raise KeyError(f"bleu value {bleu!r} is not a measured number")
+    except (KeyError, IndexError, TypeError, StopIteration) as error:
+        problems.append(f"model-index (translation task, dataset, sacreBLEU value): {error}")
+    if problems:
+        raise ValueError("the model card lacks: " + "; ".join(problems))
+    return metadata
+
+
+def _marian_note(metadata: dict) -> str:
+    return (
+        "> **This repository holds the exact `transformers.MarianMTModel` conversion of a vaswani_mt model** "
+        "(published with `scripts/push_to_hub.py --native marian`), so that hosted inference, which does not run "
+        "remote code, can serve it. The weights are the original's with the hidden dimension permuted into "
+        "Marian's [sin | cos] layout of the positional encoding and zero attention biases: the logits agree to "
+        "float round-off (Marian's config cannot store the original LayerNorm eps of 1e-6 and uses 1e-5, a change "
+        "of about 1e-6 relative). The results below were measured with the original model and its search."
+    )
+
+
+def card_for_hub(card: str, repo_id: str, native: str = "vaswani") -> str:
+    """A rendered model card retargeted to a Hub repository: its title and model-index name, its "How to use"
+    (remote code and the pipeline, or MarianMTModel), and for the Marian conversion a note that says what it is."""
+    if native not in NATIVE_FORMATS:
+        raise ValueError(f"native must be one of {NATIVE_FORMATS}, got {native!r}")
+    metadata, body = split_card(card)
+    name = repo_id.split("/")[-1]
+    if metadata.get("model-index"):
+        metadata["model-index"][0]["name"] = name
+    example = next((w["text"] for w in metadata.get("widget") or [] if isinstance(w, dict) and "text" in w), "Hello.")
+    if native == "marian":
+        metadata["tags"] = [*(metadata.get("tags") or []), "marian"]
+    body = re.sub(r"^# .*$", f"# {name}", body, count=1, flags=re.M)
+    if native == "marian":
+        body = re.sub(r"^(# .*\n)", lambda m: f"{m.group(1)}\n{_marian_note(metadata)}\n", body, count=1, flags=re.M)
+    usage = usage_section(repo_id, example, native)
+    section = re.compile(r"^## How to use\n.*?(?=^## |\Z)", re.S | re.M)
+    if section.search(body):
+        body = section.sub(lambda m: f"## How to use\n\n{usage}\n\n", body, count=1)
+    else:
+        body = body.rstrip("\n") + f"\n\n## How to use\n\n{usage}\n"
+    return join_card(metadata, body)
+
+
+def build_hub_folder(model: str | os.PathLike, output: str | os.PathLike, repo_id: str, native: str = "vaswani"):
+    """Writes the exact folder a Hub repository receives for the vaswani_mt model in `model` (a folder written by
+    training, with its README.md card) and returns `(output, model, tokenizer)` (the loaded model, for checks).
+
+    `native="vaswani"`: safetensors, config.json with `auto_map` and `custom_pipelines`, the code files
+    (configuration, modeling, pipeline), tokenizer, generation config, README.md. `native="marian"`: the exact
+    `MarianMTModel` conversion with the tokenizer and its own card.
+    """
+    from .evaluation import load_for_inference
+    from .export import save_marian
+
+    if native not in NATIVE_FORMATS:
+        raise ValueError(f"--native must be one of {NATIVE_FORMATS}, got {native!r}")
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo_id):
+        raise ValueError(f"--repo_id must look like USER/NAME, got {repo_id!r}")
+    loaded, tokenizer = load_for_inference(str(model), device="cpu")
+    card_path = Path(model, "README.md")
+    if not card_path.is_file():
+        raise ValueError(
+            f"{model} has no model card (README.md): scripts/train.py writes one with the measured test BLEU; for a "
+            "model trained elsewhere, render model_card.md with vaswani_mt.hub.render_model_card"
+        )
+    card = card_for_hub(card_path.read_text(encoding="utf-8"), repo_id, native)
+    check_card(card)
+    output = Path(output)
+    if output.exists() and any(output.iterdir()):
+        raise ValueError(f"{output} exists and is not empty: choose another --output or remove it")
+    output.mkdir(parents=True, exist_ok=True)
+    if native == "marian":
+        save_marian(loaded, tokenizer, output)
+    else:
+        loaded.save_pretrained(output)
+        tokenizer.save_pretrained(output)
+    (output / "README.md").write_text(card, encoding="utf-8")
+    return output, loaded, tokenizer
+
+
+# Runs in a fresh interpreter in which `import vaswani_mt` fails: only the folder's own code may run.
+_FRESH_PROCESS_CHECK = r"""
+import json, sys
+sys.modules["vaswani_mt"] = None
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+folder, native, sentences, new_tokens = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
+config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
+model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+batch = tokenizer(sentences, return_tensors="pt", padding=True)
+tokens = model.generate(**batch, num_beams=1, max_new_tokens=new_tokens).tolist()
+result = {"model_type": config.model_type, "class": type(model).__name__, "module": type(model).__module__,
+          "tokens": tokens}
+if native == "vaswani":
+    translator = pipeline("translation", model=folder, trust_remote_code=True)
+    result["pipeline"] = translator(sentences, num_beams=1, max_new_tokens=new_tokens)
+print(json.dumps(result))
+"""
+
+
+def check_hub_folder(folder: str | os.PathLike, model, tokenizer, native: str = "vaswani", new_tokens: int = 16):
+    """Validates a folder from `build_hub_folder`: its card (`check_card`), and in a fresh process without
+    vaswani_mt, offline, loading through the Auto classes with `trust_remote_code` (and the translation pipeline),
+    which must give the greedy tokens `model` gives here for the card's widget examples. Returns the report."""
+    import torch
+
+    folder = Path(folder)
+    metadata = check_card((folder / "README.md").read_text(encoding="utf-8"))
+    sentences = [w["text"] for w in metadata["widget"]]
+    with tempfile.TemporaryDirectory(prefix="vaswani-hub-check-") as scratch:
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+        env.update({"HF_MODULES_CACHE": str(Path(scratch, "modules")), "HF_HUB_OFFLINE": "1"})
+        env.update({"TOKENIZERS_PARALLELISM": "false"})
+        process = subprocess.run(
+            [sys.executable, "-c", _FRESH_PROCESS_CHECK, str(folder.resolve()), native, json.dumps(sentences),
+             str(new_tokens)],
+            capture_output=True, text=True, cwd=scratch, env=env, stdin=subprocess.DEVNULL, timeout=600,
+        )  # fmt: skip
+    if process.returncode != 0:
+        raise RuntimeError(f"{folder} does not load in a fresh process without vaswani_mt:\n{process.stderr[-3000:]}")
+    report = json.loads(process.stdout.strip().splitlines()[-1])
+    batch = tokenizer(sentences, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        expected = model.generate(**batch, num_beams=1, max_new_tokens=new_tokens).tolist()
+    if report["tokens"] != expected:
+        raise RuntimeError(f"{folder} loads in a fresh process but gives other greedy tokens than the model here")
+    if native == "vaswani":
+        texts = tokenizer.batch_decode(expected, skip_special_tokens=True)
+        if [r["translation_text"] for r in report["pipeline"]] != [t.strip() for t in texts]:
+            raise RuntimeError(f"the translation pipeline of {folder} translates otherwise than the model")
+    report.update(files=sorted(p.name for p in folder.iterdir()), sentences=sentences)
+    return report
+
+
+class HubUploadError(RuntimeError):
+    """An upload that did not happen, with the reason in plain words; the folder is still on disk."""
+
+
+def upload_folder(
+    folder: str | os.PathLike, repo_id: str, token: str | None = None, private: bool = False, message: str = ""
+) -> str:
+    """Creates `repo_id` (if needed) and uploads `folder` to it with `huggingface_hub`; returns the commit URL."""
+    from huggingface_hub import HfApi, get_token
+    from huggingface_hub.errors import HfHubHTTPError
+
+    kept = f"The folder {folder} is kept; upload it once the problem is fixed with `hf upload {repo_id} {folder}`."
+    token = token or get_token()
+    if not token:
+        raise HubUploadError(
+            f"no Hugging Face token: run `hf auth login` or set HF_TOKEN (a token with write access). {kept}"
+        )
+    api = HfApi(token=token)
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        commit = api.upload_folder(
+            folder_path=str(folder), repo_id=repo_id, commit_message=message or "Upload vaswani_mt model"
+        )
+    except HfHubHTTPError as error:
+        status = getattr(getattr(error, "response", None), "status_code", None)
+        reason = {401: "the token was refused", 403: f"the token may not write to {repo_id}"}.get(status, str(error))
+        raise HubUploadError(f"upload to {repo_id} failed: {reason}. {kept}") from error
+    except Exception as error:  # network errors come from the HTTP client (httpx, requests) as their own types
+        names = " ".join(cls.__name__ for cls in type(error).__mro__)
+        if isinstance(error, OSError) or re.search(r"Connect|Timeout|Network|Offline|Transport", names):
+            reason = f"cannot reach the Hugging Face Hub ({type(error).__name__}: {error})"
+            raise HubUploadError(f"{reason}. {kept}") from error
+        raise HubUploadError(f"upload to {repo_id} failed: {type(error).__name__}: {error}. {kept}") from error
+    return str(getattr(commit, "commit_url", commit))
+
+
+def publish(
+    model: str | os.PathLike,
+    repo_id: str,
+    output: str | os.PathLike | None = None,
+    native: str = "vaswani",
+    dry_run: bool = False,
+    token: str | None = None,
+    private: bool = False,
+    log=print,
+) -> dict:
+    """`scripts/push_to_hub.py`: builds the Hub folder, validates it in a fresh process and, unless `dry_run`,
+    uploads it. Returns the folder, the check's report and the commit URL (None on a dry run)."""
+    suffix = "-hub" if native == "vaswani" else "-hub-marian"
+    output = Path(output) if output else Path(str(model).rstrip("/\\") + suffix)
+    folder, loaded, tokenizer = build_hub_folder(model, output, repo_id, native)
+    log(f"built {folder}: {', '.join(sorted(p.name for p in folder.iterdir()))}")
+    report = check_hub_folder(folder, loaded, tokenizer, native)
+    log(f"checked: loads as {report['class']} in a fresh process without vaswani_mt; same greedy tokens")
+    if dry_run:
+        log(f"dry run: not uploaded. The folder to upload is {folder}")
+        return {"folder": str(folder), "report": report, "url": None}
+    url = upload_folder(folder, repo_id, token=token, private=private)
+    log(f"uploaded to {url}")
+    return {"folder": str(folder), "report": report, "url": url}
+
+
+__all__ = [
+    "HubUploadError",
+    "build_hub_folder",
+    "card_for_hub",
+    "check_card",
+    "check_hub_folder",
+    "model_card_template",
+    "publish",
+    "render_model_card",
+    "split_card",
+    "upload_folder",
+    "usage_section",
+    "widget_yaml",
+]

@@ -30,6 +30,11 @@ _AUTO_MAP = {
     "AutoModel": "modeling_vaswani.VaswaniModel",
     "AutoModelForSeq2SeqLM": "modeling_vaswani.VaswaniForConditionalGeneration",
 }
+# The translation pipeline a saved folder names (transformers 5 has no `translation` task of its own), so that
+# `pipeline("translation", model=folder, trust_remote_code=True)` loads `pipeline_vaswani.py` from the folder.
+_CUSTOM_PIPELINES = {
+    "translation": {"impl": "pipeline_vaswani.TranslationPipeline", "pt": ["AutoModelForSeq2SeqLM"], "type": "text"}
+}
 
 
 def sinusoidal_position_encoding(positions: torch.Tensor, d_model: int, dtype: torch.dtype) -> torch.Tensor:
@@ -235,9 +240,19 @@ class VaswaniPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """Saves as a Hub-ready folder: safetensors weights (the shared matrix once), config.json whose `auto_map`
-        names AutoConfig, AutoModel and AutoModelForSeq2SeqLM, these code files and generation_config.json."""
+        names AutoConfig, AutoModel and AutoModelForSeq2SeqLM, these code files and generation_config.json; and the
+        translation pipeline's file, named in `custom_pipelines`, when it sits next to this one."""
+        import os
+        import shutil
+
         self.config.auto_map = dict(_AUTO_MAP)
-        return super().save_pretrained(save_directory, *args, **kwargs)
+        pipeline_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_vaswani.py")
+        if os.path.isfile(pipeline_file):
+            self.config.custom_pipelines = {task: dict(info) for task, info in _CUSTOM_PIPELINES.items()}
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        if os.path.isfile(pipeline_file) and kwargs.get("is_main_process", True):
+            shutil.copy(pipeline_file, os.path.join(save_directory, "pipeline_vaswani.py"))
+        return result
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
