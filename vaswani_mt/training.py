@@ -149,7 +149,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
     `max_tokens_per_batch` switches the training DataLoader to `TokenBudgetBatchSampler` (per device; each rank
     gets distinct batches and the same number of steps). `lr_schedule="paper"` replaces `--lr_scheduler_type`
     with Eq. (3) times `--learning_rate`. Logs gain `source_tokens_per_step`, `target_tokens_per_step` (whole
-    optimizer step, all processes) and `target_tokens_per_second` (wall time).
+    optimizer step, all processes), `target_tokens_per_second` (wall time) and `train_minutes` (wall time since
+    this process's first step), so quality can be plotted against the clock.
     """
 
     def __init__(self, *args, max_tokens_per_batch: int | None = None, lr_schedule: str = "paper", **kwargs):
@@ -162,6 +163,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         self._token_counts = torch.zeros(2, dtype=torch.long)  # source, target tokens since the last log
         self._micro_batches = 0
         self._window_start: float | None = None
+        self._train_start: float | None = None
         if max_tokens_per_batch:
             self.add_callback(_SamplerEpochCallback(self))
 
@@ -211,6 +213,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         if self._window_start is None:
             self._window_start = time.perf_counter()
+        if self._train_start is None:
+            self._train_start = self._window_start
         self._micro_batches += 1
         self._token_counts[0] += int(inputs["attention_mask"].sum())
         self._token_counts[1] += int(inputs["labels"].ne(-100).sum())
@@ -224,6 +228,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
             logs["source_tokens_per_step"] = round(int(counts[0]) / steps, 1)
             logs["target_tokens_per_step"] = round(int(counts[1]) / steps, 1)
             logs["target_tokens_per_second"] = round(int(counts[1]) / seconds, 1)
+            logs["train_minutes"] = round((time.perf_counter() - self._train_start) / 60, 3)
             self._token_counts.zero_()
             self._micro_batches, self._window_start = 0, None
         super().log(logs, start_time)

@@ -1,0 +1,111 @@
+#!/usr/bin/env python
+"""BLEU against wall-clock minutes: every checkpoint of one or more training runs, scored on a split.
+
+Because Eq. (3) does not depend on the planned number of steps, the checkpoint a run wrote at minute m is the
+model a run with an m-minute budget would have ended with (before averaging), so one long run gives the whole
+BLEU-vs-minutes curve of its config. Each checkpoint is translated with the model's own search (ours: beam 4 and
+the GNMT penalty; MarianMTModel: its generation config), scored with sacreBLEU, and placed at the wall-clock
+minute of training it was written at (`train_minutes` in the run's logs; runs from before that field existed use
+steps x mean seconds per step). Optionally also the mean of the last K checkpoints (§6.1) at each point.
+
+    python benchmarks/checkpoint_curve.py outputs/sweep/d03 outputs/sweep/d01 --split validation \
+        --plot benchmarks/curves.png --json benchmarks/curves.json
+"""
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+from vaswani_mt.checkpoints import average_checkpoints, list_checkpoints
+from vaswani_mt.data import load_corpus, source_target
+from vaswani_mt.evaluation import evaluate_bleu
+
+
+def checkpoint_minutes(run: Path, step: int) -> float | None:
+    """Training minutes at `step`, interpolated between the run's logged `train_minutes`."""
+    state = run / "trainer_state.json"
+    if not state.is_file():
+        candidates = list_checkpoints(run)
+        if not candidates:
+            return None
+        state = candidates[-1] / "trainer_state.json"
+    history = json.loads(state.read_text())["log_history"]
+    points = sorted((row["step"], row["train_minutes"]) for row in history if "train_minutes" in row)
+    if points:
+        below = [p for p in points if p[0] <= step] or [(0, 0.0)]
+        above = [p for p in points if p[0] >= step]
+        (s0, m0), (s1, m1) = below[-1], (above[0] if above else points[-1])
+        return m0 if s1 == s0 else m0 + (m1 - m0) * (step - s0) / (s1 - s0)
+    runtime = [row for row in history if "train_runtime" in row]
+    if runtime:
+        return step * runtime[-1]["train_runtime"] / 60 / max(runtime[-1]["step"], 1)
+    return None
+
+
+def score(folder: Path, sources, references, batch_size: int) -> dict:
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+    result = evaluate_bleu(model, tokenizer, sources, references, batch_size=batch_size)
+    return {"bleu": round(result["score"], 2), "chrf": round(result["chrf"], 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", help="training output folders holding checkpoint-N folders")
+    parser.add_argument("--split", default="validation", choices=["validation", "test"])
+    parser.add_argument("--average_last", type=int, default=0, help="also score the mean of the last K checkpoints")
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--json", help="write the points here (merged with what the file already holds)")
+    parser.add_argument("--plot", help="draw BLEU against minutes to this PNG")
+    args = parser.parse_args()
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", torch.get_num_threads())))
+
+    sources, references = source_target(load_corpus("ding")[args.split], "en", "de")
+    results = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).is_file() else {}
+    for run in map(Path, args.runs):
+        points = []
+        checkpoints = list_checkpoints(run)
+        for index, checkpoint in enumerate(checkpoints):
+            step = int(checkpoint.name.split("-")[1])
+            point = {"step": step, "minutes": checkpoint_minutes(run, step)}
+            point.update(score(checkpoint, sources, references, args.batch_size))
+            if args.average_last > 1 and index + 1 >= args.average_last:
+                with tempfile.TemporaryDirectory() as tmp:
+                    staging = Path(tmp) / "checkpoints"
+                    staging.mkdir()
+                    for previous in checkpoints[index + 1 - args.average_last : index + 1]:
+                        os.symlink(previous.resolve(), staging / previous.name)
+                    averaged = average_checkpoints(staging, args.average_last, Path(tmp) / "averaged")
+                    averaged_score = score(averaged, sources, references, args.batch_size)
+                point.update({f"avg{args.average_last}_{k}": v for k, v in averaged_score.items()})
+            print(run.name, json.dumps(point), flush=True)
+            points.append(point)
+        results[f"{run.name}:{args.split}"] = points
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        figure, axis = plt.subplots(figsize=(7, 4.5))
+        for name, points in sorted(results.items()):
+            xy = [(p["minutes"], p["bleu"]) for p in points if p["minutes"] is not None]
+            if xy:
+                axis.plot(*zip(*xy, strict=True), marker=".", label=name)
+        axis.set_xlabel("training minutes (wall clock, 2 CPU threads)")
+        axis.set_ylabel("sacreBLEU (beam 4)")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize="small")
+        figure.tight_layout()
+        figure.savefig(args.plot, dpi=100)
+
+
+if __name__ == "__main__":
+    main()
