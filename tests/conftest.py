@@ -81,3 +81,79 @@ def padded_batch(seed: int = 0, lengths=(7, 4, 5), vocab: int = 200, pad: int = 
         ids[row, length - 1] = 2
         mask[row, :length] = 1
     return ids, mask
+
+
+def fit_tiny_model(tokenizer, steps: int = 40, seed: int = 0) -> vaswani_mt.VaswaniForConditionalGeneration:
+    """The tiny model fitted to SENTENCES (well under a second on one thread): unlike a random post-LN model, whose
+    greedy output repeats one token, it translates them, so token-equality checks compare varied sequences."""
+    model = make_model(seed=seed, dropout=0.0).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    batch = tokenizer([en for en, _ in SENTENCES], text_target=[de for _, de in SENTENCES], padding=True)
+    batch = {key: torch.tensor(value) for key, value in batch.items()}
+    labels = batch["labels"].masked_fill(batch["labels"] == tokenizer.pad_token_id, -100)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: one thread is many times faster on a busy 2-core machine
+    try:
+        for _ in range(steps):
+            model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        torch.set_num_threads(threads)
+    return model.eval()
+
+
+def card_values(model, tokenizer, score: dict, examples: list[str]) -> dict:
+    """The values training fills the model card with (`training._card_values`), for a model fitted in a test."""
+    from vaswani_mt.hub import widget_yaml
+
+    config = model.config
+    return {
+        "source_lang": "en",
+        "target_lang": "de",
+        "license": "apache-2.0",
+        "dataset_id": "tests/six-sentences",
+        "dataset_name": "six test sentences",
+        "dataset_note": "the pairs of tests/conftest.py",
+        "widget": widget_yaml(examples),
+        "model_name": "vaswani-mt-tiny-en-de",
+        "architecture": f"N = {config.num_encoder_layers}+{config.num_decoder_layers}, d_model = {config.d_model}",
+        "vocab_size": len(tokenizer),
+        "parameters": f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M",
+        "preset": "tiny",
+        "train_pairs": len(SENTENCES),
+        "lr_scale": 1.0,
+        "warmup": 4,
+        "label_smoothing": config.label_smoothing,
+        "dropout": config.dropout,
+        "max_tokens": 256,
+        "steps": 40,
+        "train_minutes": 0.01,
+        "hardware": "CPU",
+        "weights_note": "the final weights",
+        "test_pairs": len(SENTENCES),
+        "bleu": round(score["score"], 2),
+        "chrf": round(score["chrf"], 2),
+        "signature": score["signature"],
+        "command": "pytest tests/",
+        "limitations": "A test model: it knows six sentences.",
+        "repo_id": "USER/vaswani-mt-tiny-en-de",
+        "example": examples[0].replace('"', '\\"'),
+    }
+
+
+@pytest.fixture(scope="session")
+def fitted_folder(tmp_path_factory, tokenizer):
+    """A saved, fitted tiny model with its tokenizer and a model card rendered from a real evaluation (what
+    scripts/train.py leaves in its output folder)."""
+    from vaswani_mt.evaluation import evaluate_bleu
+    from vaswani_mt.hub import render_model_card
+
+    folder = tmp_path_factory.mktemp("fitted")
+    model = fit_tiny_model(tokenizer)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    sources, references = [en for en, _ in SENTENCES], [de for _, de in SENTENCES]
+    score = evaluate_bleu(model, tokenizer, sources, references, num_beams=1)
+    (folder / "README.md").write_text(render_model_card(card_values(model, tokenizer, score, sources[:2])))
+    return folder

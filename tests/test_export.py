@@ -1,9 +1,15 @@
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
-from conftest import make_model, padded_batch
+from conftest import SENTENCES, make_model, padded_batch
 from transformers import MarianMTModel
 
 from vaswani_mt.export import hidden_permutation, to_marian
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_permutation_puts_sines_first():
@@ -63,3 +69,73 @@ def test_saved_marian_folder_reloads_with_the_same_greedy_tokens(tmp_path):
 def test_unconvertible_shapes_are_refused_with_a_reason(overrides, message):
     with pytest.raises(ValueError, match=message):
         to_marian(make_model(**overrides))
+
+
+def _expected_greedy(model, tokenizer, sentences, steps=16):
+    batch = tokenizer(sentences, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        ours = model.generate(**batch, num_beams=1, max_new_tokens=steps)
+    # CTranslate2 returns the target without the start token and without </s>
+    trimmed = [[t for t in row[1:] if t != tokenizer.pad_token_id] for row in ours.tolist()]
+    return batch, ours, [row[:-1] if row and row[-1] == tokenizer.eos_token_id else row for row in trimmed]
+
+
+def test_marian_export_loads_with_the_auto_classes_and_gives_our_greedy_tokens(fitted_folder, tmp_path):
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from vaswani_mt.evaluation import load_for_inference
+    from vaswani_mt.export import export_model
+
+    export_model(fitted_folder, "marian", tmp_path / "marian")
+    marian = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "marian").eval()
+    marian_tokenizer = AutoTokenizer.from_pretrained(tmp_path / "marian")
+    assert isinstance(marian, MarianMTModel)
+    model, tokenizer = load_for_inference(str(fitted_folder))
+    sentences = [english for english, _ in SENTENCES]
+    assert marian_tokenizer(sentences)["input_ids"] == tokenizer(sentences)["input_ids"]
+    batch, ours, _ = _expected_greedy(model, tokenizer, sentences)
+    assert len(set(map(tuple, ours.tolist()))) == len(sentences)  # varied output: not a vacuous comparison
+    with torch.no_grad():
+        assert torch.equal(marian.generate(**batch, num_beams=1, max_new_tokens=16), ours)
+
+
+def test_ctranslate2_float32_gives_our_greedy_tokens_and_int8_runs(fitted_folder, tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from vaswani_mt.evaluation import load_for_inference
+    from vaswani_mt.export import ctranslate2_generate, export_model
+
+    output = export_model(fitted_folder, "ctranslate2", tmp_path / "ct2")
+    assert {"model.bin", "config.json", "shared_vocabulary.json", "tokenizer.json"} <= {
+        p.name for p in output.iterdir()
+    }
+    model, tokenizer = load_for_inference(str(fitted_folder))
+    sentences = [english for english, _ in SENTENCES] + ["The girl reads a book in the café."]
+    batch, _, expected = _expected_greedy(model, tokenizer, sentences)
+    translator = ctranslate2.Translator(str(output), device="cpu", compute_type="float32", intra_threads=1)
+    options = dict(beam_size=1, max_decoding_length=16)
+    assert (
+        ctranslate2_generate(translator, batch["input_ids"], batch["attention_mask"], tokenizer, **options) == expected
+    )
+    assert tokenizer.decode(expected[0]) == "Das Mädchen hat einen Apfel gegessen."
+
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "export.py"), "--model", str(fitted_folder), "--format",
+         "ctranslate2", "--quantization", "int8", "--output", str(tmp_path / "int8")],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    int8 = ctranslate2.Translator(str(tmp_path / "int8"), device="cpu", compute_type="int8", intra_threads=1)
+    tokens = ctranslate2_generate(int8, batch["input_ids"], batch["attention_mask"], tokenizer, **options)
+    assert len(tokens) == len(sentences) and all(tokens)
+
+
+def test_export_refuses_other_models_and_formats(tmp_path):
+    from transformers import MarianConfig
+
+    from vaswani_mt.export import export_model
+
+    MarianConfig().save_pretrained(tmp_path / "marian")
+    with pytest.raises(ValueError, match="'marian' model, not a vaswani_mt"):
+        export_model(tmp_path / "marian", "marian", tmp_path / "out")
+    with pytest.raises(ValueError, match="unknown export format"):
+        export_model(tmp_path / "marian", "onnx", tmp_path / "out")

@@ -273,9 +273,15 @@ class HubUploadError(RuntimeError):
 
 
 def upload_folder(
-    folder: str | os.PathLike, repo_id: str, token: str | None = None, private: bool = False, message: str = ""
+    folder: str | os.PathLike,
+    repo_id: str,
+    token: str | None = None,
+    private: bool = False,
+    message: str = "",
+    endpoint: str | None = None,
 ) -> str:
-    """Creates `repo_id` (if needed) and uploads `folder` to it with `huggingface_hub`; returns the commit URL."""
+    """Creates `repo_id` (if needed) and uploads `folder` to it with `huggingface_hub`; returns the commit URL.
+    `endpoint`: another Hub than huggingface.co (default: HF_ENDPOINT or huggingface.co)."""
     from huggingface_hub import HfApi, get_token
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -285,7 +291,7 @@ def upload_folder(
         raise HubUploadError(
             f"no Hugging Face token: run `hf auth login` or set HF_TOKEN (a token with write access). {kept}"
         )
-    api = HfApi(token=token)
+    api = HfApi(token=token, endpoint=endpoint)
     try:
         api.create_repo(repo_id, private=private, exist_ok=True)
         commit = api.upload_folder(

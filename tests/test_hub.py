@@ -1,0 +1,120 @@
+"""Hub publishing: the card's YAML holds every field the Hub reads, the dry-run folder loads in a fresh process
+without vaswani_mt, the Marian variant says what it is, and upload failures say why and keep the folder."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import card_values, make_model
+
+from vaswani_mt.hub import (
+    HubUploadError,
+    build_hub_folder,
+    card_for_hub,
+    check_card,
+    check_hub_folder,
+    render_model_card,
+    split_card,
+    upload_folder,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+SCORE = {"score": 12.3456, "chrf": 40.0, "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"}
+EXAMPLES = ['She said "hello".', "How are you today?"]
+
+
+def test_rendered_card_yaml_parses_and_holds_every_field(model, tokenizer):
+    card = render_model_card(card_values(model, tokenizer, SCORE, EXAMPLES))
+    metadata = yaml.safe_load(card.split("---\n")[1])
+    assert metadata == check_card(card)
+    assert metadata["pipeline_tag"] == "translation" and metadata["library_name"] == "transformers"
+    assert metadata["language"] == ["en", "de"] and metadata["license"] == "apache-2.0"
+    assert metadata["datasets"] == ["tests/six-sentences"] and metadata["metrics"] == ["bleu"]
+    assert metadata["widget"] == [{"text": text} for text in EXAMPLES]  # quotes survive the YAML
+    result = metadata["model-index"][0]["results"][0]
+    assert result["task"]["type"] == "translation" and result["dataset"]["type"] == "tests/six-sentences"
+    assert result["metrics"][0] == {"type": "bleu", "value": 12.35, "name": "sacreBLEU (test)"}
+    body = split_card(card)[1]
+    for section in ("## Model", "## Training", "## Results", "## Limitations", "## How to use", "## Citation"):
+        assert section in body
+    assert "pytest tests/" in body and "@inproceedings{vaswani2017attention" in body
+    assert 'pipeline("translation", model="USER/vaswani-mt-tiny-en-de", trust_remote_code=True)' in body
+
+
+def test_card_check_names_what_is_missing(model, tokenizer):
+    card = render_model_card(card_values(model, tokenizer, SCORE, EXAMPLES))
+    metadata, body = split_card(card)
+    del metadata["model-index"]
+    metadata["pipeline_tag"] = "text-generation"
+    broken = "---\n" + yaml.safe_dump(metadata) + "---\n" + body
+    with pytest.raises(ValueError, match=r"pipeline_tag: translation.*model-index"):
+        check_card(broken)
+
+
+def test_card_for_the_hub_names_the_repository_and_the_marian_card_says_what_it_is(model, tokenizer):
+    card = render_model_card(card_values(model, tokenizer, SCORE, EXAMPLES))
+    ours = card_for_hub(card, "alice/tiny-en-de")
+    assert split_card(ours)[0]["model-index"][0]["name"] == "tiny-en-de" and "\n# tiny-en-de\n" in ours
+    assert 'AutoModelForSeq2SeqLM.from_pretrained("alice/tiny-en-de", trust_remote_code=True)' in ours
+    assert "USER/" not in ours
+    marian = card_for_hub(card, "alice/tiny-en-de-marian", native="marian")
+    metadata, body = split_card(marian)
+    assert "marian" in metadata["tags"] and check_card(marian)
+    assert "exact `transformers.MarianMTModel` conversion" in body
+    assert 'MarianMTModel.from_pretrained("alice/tiny-en-de-marian")' in body and "trust_remote_code" not in body
+
+
+def test_dry_run_builds_the_hub_folder_that_loads_in_a_fresh_process_without_vaswani_mt(fitted_folder, tmp_path):
+    output = tmp_path / "hub"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "push_to_hub.py"), "--model", str(fitted_folder),
+         "--repo_id", "alice/tiny-en-de", "--output", str(output), "--dry_run"],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "same greedy tokens" in result.stdout and "dry run: not uploaded" in result.stdout
+    files = {p.name for p in output.iterdir()}
+    assert files == {
+        "README.md", "config.json", "generation_config.json", "model.safetensors", "configuration_vaswani.py",
+        "modeling_vaswani.py", "pipeline_vaswani.py", "tokenizer.json", "tokenizer_config.json",
+    }  # fmt: skip
+    config = json.loads((output / "config.json").read_text())
+    assert set(config["auto_map"]) == {"AutoConfig", "AutoModel", "AutoModelForSeq2SeqLM"}
+    assert "translation" in config["custom_pipelines"]
+    assert check_card((output / "README.md").read_text())["model-index"][0]["name"] == "tiny-en-de"
+
+
+def test_marian_hub_folder_loads_without_remote_code_and_gives_the_same_greedy_tokens(fitted_folder, tmp_path):
+    folder, model, tokenizer = build_hub_folder(fitted_folder, tmp_path / "marian", "alice/m", native="marian")
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "marian"
+    assert not list(folder.glob("*.py"))
+    report = check_hub_folder(folder, model, tokenizer, native="marian")  # raises on other tokens
+    assert report["class"] == "MarianMTModel" and report["module"].startswith("transformers.models.marian")
+
+
+def test_building_refuses_a_folder_without_card_or_of_another_model(tmp_path, tokenizer):
+    bare = tmp_path / "bare"
+    make_model().save_pretrained(bare)
+    tokenizer.save_pretrained(bare)
+    with pytest.raises(ValueError, match="no model card"):
+        build_hub_folder(bare, tmp_path / "out", "alice/x")
+    with pytest.raises(ValueError, match="USER/NAME"):
+        build_hub_folder(bare, tmp_path / "out", "not a repo id")
+    with pytest.raises(ValueError, match=r"no config\.json"):
+        build_hub_folder(tmp_path, tmp_path / "out", "alice/x")
+
+
+def test_upload_failures_say_why_and_keep_the_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    (folder / "README.md").write_text("card")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr("huggingface_hub.get_token", lambda: None)
+    with pytest.raises(HubUploadError, match=r"no Hugging Face token.*hf auth login.*is kept"):
+        upload_folder(folder, "alice/x")
+    with pytest.raises(HubUploadError, match=r"cannot reach the Hugging Face Hub.*is kept"):
+        upload_folder(folder, "alice/x", token="hf_test", endpoint="http://127.0.0.1:9")  # nothing listens there
+    assert (folder / "README.md").read_text() == "card"
