@@ -22,7 +22,7 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vaswani_mt.checkpoints import average_checkpoints, list_checkpoints
-from vaswani_mt.data import load_corpus, source_target
+from vaswani_mt.data import BUILTIN_CORPUS, load_corpus, source_target
 from vaswani_mt.evaluation import evaluate_bleu
 
 
@@ -57,7 +57,11 @@ def score(folder: Path, sources, references, batch_size: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="training output folders holding checkpoint-N folders")
+    parser.add_argument(
+        "--dataset", default=BUILTIN_CORPUS, help="the corpus the runs trained on (see --dataset of train.py)"
+    )
     parser.add_argument("--split", default="validation", choices=["validation", "test"])
+    parser.add_argument("--max_samples", type=int, default=None)
     parser.add_argument("--average_last", type=int, default=0, help="also score the mean of the last K checkpoints")
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--json", help="write the points here (merged with what the file already holds)")
@@ -65,7 +69,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", torch.get_num_threads())))
 
-    sources, references = source_target(load_corpus("ding")[args.split], "en", "de")
+    sources, references = source_target(load_corpus(args.dataset)[args.split], "en", "de")
+    sources, references = sources[: args.max_samples], references[: args.max_samples]
     results = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).is_file() else {}
     for run in map(Path, args.runs):
         points = []

@@ -262,3 +262,18 @@ def test_marian_benchmark_runs_both_models_through_the_same_pipeline(tmp_path):
     ours = json.loads((tmp_path / "bench" / "vaswani_mt" / "tokenizer.json").read_text())["model"]["vocab"]
     theirs = json.loads((tmp_path / "bench" / "marian" / "tokenizer.json").read_text())["model"]["vocab"]
     assert ours == theirs
+    # the BLEU-vs-minutes curve of both runs, from their checkpoints
+    curves = tmp_path / "curves.json"
+    result = subprocess.run(
+        [PYTHON, str(ROOT / "benchmarks" / "checkpoint_curve.py"), str(tmp_path / "bench" / "vaswani_mt"),
+         str(tmp_path / "bench" / "marian"), "--dataset", str(data), "--max_samples", "8", "--average_last", "2",
+         "--json", str(curves), "--plot", str(tmp_path / "curves.png")],
+        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    points = json.loads(curves.read_text())
+    for name in ("vaswani_mt:validation", "marian:validation"):
+        assert [p["step"] for p in points[name]] == [2, 4]
+        assert 0 < points[name][0]["minutes"] < points[name][1]["minutes"]
+        assert all(0 <= p["bleu"] <= 100 for p in points[name]) and "avg2_bleu" in points[name][1]
+    assert (tmp_path / "curves.png").stat().st_size > 0
