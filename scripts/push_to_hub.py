@@ -32,9 +32,12 @@ def main() -> None:
     parser.add_argument("--dry_run", action="store_true", help="build and check the folder, do not upload")
     parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the one `hf auth login` saved)")
     parser.add_argument("--private", action="store_true")
+    parser.add_argument("--overwrite", action="store_true", help="replace what --output holds")
     args = parser.parse_args()
     try:
-        publish(args.model, args.repo_id, args.output, args.native, args.dry_run, args.token, args.private)
+        publish(
+            args.model, args.repo_id, args.output, args.native, args.dry_run, args.token, args.private, args.overwrite
+        )
     except (HubUploadError, ValueError) as error:
         sys.exit(f"error: {error}")
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -177,13 +178,16 @@ def card_for_hub(card: str, repo_id: str, native: str = "vaswani") -> str:
     return join_card(metadata, body)
 
 
-def build_hub_folder(model: str | os.PathLike, output: str | os.PathLike, repo_id: str, native: str = "vaswani"):
+def build_hub_folder(
+    model: str | os.PathLike, output: str | os.PathLike, repo_id: str, native: str = "vaswani", overwrite: bool = False
+):
     """Writes the exact folder a Hub repository receives for the vaswani_mt model in `model` (a folder written by
     training, with its README.md card) and returns `(output, model, tokenizer)` (the loaded model, for checks).
 
     `native="vaswani"`: safetensors, config.json with `auto_map` and `custom_pipelines`, the code files
     (configuration, modeling, pipeline), tokenizer, generation config, README.md. `native="marian"`: the exact
-    `MarianMTModel` conversion with the tokenizer and its own card.
+    `MarianMTModel` conversion with the tokenizer and its own card. An `output` folder that is not empty is an
+    error unless `overwrite`, which empties it first.
     """
     from .evaluation import load_for_inference
     from .export import save_marian
@@ -203,7 +207,11 @@ def build_hub_folder(model: str | os.PathLike, output: str | os.PathLike, repo_i
     check_card(card)
     output = Path(output)
     if output.exists() and any(output.iterdir()):
-        raise ValueError(f"{output} exists and is not empty: choose another --output or remove it")
+        if not overwrite:
+            raise ValueError(f"{output} exists and is not empty: choose another --output, or pass --overwrite")
+        if output.resolve() == Path(model).resolve():
+            raise ValueError("--output must not be the model folder itself")
+        shutil.rmtree(output)
     output.mkdir(parents=True, exist_ok=True)
     if native == "marian":
         save_marian(loaded, tokenizer, output)
@@ -318,13 +326,14 @@ def publish(
     dry_run: bool = False,
     token: str | None = None,
     private: bool = False,
+    overwrite: bool = False,
     log=print,
 ) -> dict:
     """`scripts/push_to_hub.py`: builds the Hub folder, validates it in a fresh process and, unless `dry_run`,
     uploads it. Returns the folder, the check's report and the commit URL (None on a dry run)."""
     suffix = "-hub" if native == "vaswani" else "-hub-marian"
     output = Path(output) if output else Path(str(model).rstrip("/\\") + suffix)
-    folder, loaded, tokenizer = build_hub_folder(model, output, repo_id, native)
+    folder, loaded, tokenizer = build_hub_folder(model, output, repo_id, native, overwrite)
     log(f"built {folder}: {', '.join(sorted(p.name for p in folder.iterdir()))}")
     report = check_hub_folder(folder, loaded, tokenizer, native)
     log(f"checked: loads as {report['class']} in a fresh process without vaswani_mt; same greedy tokens")
