@@ -20,7 +20,7 @@ DEMO_MAX_SOURCE_TOKENS = 256
 
 
 def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, alpha: float = 0.6, extra_tokens: int = 50,
-                       layer: int = 0, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS):  # fmt: skip
+                       layer: int = 0, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS) -> tuple:  # fmt: skip
     """What the page shows for `text`: (translation, heatmap figure or None, notes in markdown).
 
     `extra_tokens` is b of the maximum output length |X| + b (§6.1: 50), `alpha` the GNMT length penalty, `layer`
