@@ -4,7 +4,8 @@
 Because Eq. (3) does not depend on the planned number of steps, the checkpoint a run wrote at minute m is the
 model a run with an m-minute budget would have ended with (before averaging), so one long run gives the whole
 BLEU-vs-minutes curve of its config. Each checkpoint is translated with the model's own search (ours: beam 4 and
-the GNMT penalty; MarianMTModel: its generation config), scored with sacreBLEU, and placed at the wall-clock
+the GNMT penalty; MarianMTModel: its generation config), scored with sacreBLEU (with the per-token NLL of the
+references and of as many training pairs: the generalisation gap), and placed at the wall-clock
 minute of training it was written at (`train_minutes` in the run's logs; runs from before that field existed use
 steps x mean seconds per step). Optionally also the mean of the last K checkpoints (§6.1) at each point.
 
@@ -23,7 +24,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vaswani_mt.checkpoints import average_checkpoints, list_checkpoints
 from vaswani_mt.data import BUILTIN_CORPUS, load_corpus, source_target
-from vaswani_mt.evaluation import evaluate_bleu
+from vaswani_mt.evaluation import evaluate_bleu, token_nll
 
 
 def checkpoint_minutes(run: Path, step: int) -> float | None:
@@ -47,11 +48,17 @@ def checkpoint_minutes(run: Path, step: int) -> float | None:
     return None
 
 
-def score(folder: Path, sources, references, batch_size: int) -> dict:
+def score(folder: Path, sources, references, batch_size: int, train=None) -> dict:
+    """BLEU and chrF with the model's own search, and the per-token NLL of the references (and of `train`
+    pairs, the same number of training pairs, to show the generalisation gap)."""
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
     result = evaluate_bleu(model, tokenizer, sources, references, batch_size=batch_size)
-    return {"bleu": round(result["score"], 2), "chrf": round(result["chrf"], 2)}
+    out = {"bleu": round(result["score"], 2), "chrf": round(result["chrf"], 2)}
+    out["nll"] = round(token_nll(model, tokenizer, sources, references, batch_size), 4)
+    if train is not None:
+        out["train_nll"] = round(token_nll(model, tokenizer, *train, batch_size), 4)
+    return out
 
 
 def main() -> None:
@@ -69,8 +76,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", torch.get_num_threads())))
 
-    sources, references = source_target(load_corpus(args.dataset)[args.split], "en", "de")
+    corpus = load_corpus(args.dataset)
+    sources, references = source_target(corpus[args.split], "en", "de")
     sources, references = sources[: args.max_samples], references[: args.max_samples]
+    train_sources, train_references = source_target(corpus["train"], "en", "de")
+    train = (train_sources[: len(sources)], train_references[: len(sources)])
     results = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).is_file() else {}
     for run in map(Path, args.runs):
         points = []
@@ -78,7 +88,7 @@ def main() -> None:
         for index, checkpoint in enumerate(checkpoints):
             step = int(checkpoint.name.split("-")[1])
             point = {"step": step, "minutes": checkpoint_minutes(run, step)}
-            point.update(score(checkpoint, sources, references, args.batch_size))
+            point.update(score(checkpoint, sources, references, args.batch_size, train))
             if args.average_last > 1 and index + 1 >= args.average_last:
                 with tempfile.TemporaryDirectory() as tmp:
                     staging = Path(tmp) / "checkpoints"

@@ -6,7 +6,7 @@ import pytest
 import sacrebleu
 from conftest import make_model
 
-from vaswani_mt.evaluation import bleu, load_for_inference, translate
+from vaswani_mt.evaluation import bleu, load_for_inference, token_nll, translate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,6 +20,16 @@ def test_bleu_equals_sacrebleu_and_carries_its_signature():
     assert bleu(refs, refs)["score"] == pytest.approx(100.0)
     with pytest.raises(ValueError, match="2 translations but 3"):
         bleu(hyps[:2], refs)
+
+
+def test_token_nll_is_the_unsmoothed_loss_per_target_token(tokenizer):
+    model = make_model(seed=3, label_smoothing=0.0).eval()
+    sources, references = ["The girl ate an apple.", "How are you?"], ["Das Mädchen aß einen Apfel.", "Wie geht's?"]
+    batch = tokenizer(sources, text_target=references, padding=True, return_tensors="pt")
+    batch["labels"][batch["labels"] == tokenizer.pad_token_id] = -100
+    expected = model(**batch).loss.item()  # mean over the real target tokens, </s> included
+    assert token_nll(model, tokenizer, sources, references, batch_size=1) == pytest.approx(expected, rel=1e-5)
+    assert token_nll(model, tokenizer, sources, references) == pytest.approx(expected, rel=1e-5)
 
 
 def test_translate_keeps_order_and_matches_one_by_one(tokenizer):

@@ -275,5 +275,6 @@ def test_marian_benchmark_runs_both_models_through_the_same_pipeline(tmp_path):
     for name in ("vaswani_mt:validation", "marian:validation"):
         assert [p["step"] for p in points[name]] == [2, 4]
         assert 0 < points[name][0]["minutes"] < points[name][1]["minutes"]
-        assert all(0 <= p["bleu"] <= 100 for p in points[name]) and "avg2_bleu" in points[name][1]
+        assert all(0 <= p["bleu"] <= 100 and p["nll"] > 0 and p["train_nll"] > 0 for p in points[name])
+        assert "avg2_bleu" in points[name][1]
     assert (tmp_path / "curves.png").stat().st_size > 0

@@ -100,6 +100,29 @@ def translate(
     return results
 
 
+@torch.no_grad()
+def token_nll(model, tokenizer, sources: Sequence[str], references: Sequence[str], batch_size: int = 64) -> float:
+    """Mean negative log-likelihood (nats per target token, `</s>` included, no label smoothing) of `references`
+    given `sources` under teacher forcing; `exp` of it is the perplexity. Works for any seq2seq model whose
+    forward builds its decoder inputs from `labels` (ours, MarianMTModel)."""
+    model.eval()
+    total, count = 0.0, 0
+    for start in range(0, len(sources), batch_size):
+        batch = tokenizer(
+            list(sources[start : start + batch_size]),
+            text_target=list(references[start : start + batch_size]),
+            padding=True,
+            return_tensors="pt",
+        ).to(model.device)
+        labels = batch["labels"].masked_fill(batch["labels"] == tokenizer.pad_token_id, -100)
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).logits
+        total += float(
+            torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum")
+        )
+        count += int(labels.ne(-100).sum())
+    return total / max(count, 1)
+
+
 def load_for_inference(model: str, device: str | None = None, attn_implementation: str | None = None):
     """A saved vaswani_mt model (folder or Hub id) and its tokenizer, in eval mode on `device` (default: GPU if
     there is one). Anything else gets an error that says what the folder is. `attn_implementation="eager"` is
@@ -136,4 +159,4 @@ def evaluate_bleu(model, tokenizer, sources: Sequence[str], references: Sequence
     return {**bleu(translations, references), "translations": translations}
 
 
-__all__ = ["SacreBLEU", "bleu", "evaluate_bleu", "load_for_inference", "translate"]
+__all__ = ["SacreBLEU", "bleu", "evaluate_bleu", "load_for_inference", "token_nll", "translate"]
