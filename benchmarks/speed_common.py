@@ -1,0 +1,148 @@
+"""What the speed benchmarks share: the machine record, interleaved timing, medians and ratios, peak memory.
+
+Both sides of a comparison run in one process, interleaved (A, B, A, B, ... with the order rotated each round), so
+a busy machine slows both alike; ratios are reported two ways: the ratio of the medians, and the median of the
+per-round ratios (each round's two timings are seconds apart, so it cancels slow drifts in the load).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+import transformers
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cpu_jiffies() -> tuple[int, int] | None:
+    """(busy, total) jiffies of the whole machine since boot, from /proc/stat (None where there is none)."""
+    try:
+        with open("/proc/stat", encoding="utf-8") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
+
+
+class MachineRecord:
+    """The machine, versions and command, plus how much of the CPU other processes used while we measured."""
+
+    def __init__(self):
+        self.start_wall = time.monotonic()
+        self.start_jiffies = _cpu_jiffies()
+        self.start_self = _own_cpu_seconds()
+
+    def finish(self) -> dict:
+        wall = time.monotonic() - self.start_wall
+        record = {
+            "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+            "machine": f"{_cpu_model()}, {os.cpu_count()} cores, {_memory_gib():.0f} GiB",
+            "versions": f"python {platform.python_version()}, torch {torch.__version__}, "
+            f"transformers {transformers.__version__}",
+            "threads": torch.get_num_threads(),
+            "wall_seconds": round(wall, 1),
+        }
+        end = _cpu_jiffies()
+        if self.start_jiffies and end and end[1] > self.start_jiffies[1]:
+            busy = (end[0] - self.start_jiffies[0]) / (end[1] - self.start_jiffies[1])
+            ours = (_own_cpu_seconds() - self.start_self) / (wall * (os.cpu_count() or 1))
+            record["others_cpu_share"] = round(max(busy - ours, 0.0), 2)
+            record["machine_shared"] = record["others_cpu_share"] > 0.1
+        return record
+
+
+def _own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _memory_gib() -> float:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError):
+        return 0.0
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set size (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def interleave(runs: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Times each callable `repeats` times, interleaved, after `warmup` untimed rounds; seconds per call."""
+    names = list(runs)
+    for _ in range(warmup):
+        for name in names:
+            runs[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for round_ in range(repeats):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            runs[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def speedups(times: dict[str, list[float]], baseline: str) -> dict[str, dict]:
+    """Per side: median and best seconds; against `baseline`: ratio of medians and median of per-round ratios
+    (> 1 means faster than the baseline)."""
+    out = {}
+    for name, values in times.items():
+        row = {"median_s": statistics.median(values), "min_s": min(values), "n": len(values)}
+        if name != baseline:
+            base = times[baseline]
+            row["ratio_of_medians"] = statistics.median(base) / statistics.median(values)
+            row["median_of_ratios"] = statistics.median(b / v for b, v in zip(base, values, strict=False))
+        out[name] = row
+    return out
+
+
+def measure_peak_rss(script: str, argv: list[str], sides: list[str]) -> dict[str, float]:
+    """Peak RSS of each side alone, each in a fresh subprocess running `script --rss_child SIDE` (so that peaks
+    do not mix); the child prints one JSON line with `peak_rss_mib` last."""
+    peaks = {}
+    for side in sides:
+        done = subprocess.run(
+            [sys.executable, script, *argv, "--rss_child", side], capture_output=True, text=True, check=False
+        )
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        if done.returncode != 0 or not lines:
+            raise RuntimeError(f"memory run of {side} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+        peaks[side] = round(json.loads(lines[-1])["peak_rss_mib"], 1)
+    return peaks
+
+
+def print_table(title: str, rows: list[dict], columns: list[str]) -> None:
+    """A markdown table of `rows` (dicts) with the given columns."""
+    print(f"\n{title}\n")
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        cells = []
+        for column in columns:
+            value = row.get(column, "")
+            if isinstance(value, float):
+                cells.append(f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}")
+            else:
+                cells.append(str(value))
+        print("| " + " | ".join(cells) + " |")

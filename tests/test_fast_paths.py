@@ -1,0 +1,132 @@
+"""The speed paths compute what the plain ones do: the training loss without logits, packed GEMMs for decoding,
+the cached sinusoids, the beam cache reordering and bf16 autocast."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import make_model, padded_batch
+
+import vaswani_mt.modeling_vaswani as modeling
+from vaswani_mt import sinusoidal_position_encoding
+from vaswani_mt.export import to_marian
+
+LABELS = torch.tensor([[5, 6, 7, 8, 2, -100, -100], [9, 10, 2, 1, 1, 1, 1], [11, 12, 13, 14, 15, 16, 2]])
+
+
+def reference_loss(model, ids, mask, labels, num_items=None):
+    """Logits over every position, then F.cross_entropy with label smoothing, in the model's dtype."""
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
+    logits = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_input_ids).logits
+    targets = labels.masked_fill(labels == model.config.pad_token_id, -100)
+    total = F.cross_entropy(
+        logits.flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum", label_smoothing=0.1
+    )
+    return total / (num_items if num_items is not None else targets.ne(-100).sum())
+
+
+def gradients(model):
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+@pytest.mark.parametrize("chunk_elements", [2**26, 3 * 200])  # one chunk; chunks of 3 rows (the loop and its seams)
+@pytest.mark.parametrize("num_items", [None, 40])
+def test_training_loss_without_logits_equals_cross_entropy_on_logits_in_float64(monkeypatch, chunk_elements, num_items):
+    monkeypatch.setattr(modeling, "_LOSS_CHUNK_ELEMENTS", chunk_elements)
+    model = make_model(seed=1, dropout=0.0).double().train()
+    ids, mask = padded_batch(seed=2, lengths=(7, 4, 5))
+    out = model(input_ids=ids, attention_mask=mask, labels=LABELS, num_items_in_batch=num_items)
+    assert out.logits is None  # training asks for the loss only
+    (3.0 * out.loss).backward()  # a scaled loss: backward must scale the stored gradients
+    fused = gradients(model)
+    reference = reference_loss(model, ids, mask, LABELS, num_items)
+    (3.0 * reference).backward()
+    assert abs(out.loss.item() - reference.item()) < 1e-12
+    for name, grad in gradients(model).items():
+        assert (fused[name] - grad).abs().max().item() < 1e-12, name
+
+
+def test_training_loss_with_no_real_target_token_is_zero_with_zero_gradients():
+    model = make_model(dropout=0.0).train()
+    ids, mask = padded_batch(lengths=(5, 3))
+    out = model(input_ids=ids, attention_mask=mask, labels=torch.full((2, 3), -100))
+    out.loss.backward()
+    assert out.loss.item() == 0.0 and model.lm_head.weight.grad.abs().max().item() == 0.0
+
+
+def test_eval_mode_and_no_grad_still_return_logits_and_the_same_loss():
+    model = make_model(seed=3, dropout=0.0)
+    ids, mask = padded_batch(seed=1, lengths=(7, 4, 5))
+    train_loss = model.train()(input_ids=ids, attention_mask=mask, labels=LABELS).loss
+    with torch.no_grad():
+        no_grad = model(input_ids=ids, attention_mask=mask, labels=LABELS)
+    evaluated = model.eval()(input_ids=ids, attention_mask=mask, labels=LABELS)
+    assert no_grad.logits is not None and evaluated.logits.shape == (3, 7, 200)
+    assert train_loss.item() == pytest.approx(evaluated.loss.item(), rel=1e-6)
+    assert no_grad.loss.item() == pytest.approx(evaluated.loss.item(), rel=1e-6)
+
+
+def test_bf16_autocast_training_follows_float32():
+    model = make_model(seed=4, dropout=0.0).train()
+    ids, mask = padded_batch(seed=3, lengths=(7, 4, 5))
+    fp32 = model(input_ids=ids, attention_mask=mask, labels=LABELS).loss
+    fp32.backward()
+    reference = gradients(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = model(input_ids=ids, attention_mask=mask, labels=LABELS).loss
+    bf16.backward()
+    assert bf16.dtype == torch.float32 and bf16.item() == pytest.approx(fp32.item(), rel=1e-2)
+    for name, grad in gradients(model).items():
+        assert grad.dtype == torch.float32
+        cosine = F.cosine_similarity(grad.flatten(), reference[name].flatten(), dim=0).item()
+        assert cosine > 0.98, name
+
+
+@pytest.mark.skipif(not modeling._MKL_PACKED_GEMM, reason="this torch build has no MKL packed GEMM")
+def test_packed_inference_gemms_equal_the_linear_layers_and_follow_weight_updates(monkeypatch):
+    model = make_model(seed=5)
+    ids, mask = padded_batch(seed=4, lengths=(7, 4, 5))
+    target = torch.tensor([[0, 5, 6], [0, 7, 8], [0, 9, 10]])
+    with torch.no_grad():
+        packed = model(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits
+        assert modeling._PACKED_WEIGHTS.get(model.lm_head) is not None  # the packed path was taken
+        monkeypatch.setattr(modeling, "_MKL_PACKED_GEMM", False)
+        plain = model(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits
+        torch.testing.assert_close(packed, plain, atol=1e-5, rtol=1e-5)
+        monkeypatch.setattr(modeling, "_MKL_PACKED_GEMM", True)
+        # An in-place update (what an optimizer step does) must reach the next packed call.
+        model.model.decoder.layers[0].ffn.fc2.weight.mul_(2.0)
+        model.lm_head.weight.add_(0.01)
+        updated = model(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits
+        monkeypatch.setattr(modeling, "_MKL_PACKED_GEMM", False)
+        torch.testing.assert_close(
+            updated, model(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits, atol=1e-5, rtol=1e-5
+        )
+        assert (updated - packed).abs().max().item() > 1e-3
+
+
+def test_cached_sinusoids_equal_the_formula_at_any_offset():
+    model = make_model()
+    decoder = model.model.decoder
+    ids = torch.full((1, 3), 5)
+    for past_length in (0, 7, 300, 1000):  # 300 and 1000 outgrow the first table
+        expected = decoder.embed_tokens(ids) * decoder.embed_scale + sinusoidal_position_encoding(
+            torch.arange(past_length, past_length + 3), 32, torch.float32
+        )
+        assert torch.equal(decoder.embed(ids, past_length), expected)
+
+
+def test_beam_search_leaves_the_encoder_attention_cache_in_place_and_matches_marian():
+    model = make_model(seed=6)
+    marian = to_marian(model)
+    ids, mask = padded_batch(seed=7, lengths=(8, 5, 6))
+    kwargs = dict(input_ids=ids, attention_mask=mask, num_beams=4, min_new_tokens=9, max_new_tokens=9)
+    assert torch.equal(model.generate(**kwargs, length_penalty=0.6), marian.generate(**kwargs, length_penalty=0.6))
+    cache = modeling.EncoderDecoderCache(modeling.DynamicCache(), modeling.DynamicCache())
+    keys = torch.arange(4.0).view(4, 1, 1, 1)
+    cache.self_attention_cache.update(keys, keys.clone(), 0)
+    cache.cross_attention_cache.update(keys, keys.clone(), 0)
+    model._reorder_cache(cache, torch.tensor([1, 1, 0, 3]))
+    assert cache.self_attention_cache.layers[0].keys.flatten().tolist() == [1, 1, 0, 3]
+    assert cache.cross_attention_cache.layers[0].keys.flatten().tolist() == [0, 1, 2, 3]

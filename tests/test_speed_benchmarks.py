@@ -1,0 +1,92 @@
+"""The speed benchmarks run end to end on tiny shapes: equality checks pass and the ratio fields are printed."""
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    threads = torch.get_num_threads()
+    yield lambda name: importlib.import_module(name)
+    torch.set_num_threads(threads)
+    for name in ("speed_common", "speed_train", "speed_decode"):
+        sys.modules.pop(name, None)
+
+
+def test_training_step_benchmark_checks_the_same_function_and_prints_ratios(bench, tmp_path, capsys):
+    out = tmp_path / "train.json"
+    bench("speed_train").main(
+        ["--preset", "tiny", "--vocab_size", "300", "--batch", "4", "--length", "6", "--repeats", "2",
+         "--warmup", "1", "--threads", "1", "--no-memory", "--json", str(out)]
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    assert result["check"]["same_function"] and result["check"]["loss_rel_gap"] < 1e-5
+    assert set(result["sides"]) == {"vaswani_mt", "vaswani_mt_bf16", "marian"}
+    for side in ("vaswani_mt", "vaswani_mt_bf16"):
+        assert result["sides"][side]["ratio_of_medians"] > 0 and result["sides"][side]["median_of_ratios"] > 0
+    assert "machine" in result["record"] and "torch" in result["record"]["versions"]
+    printed = capsys.readouterr().out
+    assert "| vaswani_mt |" in printed and "ratio_of_medians" in printed
+
+
+def test_decoding_benchmark_finds_identical_tokens_and_prints_ratios(bench, tmp_path, capsys):
+    out = tmp_path / "decode.json"
+    bench("speed_decode").main(
+        ["--preset", "tiny", "--vocab_size", "300", "--length", "6", "--steps", "4", "--batches", "1,3",
+         "--repeats", "1", "--threads", "1", "--no-memory", "--json", str(out)]
+    )  # fmt: skip
+    cases = json.loads(out.read_text())["cases"]
+    assert {(c["search"], c["batch"]) for c in cases} == {("beam4", 1), ("beam4", 3), ("greedy", 1), ("greedy", 3)}
+    assert all(c["identical_tokens"] and c["ratio_of_medians"] > 0 for c in cases)
+    assert "| beam4 | 3 | True |" in capsys.readouterr().out
+
+
+def test_peak_memory_is_measured_in_a_separate_process(bench):
+    common = bench("speed_common")
+    peaks = common.measure_peak_rss(
+        str(BENCHMARKS / "speed_decode.py"),
+        ["--preset", "tiny", "--vocab_size", "300", "--length", "6", "--steps", "2", "--threads", "1"],
+        ["marian"],
+    )
+    assert 50 < peaks["marian"] < 4000
+
+
+def test_real_data_modes_batch_each_side_its_own_way(bench, tmp_path, monkeypatch):
+    train = bench("speed_train")
+    pairs = [(f"the house number {i} is small .", f"das haus nummer {i} ist klein .") for i in range(60)]
+    monkeypatch.setattr(train, "load_training_rows", lambda args: _rows(pairs))
+    out = tmp_path / "data.json"
+    train.main(
+        ["--mode", "data", "--preset", "tiny", "--seconds", "0.3", "--warmup", "1", "--threads", "1",
+         "--sides", "vaswani_mt:tokens=128,marian:sentences=8", "--json", str(out)]
+    )  # fmt: skip
+    sides = json.loads(out.read_text())["sides"]
+    assert 7 <= sides["marian:sentences=8"]["sentences_per_batch"] <= 8  # an epoch ends with a short batch
+    assert sides["vaswani_mt:tokens=128"]["sentences_per_batch"] > 8 and sides["vaswani_mt:tokens=128"]["ratio"] > 0
+    train.main(
+        ["--mode", "curve", "--preset", "tiny", "--steps", "20", "--threads", "1", "--json", str(out),
+         "--sides", "vaswani_mt:tokens=128,vaswani_mt_bf16:tokens=128"]
+    )  # fmt: skip
+    curve = json.loads(out.read_text())
+    assert len(curve["losses"]["vaswani_mt:tokens=128"]) == 20
+    assert curve["sides"]["vaswani_mt_bf16:tokens=128"]["max_rel_gap_of_20_step_means"] < 0.05
+
+
+def _rows(pairs):
+    from vaswani_mt.tokenization import train_tokenizer
+
+    tokenizer = train_tokenizer([side for pair in pairs for side in pair], vocab_size=300, min_frequency=1)
+    encoded = tokenizer([en for en, _ in pairs], text_target=[de for _, de in pairs])
+    rows = [
+        {"input_ids": ids, "attention_mask": mask, "labels": labels}
+        for ids, mask, labels in zip(encoded["input_ids"], encoded["attention_mask"], encoded["labels"], strict=True)
+    ]
+    return tokenizer, rows, [len(r["input_ids"]) for r in rows], [len(r["labels"]) for r in rows]
