@@ -83,12 +83,12 @@ def _project(linear: nn.Linear, states: torch.Tensor) -> torch.Tensor:
             _PACKED_WEIGHTS.pop(linear, None)  # back to training after generating: drop the stale copy
         return linear(states)
     weight = linear.weight
-    key = (rows, weight.data_ptr(), weight._version, tuple(weight.shape))
+    key = (rows, id(weight), weight.data_ptr(), weight._version, tuple(weight.shape))
     entry = _PACKED_WEIGHTS.get(linear)
-    if entry is None or entry[0] != key:
-        entry = (key, torch.ops.mkl._mkl_reorder_linear_weight(weight, rows))
+    if entry is None or entry[0] != key or entry[1]() is not weight:
+        entry = (key, weakref.ref(weight), torch.ops.mkl._mkl_reorder_linear_weight(weight, rows))
         _PACKED_WEIGHTS[linear] = entry
-    return torch.ops.mkl._mkl_linear(states, entry[1], weight, linear.bias, rows)
+    return torch.ops.mkl._mkl_linear(states, entry[2], weight, linear.bias, rows)
 
 
 def eager_attention_forward(
