@@ -495,6 +495,10 @@ def run_training(
     if not trainer.is_world_process_zero():
         return result
 
+    if training_args.world_size > 1 and training_args.device.type == "cpu":
+        # The other ranks are done: the averaging and the test translation take every core (DDP on a CPU runs
+        # one thread per process, which is what makes it faster than one process with several threads).
+        torch.set_num_threads(os.cpu_count() or 1)
     final = _finalize_model(trainer, recipe, output_dir)
     tokenizer.save_pretrained(output_dir)
     final.save_pretrained(output_dir)
