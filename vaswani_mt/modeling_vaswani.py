@@ -64,10 +64,9 @@ def _project(linear: nn.Linear, states: torch.Tensor) -> torch.Tensor:
     Decoding multiplies a few rows (batch x beams) by every weight at each step, and an ordinary GEMM packs the
     weight into its internal layout at every call, which for a few rows costs more than the arithmetic. Packed
     once, the linear layers of a base-model decoding step run about 2x faster at 64 rows, 1.7x at 16 and 1.35x
-    at 4 (1 row is a memory-bound GEMV either way). The packed copy is rebuilt when the
-    weight changes (its version counter) or the number of rows does. Results equal `linear(states)` to float32
-    round-off, not always bit for bit. Training, autograd, other dtypes and devices, and wrapped or hooked layers
-    take `linear(states)` itself.
+    at 4 (1 row is a memory-bound GEMV either way). The packed copy is rebuilt when the weight changes (its
+    version counter) or the number of rows does. Results equal `linear(states)` to float32 round-off, not always
+    bit for bit. Training, autograd, other dtypes and devices, and wrapped or hooked layers take `linear(states)`.
     """
     rows = states.numel() // states.shape[-1] if states.numel() else 0
     if not (
@@ -585,8 +584,8 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
     the only vocabulary-sized tensor is that chunk (`F.cross_entropy` keeps the logits, the log-probabilities and
     two more tensors of that size for backward), and backward only scales the two gradients it stored.
 
-    Under autocast the matrix products run in the autocast dtype (AMX bf16 on CPU); the softmax, the loss and the
-    weight gradient stay in float32 (or float64).
+    Under autocast the matrix products run in the autocast dtype (bf16 for `--bf16` on CPU); the softmax, the loss
+    and the weight gradient stay in float32 (or float64).
     """
 
     @staticmethod
