@@ -83,7 +83,15 @@ def _memory_gib() -> float:
 
 
 def peak_rss_mib() -> float:
-    """This process's peak resident set size (Linux reports KiB)."""
+    """This process's peak resident set size in MiB: VmHWM, which starts afresh at exec (`ru_maxrss` does not: a
+    child would report its parent's peak at fork time)."""
+    try:
+        with open("/proc/self/status", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -114,6 +122,19 @@ def speedups(times: dict[str, list[float]], baseline: str) -> dict[str, dict]:
             row["ratio_of_medians"] = statistics.median(base) / statistics.median(values)
             row["median_of_ratios"] = statistics.median(b / v for b, v in zip(base, values, strict=False))
         out[name] = row
+    return out
+
+
+def child_argv(argv: list[str]) -> list[str]:
+    """A benchmark's own arguments for a memory child: no timing, no memory runs of its own, no output file."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--json":
+            skip = True
+        elif arg not in ("--memory", "--no-memory", "--only_memory") and not arg.startswith("--json="):
+            out.append(arg)
     return out
 
 

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import torch
-from speed_common import MachineRecord, interleave, measure_peak_rss, peak_rss_mib, print_table, speedups
+from speed_common import MachineRecord, child_argv, interleave, measure_peak_rss, peak_rss_mib, print_table, speedups
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_mt.export import to_marian
@@ -56,8 +56,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--profile", action="store_true", help="synthetic: top operators of one call per side")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--only_memory", action="store_true", help="measure peak RSS only, no timing")
     parser.add_argument("--rss_child", default=None, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    return args
 
 
 def synthetic_models(args):
@@ -89,6 +92,12 @@ def run_synthetic(args) -> dict:
             sides[args.rss_child].generate(**inputs, **forced_kwargs("beam4", args.steps))
         print(json.dumps({"side": args.rss_child, "peak_rss_mib": peak_rss_mib()}))
         return {}
+    shape = f"{args.preset}, vocab {args.vocab_size}, source {args.length} tokens, {args.steps} new tokens forced"
+    if args.only_memory:
+        peaks = measure_peak_rss(os.path.abspath(__file__), child_argv(args.argv), list(sides))
+        print_table(f"Peak RSS, beam 4, batch 16 ({shape})", [{"side": n, "peak_rss_mib": p} for n, p in peaks.items()],
+                    ["side", "peak_rss_mib"])  # fmt: skip
+        return {"mode": "synthetic", "shape": shape, "peak_rss_mib_beam4_batch16": peaks}
     cases = []
     for batch in [int(b) for b in args.batches.split(",")]:
         inputs = synthetic_source(ours.config, batch, args.length, args.seed)
@@ -116,14 +125,11 @@ def run_synthetic(args) -> dict:
             print(json.dumps(case), flush=True)
             if args.profile:
                 profile_calls(sides, inputs, kwargs, f"{search}, batch {batch}")
-    result = {
-        "mode": "synthetic",
-        "shape": f"{args.preset}, vocab {args.vocab_size}, source {args.length} tokens, {args.steps} new tokens forced",
-        "cases": cases,
-    }
+    result = {"mode": "synthetic", "shape": shape, "cases": cases}
     if args.memory:
-        child_argv = [a for a in sys.argv[1:] if a != "--memory"]
-        result["peak_rss_mib_beam4_batch16"] = measure_peak_rss(os.path.abspath(__file__), child_argv, list(sides))
+        result["peak_rss_mib_beam4_batch16"] = measure_peak_rss(
+            os.path.abspath(__file__), child_argv(args.argv), list(sides)
+        )
     rows = [
         {
             "search": c["search"],

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 import torch
-from speed_common import MachineRecord, interleave, measure_peak_rss, peak_rss_mib, print_table, speedups
+from speed_common import MachineRecord, child_argv, interleave, measure_peak_rss, peak_rss_mib, print_table, speedups
 from transformers import DataCollatorForSeq2Seq
 from transformers.trainer_pt_utils import LabelSmoother
 
@@ -69,8 +69,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True, help="step mode: peak RSS")
     parser.add_argument("--json", default=None, help="also write the record to this file")
+    parser.add_argument("--only_memory", action="store_true", help="measure peak RSS only, no timing")
     parser.add_argument("--rss_child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.sides is None:
         args.sides = {
             "step": "vaswani_mt,vaswani_mt_bf16,marian",
@@ -194,6 +196,12 @@ def run_step_mode(args, record: MachineRecord) -> dict:
         print(json.dumps({"side": args.rss_child, "peak_rss_mib": peak_rss_mib()}))
         return {}
 
+    shape = f"{args.preset}, vocab {config.vocab_size}, {args.batch} x {args.length} tokens, dropout {config.dropout}"
+    if args.only_memory:
+        peaks = measure_peak_rss(os.path.abspath(__file__), child_argv(args.argv), sides)
+        print_table(f"Peak RSS, training ({shape})", [{"side": n, "peak_rss_mib": p} for n, p in peaks.items()],
+                    ["side", "peak_rss_mib"])  # fmt: skip
+        return {"mode": "step", "shape": shape, "sides": {n: {"peak_rss_mib": p} for n, p in peaks.items()}}
     models = dict(zip(sides, build_models(config, sides, args.seed), strict=True))
     check = None
     if "vaswani_mt" in models and "marian" in models:
@@ -207,14 +215,12 @@ def run_step_mode(args, record: MachineRecord) -> dict:
     for row in summary.values():
         row["target_tokens_per_s"] = tokens / row["median_s"]
     if args.memory:
-        child_argv = [a for a in sys.argv[1:] if a != "--memory"]
-        peaks = measure_peak_rss(os.path.abspath(__file__), [*child_argv, "--repeats", "1"], list(models))
+        peaks = measure_peak_rss(os.path.abspath(__file__), child_argv(args.argv), list(models))
         for name, peak in peaks.items():
             summary[name]["peak_rss_mib"] = peak
     result = {
         "mode": "step",
-        "shape": f"{args.preset}, vocab {config.vocab_size}, {args.batch} x {args.length} tokens, "
-        f"dropout {config.dropout}",
+        "shape": shape,
         "target_tokens_per_step": tokens,
         "check": check,
         "sides": summary,
