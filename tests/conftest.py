@@ -121,6 +121,7 @@ def card_values(model, tokenizer, score: dict, examples: list[str]) -> dict:
         "vocab_size": len(tokenizer),
         "parameters": f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M",
         "preset": "tiny",
+        "initialisation": "Xavier-uniform linear layers, N(0, d_model^-0.5) embeddings (tensor2tensor's)",
         "train_pairs": len(SENTENCES),
         "lr_scale": 1.0,
         "warmup": 4,

@@ -14,7 +14,8 @@ from safetensors.torch import load_file
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_mt.checkpoints import average_checkpoints, last_checkpoint, list_checkpoints
-from vaswani_mt.training import VaswaniTrainer, paper_learning_rate, parse_args, plot_curves
+from vaswani_mt.tokenization import train_tokenizer
+from vaswani_mt.training import VaswaniTrainer, build_model, paper_learning_rate, parse_args, plot_curves
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -47,10 +48,17 @@ def test_trainer_uses_the_papers_schedule_and_adam(tmp_path):
 
 def test_config_file_sets_options_and_command_line_wins(tmp_path):
     config = tmp_path / "run.yaml"
-    config.write_text("preset: small\nmax_tokens_per_batch: 3000\nwarmup_steps: 800\nlearning_rate: 2.0\n")
+    config.write_text(
+        "preset: small\nmax_tokens_per_batch: 3000\nwarmup_steps: 800\nlearning_rate: 2.0\ninit_std: 0.02\n"
+    )
     model_args, data_args, _, training_args = parse_args(["--config", str(config), "--warmup_steps", "900"])
     assert (model_args.preset, data_args.max_tokens_per_batch) == ("small", 3000)
     assert (training_args.warmup_steps, training_args.learning_rate) == (900, 2.0)
+    tokenizer = train_tokenizer(["The house is small.", "Das Haus ist klein."] * 5, vocab_size=60, min_frequency=1)
+    model = build_model(model_args, tokenizer)
+    assert model.config.init_std == 0.02 and model.config.d_model == 256
+    weight = model.model.encoder.layers[0].ffn.fc1.weight
+    assert abs(weight.std().item() - 0.02) < 0.002  # N(0, 0.02), not Xavier (0.039 for 256 x 1024)
     bad = tmp_path / "bad.yaml"
     bad.write_text("presett: small\n")
     with pytest.raises(ValueError, match=r"bad.yaml.*presett"):
@@ -131,6 +139,8 @@ def test_resume_continues_the_schedule_and_the_data_order(tmp_path):
         assert row_b["learning_rate"] == pytest.approx(row_a["learning_rate"])
         assert row_b["target_tokens_per_step"] == row_a["target_tokens_per_step"]  # the same batch
         assert row_b["loss"] == pytest.approx(row_a["loss"], rel=1e-4)
+    minutes = [r["train_minutes"] for r in b if "train_minutes" in r]
+    assert len(minutes) == 12 and minutes == sorted(minutes) and minutes[0] > 0  # the clock goes on after resume
     wa, wb = (
         load_file(straight / "checkpoint-12" / "model.safetensors"),
         load_file(resumed / "checkpoint-12" / "model.safetensors"),

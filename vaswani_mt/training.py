@@ -36,7 +36,7 @@ from transformers import (
 from .batching import TokenBudgetBatchSampler
 from .checkpoints import average_checkpoints, last_checkpoint, list_checkpoints
 from .configuration_vaswani import PRESETS, VaswaniConfig
-from .data import BUILTIN_CORPUS, load_corpus, source_target
+from .data import BUILTIN_CORPUS, BUILTIN_CORPUS_WITH_PHRASES, load_corpus, source_target
 from .evaluation import bleu, evaluate_bleu
 from .hub import render_model_card, widget_yaml
 from .modeling_vaswani import VaswaniForConditionalGeneration
@@ -72,6 +72,10 @@ class ModelArguments:
     vocab_size: int = field(default=37000, metadata={"help": "size of the joint BPE vocabulary to train (§5.1)"})
     dropout: float | None = field(default=None, metadata={"help": "P_drop; default: the preset's"})
     label_smoothing: float | None = field(default=None, metadata={"help": "eps_ls; default: the preset's (0.1)"})
+    init_std: float | None = field(
+        default=None,
+        metadata={"help": "every weight from N(0, init_std) (MarianMTModel: 0.02); default: the preset's"},
+    )
     attn_implementation: str = field(default="sdpa", metadata={"help": "sdpa or eager"})
 
 
@@ -149,8 +153,9 @@ class VaswaniTrainer(Seq2SeqTrainer):
     `max_tokens_per_batch` switches the training DataLoader to `TokenBudgetBatchSampler` (per device; each rank
     gets distinct batches and the same number of steps). `lr_schedule="paper"` replaces `--lr_scheduler_type`
     with Eq. (3) times `--learning_rate`. Logs gain `source_tokens_per_step`, `target_tokens_per_step` (whole
-    optimizer step, all processes), `target_tokens_per_second` (wall time) and `train_minutes` (wall time since
-    this process's first step), so quality can be plotted against the clock.
+    optimizer step, all processes), `target_tokens_per_second` (wall time) and `train_minutes` (wall time of
+    training: since this process's first step, plus what a resumed run had logged before), so quality can be
+    plotted against the clock.
     """
 
     def __init__(self, *args, max_tokens_per_batch: int | None = None, lr_schedule: str = "paper", **kwargs):
@@ -214,7 +219,9 @@ class VaswaniTrainer(Seq2SeqTrainer):
         if self._window_start is None:
             self._window_start = time.perf_counter()
         if self._train_start is None:
-            self._train_start = self._window_start
+            # A resumed run goes on from the training minutes it had logged before it stopped.
+            before = [row["train_minutes"] for row in self.state.log_history if "train_minutes" in row]
+            self._train_start = self._window_start - 60 * max(before, default=0.0)
         self._micro_batches += 1
         self._token_counts[0] += int(inputs["attention_mask"].sum())
         self._token_counts[1] += int(inputs["labels"].ne(-100).sum())
@@ -228,7 +235,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
             logs["source_tokens_per_step"] = round(int(counts[0]) / steps, 1)
             logs["target_tokens_per_step"] = round(int(counts[1]) / steps, 1)
             logs["target_tokens_per_second"] = round(int(counts[1]) / seconds, 1)
-            logs["train_minutes"] = round((time.perf_counter() - self._train_start) / 60, 3)
+            logs["train_minutes"] = round((time.perf_counter() - self._train_start) / 60, 6)
             self._token_counts.zero_()
             self._micro_batches, self._window_start = 0, None
         super().log(logs, start_time)
@@ -405,6 +412,8 @@ def build_model(model_args: ModelArguments, tokenizer) -> VaswaniForConditionalG
         overrides["dropout"] = model_args.dropout
     if model_args.label_smoothing is not None:
         overrides["label_smoothing"] = model_args.label_smoothing
+    if model_args.init_std is not None:
+        overrides["init_std"] = model_args.init_std
     config = VaswaniConfig.from_preset(model_args.preset, **overrides)
     config._attn_implementation = model_args.attn_implementation
     return VaswaniForConditionalGeneration(config)
@@ -543,7 +552,7 @@ def _card_values(model, tokenizer, model_args, data_args, recipe, training_args,
     test = result.get("test", {})
     src, tgt = data_args.source_lang, data_args.target_lang
     examples = [row[src] for row in corpus["test"]["translation"][:3]] or ["Hello."]
-    builtin = data_args.dataset == BUILTIN_CORPUS
+    builtin = data_args.dataset in (BUILTIN_CORPUS, BUILTIN_CORPUS_WITH_PHRASES)
     averaged = getattr(model, "averaged_from", [])
     return {
         "source_lang": src,
@@ -552,6 +561,7 @@ def _card_values(model, tokenizer, model_args, data_args, recipe, training_args,
         "dataset_id": "trans-de-en (Debian, Ding dictionary)" if builtin else data_args.dataset,
         "dataset_name": "Ding de-en dictionary sentence pairs" if builtin else data_args.dataset,
         "dataset_note": "sentence-like example pairs of the Ding dictionary (GPL-2+), split by dictionary entry"
+        + (", plus the multi-word phrases of the training entries" if data_args.dataset != BUILTIN_CORPUS else "")
         if builtin
         else f"{data_args.dataset} {data_args.dataset_config or ''}".strip(),
         "widget": widget_yaml(examples),
@@ -561,6 +571,9 @@ def _card_values(model, tokenizer, model_args, data_args, recipe, training_args,
         "vocab_size": len(tokenizer),
         "parameters": f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M",
         "preset": model_args.preset,
+        "initialisation": f"every weight from N(0, {config.init_std}) (as MarianMTModel; the paper names none)"
+        if config.init_std
+        else "Xavier-uniform linear layers, N(0, d_model^-0.5) embeddings (tensor2tensor's)",
         "train_pairs": len(corpus["train"]),
         "lr_scale": training_args.learning_rate,
         "warmup": training_args.warmup_steps,
