@@ -5,7 +5,15 @@ import json
 import datasets
 import pytest
 
-from vaswani_mt.data import DataError, extract_ding_pairs, load_corpus, load_ding, split_by_group
+from vaswani_mt.data import (
+    DataError,
+    _cached_extraction,
+    extract_ding_pairs,
+    extract_ding_phrases,
+    load_corpus,
+    load_ding,
+    split_by_group,
+)
 
 DING_SAMPLE = """# Version :: devel
 Haus {n} | Das Haus ist klein. | Das Haus ist groß.; Das Haus ist riesig. :: \
@@ -26,6 +34,25 @@ def test_ding_extraction_keeps_whole_sentences_paired_by_position():
         ("Die Katze schläft gerne.", "The cat likes to sleep."),  # [ugs.] annotation removed
     ]  # "Ja." too short, the dog pair's word ratio > 2, the second "Das Haus ist klein." a duplicate
     assert [line for line, _, _ in pairs] == [2, 2, 2, 3]
+
+
+def test_ding_phrases_are_the_multi_word_sub_entries_that_are_not_sentences():
+    sample = DING_SAMPLE + (
+        "Gewerkschaft {f} | aus einer Gewerkschaft austreten (als Mitglied) | in die Gewerkschaft eintreten :: "
+        "union | to resign from a union | to join the union\n"
+        "Trinitrotoluol {n} /TNT/ | rotes Trinitrotoluol :: trinitrotoluene /TNT/ | red trinitrotoluene\n"
+        "ganz {adj} | ganz und gar nicht wirklich sehr :: whole | not\n"
+    )
+    assert extract_ding_phrases(sample.splitlines()) == [
+        (7, "aus einer Gewerkschaft austreten", "to resign from a union"),  # (explanation) removed
+        (7, "in die Gewerkschaft eintreten", "to join the union"),
+        (8, "rotes Trinitrotoluol", "red trinitrotoluene"),
+    ]  # single words, sentences, and line 9's word ratio of 6 are out
+    words = extract_ding_phrases(sample.splitlines(), min_words=1)
+    assert (2, "Haus", "house") in words and (4, "Ja.", "Yes.") in words  # "Ja." is too short to be a sentence
+    assert (8, "Trinitrotoluol", "trinitrotoluene") in words  # /TNT/ removed
+    sentences = {(de, en) for _, de, en in extract_ding_pairs(sample.splitlines())}
+    assert sentences and sentences.isdisjoint((de, en) for _, de, en in words)
 
 
 def test_split_is_deterministic_and_keeps_groups_together():
@@ -49,6 +76,23 @@ def test_builtin_corpus_from_debian_package():
     assert reverse["test"][0]["translation"] == row  # same split, either direction
     with pytest.raises(DataError, match="German-English"):
         load_corpus("ding", source_lang="en", target_lang="fr")
+
+
+def test_builtin_corpus_with_phrases_adds_training_phrases_of_training_entries_only():
+    plain, extended = load_ding("en", "de"), load_corpus("ding+phrases")
+    for split in ("validation", "test"):
+        assert extended[split]["translation"] == plain[split]["translation"]
+    train = extended["train"]["translation"]
+    assert train[: len(plain["train"])] == plain["train"]["translation"]
+    phrases = train[len(plain["train"]) :]
+    assert 80_000 < len(phrases) < 95_000
+    assert {"en": "to resign from a union", "de": "aus einer Gewerkschaft austreten"} in phrases
+    # no phrase of a held-out dictionary entry: the split is by entry, as for the sentences
+    rows = _cached_extraction("phrases", extract_ding_phrases)
+    buckets = split_by_group([str(row["entry"]) for row in rows])
+    assert len(phrases) == len(buckets["train"])
+    held_out = {(rows[i]["en"], rows[i]["de"]) for i in buckets["validation"] + buckets["test"]}
+    assert len(held_out) > 1000 and held_out.isdisjoint((p["en"], p["de"]) for p in phrases)
 
 
 def _jsonl(path, rows):

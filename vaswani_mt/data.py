@@ -33,6 +33,7 @@ import datasets
 logger = logging.getLogger(__name__)
 
 BUILTIN_CORPUS = "ding"
+BUILTIN_CORPUS_WITH_PHRASES = "ding+phrases"  # the same, plus dictionary phrases in the training split
 DING_PACKAGE = "trans-de-en"
 DING_PATH_IN_PACKAGE = "usr/share/trans/de-en"
 SPLITS = ("train", "validation", "test")
@@ -78,6 +79,7 @@ def _to_dataset_dict(pairs: Sequence[tuple[str, str]], groups: Sequence[str], so
 # The built-in corpus: sentence pairs from the Ding dictionary
 
 _ANNOTATION = re.compile(r"\{[^}]*\}|\[[^\]]*\]")
+_EXPLANATION = re.compile(r"\([^)]*\)|(?<!\S)/[^/]+/(?!\S)")  # (explanations) and /ABBR/ abbreviations
 
 
 def _clean(text: str) -> str:
@@ -88,14 +90,17 @@ def _is_sentence(text: str) -> bool:
     return len(text.split()) >= 3 and text[0].isupper() and text[-1] in ".!?"
 
 
-def extract_ding_pairs(lines: Iterable[str]) -> list[tuple[int, str, str]]:
-    """(line number, German, English) for the sub-entries of the dictionary that are whole sentences on both sides.
+def _ratio_ok(de: str, en: str) -> bool:
+    words_de, words_en = len(de.split()), len(en.split())
+    return max(words_de, words_en) <= 2 * min(words_de, words_en)
+
+
+def _sub_entries(lines: Iterable[str]) -> Iterable[tuple[int, str, str]]:
+    """(line number, German, English) for every sub-entry variant, `{...}` and `[...]` annotations removed.
 
     A line reads `de1 | de2 ... :: en1 | en2 ...`; sub-entries pair by position and `;` separates variants, which
-    pair by position too. Kept: >= 3 words, capitalised, ending in . ! or ?, after removing `{...}` and `[...]`
-    annotations, word-count ratio <= 2, each German sentence once.
+    pair by position too. Lines whose two sides have different numbers of sub-entries are skipped.
     """
-    pairs, seen = [], set()
     for lineno, line in enumerate(lines, 1):
         if line.startswith("#") or "::" not in line:
             continue
@@ -105,14 +110,41 @@ def extract_ding_pairs(lines: Iterable[str]) -> list[tuple[int, str, str]]:
             continue
         for german_sub, english_sub in zip(german_subs, english_subs, strict=True):
             for de, en in zip(german_sub.split(";"), english_sub.split(";"), strict=False):
-                de, en = _clean(de), _clean(en)
-                if not (_is_sentence(de) and _is_sentence(en)) or de in seen:
-                    continue
-                words_de, words_en = len(de.split()), len(en.split())
-                if max(words_de, words_en) > 2 * min(words_de, words_en):
-                    continue
-                seen.add(de)
-                pairs.append((lineno, de, en))
+                yield lineno, _clean(de), _clean(en)
+
+
+def extract_ding_pairs(lines: Iterable[str]) -> list[tuple[int, str, str]]:
+    """(line number, German, English) for the sub-entries of the dictionary that are whole sentences on both sides.
+
+    Kept: >= 3 words, capitalised, ending in . ! or ?, after removing `{...}` and `[...]` annotations, word-count
+    ratio <= 2, each German sentence once.
+    """
+    pairs, seen = [], set()
+    for lineno, de, en in _sub_entries(lines):
+        if not (_is_sentence(de) and _is_sentence(en)) or de in seen or not _ratio_ok(de, en):
+            continue
+        seen.add(de)
+        pairs.append((lineno, de, en))
+    return pairs
+
+
+def extract_ding_phrases(lines: Iterable[str], min_words: int = 2) -> list[tuple[int, str, str]]:
+    """(line number, German, English) for the multi-word sub-entries that are not sentences: phrases such as
+    `aus einer Gewerkschaft austreten` :: `to resign from a union`, extra training data for `ding+phrases`.
+
+    Kept: at least `min_words` words on each side after also removing `(...)` explanations and `/ABBR/`
+    abbreviations, word-count ratio
+    <= 2, neither side a sentence (sentences are `extract_ding_pairs`' and stay split by entry), each pair once.
+    """
+    pairs, seen = [], set()
+    for lineno, de, en in _sub_entries(lines):
+        de, en = (re.sub(r"\s+", " ", _EXPLANATION.sub("", text)).strip() for text in (de, en))
+        if min(len(de.split()), len(en.split())) < min_words or not _ratio_ok(de, en):
+            continue
+        if _is_sentence(de) or _is_sentence(en) or (de, en) in seen:
+            continue
+        seen.add((de, en))
+        pairs.append((lineno, de, en))
     return pairs
 
 
@@ -149,25 +181,44 @@ def _fetch_ding_dictionary(directory: Path) -> Path:
     return target
 
 
-def load_ding(source_lang: str = "en", target_lang: str = "de", seed: int = 0) -> datasets.DatasetDict:
-    """The built-in en-de corpus (about 19,200 pairs), split by dictionary entry; cached as JSONL after extraction."""
-    if {source_lang, target_lang} != {"en", "de"}:
-        raise DataError(f"the built-in corpus is German-English; got languages {source_lang!r} and {target_lang!r}")
+def _cached_extraction(name: str, extract) -> list[dict]:
+    """Rows `{"entry", "de", "en"}` of `extract(dictionary lines)`, cached as `<cache>/ding/<name>.jsonl`."""
     directory = cache_dir() / "ding"
-    pairs_file = directory / "pairs.jsonl"
-    if not pairs_file.is_file():
+    path = directory / f"{name}.jsonl"
+    if not path.is_file():
         dictionary = _fetch_ding_dictionary(directory)
         with open(dictionary, encoding="utf-8") as f:
-            extracted = extract_ding_pairs(f)
-        tmp = pairs_file.with_suffix(".tmp")
+            extracted = extract(f)
+        tmp = path.with_suffix(".tmp")
         with open(tmp, "w", encoding="utf-8") as f:
             for entry, de, en in extracted:
                 f.write(json.dumps({"entry": entry, "de": de, "en": en}, ensure_ascii=False) + "\n")
-        os.replace(tmp, pairs_file)
-        logger.info("extracted %d sentence pairs from %s into %s", len(extracted), dictionary, pairs_file)
-    rows = [json.loads(line) for line in pairs_file.read_text(encoding="utf-8").splitlines()]
+        os.replace(tmp, path)  # never a half-written cache
+        logger.info("extracted %d %s from %s into %s", len(extracted), name, dictionary, path)
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def load_ding(
+    source_lang: str = "en", target_lang: str = "de", seed: int = 0, phrases: bool = False
+) -> datasets.DatasetDict:
+    """The built-in en-de corpus (about 19,200 sentence pairs), split by dictionary entry; cached after extraction.
+
+    `phrases=True` (`--dataset ding+phrases`) adds the multi-word phrase pairs of the training entries (about
+    87,000, `extract_ding_phrases`) to the training split only: validation and test stay the same sentences, and
+    no phrase comes from a held-out entry.
+    """
+    if {source_lang, target_lang} != {"en", "de"}:
+        raise DataError(f"the built-in corpus is German-English; got languages {source_lang!r} and {target_lang!r}")
+    rows = _cached_extraction("pairs", extract_ding_pairs)
     pairs = [(row[source_lang], row[target_lang]) for row in rows]
-    return _to_dataset_dict(pairs, [str(row["entry"]) for row in rows], source_lang, target_lang, seed)
+    corpus = _to_dataset_dict(pairs, [str(row["entry"]) for row in rows], source_lang, target_lang, seed)
+    if phrases:
+        extra = _cached_extraction("phrases", extract_ding_phrases)
+        train = split_by_group([str(row["entry"]) for row in extra], seed)["train"]
+        rows = [{source_lang: extra[i][source_lang], target_lang: extra[i][target_lang]} for i in train]
+        added = datasets.Dataset.from_dict({"translation": rows}, features=corpus["train"].features)
+        corpus["train"] = datasets.concatenate_datasets([corpus["train"], added])
+    return corpus
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -275,8 +326,8 @@ def load_corpus(
     """Loads `dataset` (see the module docstring) as train/validation/test in the translation convention."""
     if source_lang == target_lang:
         raise DataError(f"source and target language are both {source_lang!r}")
-    if dataset == BUILTIN_CORPUS:
-        return load_ding(source_lang, target_lang, seed)
+    if dataset in (BUILTIN_CORPUS, BUILTIN_CORPUS_WITH_PHRASES):
+        return load_ding(source_lang, target_lang, seed, phrases=dataset == BUILTIN_CORPUS_WITH_PHRASES)
     pairs = _local_pairs(dataset, source_lang, target_lang)
     if pairs is not None:
         if not pairs:
@@ -322,8 +373,10 @@ def source_target(corpus: datasets.Dataset, source_lang: str, target_lang: str) 
 
 __all__ = [
     "BUILTIN_CORPUS",
+    "BUILTIN_CORPUS_WITH_PHRASES",
     "DataError",
     "extract_ding_pairs",
+    "extract_ding_phrases",
     "load_corpus",
     "load_ding",
     "read_jsonl",
