@@ -18,6 +18,8 @@ Modes:
 - `data`: real batches from the built-in corpus's training split, each side with its own batching (`MODEL:tokens=N`
   is our token-budget sampler, `MODEL:sentences=N` is the Trainer's default: N shuffled sentences, padded), run in
   alternating time slices; target tokens (real, not padding) per second of wall time, collation included.
+- `gemm`: float32 vs bfloat16 matrix products at the step's shapes (FFN and output layer, forward and both
+  backward products), interleaved, in GFLOP/s, with the CPU's AMX / AVX-512 BF16 flags: what bf16 can gain here.
 - `curve`: `vaswani_mt` and `vaswani_mt_bf16` in lockstep on the same real batches from the same weights, with the
   same dropout seed per step; prints both loss curves and their largest relative gap (20-step means).
 
@@ -50,7 +52,7 @@ MODELS = ("vaswani_mt", "vaswani_mt_bf16", "marian", "marian_bf16")
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", choices=["step", "data", "curve"], default="step")
+    parser.add_argument("--mode", choices=["step", "data", "curve", "gemm"], default="step")
     parser.add_argument("--preset", default="base")
     parser.add_argument("--vocab_size", type=int, default=37000, help="step mode; data modes train a BPE of this size")
     parser.add_argument("--dropout", type=float, default=None, help="default: the preset's")
@@ -78,6 +80,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             "step": "vaswani_mt,vaswani_mt_bf16,marian",
             "data": "vaswani_mt:tokens=4096,marian:sentences=8",
             "curve": "vaswani_mt:tokens=4096,vaswani_mt_bf16:tokens=4096",
+            "gemm": "",
         }[args.mode]
     return args
 
@@ -439,11 +442,48 @@ def run_curve_mode(args, record: MachineRecord) -> dict:
     }
 
 
+def run_gemm_mode(args, record: MachineRecord) -> dict:
+    """float32 vs bfloat16 GEMMs of a training step (`--batch` x `--length` rows), interleaved; GFLOP/s."""
+    config = model_config(args)
+    rows, d, d_ff, vocab = args.batch * args.length, config.d_model, config.d_ff, config.vocab_size
+    shapes = {  # (m, k, n, transposes) of x @ w.T, g @ w and g.T @ x
+        "FFN forward": (rows, d, d_ff, "nt"),
+        "FFN input grad": (rows, d_ff, d, "nn"),
+        "FFN weight grad": (d_ff, rows, d, "tn"),
+        "output layer forward": (rows, d, vocab, "nt"),
+        "output layer input grad": (rows, vocab, d, "nn"),
+        "output layer weight grad": (vocab, rows, d, "tn"),
+    }
+    flags = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        pass
+    rows_out = []
+    for name, (m, k, n, layout) in shapes.items():
+        runs = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            a = torch.randn(k, m, dtype=dtype).T if layout[0] == "t" else torch.randn(m, k, dtype=dtype)
+            b = torch.randn(n, k, dtype=dtype).T if layout[1] == "t" else torch.randn(k, n, dtype=dtype)
+            runs[str(dtype).removeprefix("torch.")] = lambda a=a, b=b: torch.mm(a, b)
+        times = interleave(runs, args.repeats, args.warmup)
+        row = {"product": f"{name} ({m}x{k} @ {k}x{n})"}
+        for dtype, values in times.items():
+            row[f"{dtype} GFLOP/s"] = 2 * m * k * n / statistics.median(values) / 1e9
+        row["bf16 / fp32"] = row["bfloat16 GFLOP/s"] / row["float32 GFLOP/s"]
+        rows_out.append(row)
+    cpu = {flag: flag in flags for flag in ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f")}
+    print_table(f"Matrix products, {args.repeats} interleaved runs each; CPU flags {cpu}", rows_out, list(rows_out[0]))
+    return {"mode": "gemm", "cpu_flags": cpu, "products": rows_out}
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     record = MachineRecord()
-    result = {"step": run_step_mode, "data": run_data_mode, "curve": run_curve_mode}[args.mode](args, record)
+    modes = {"step": run_step_mode, "data": run_data_mode, "curve": run_curve_mode, "gemm": run_gemm_mode}
+    result = modes[args.mode](args, record)
     if args.rss_child:
         return
     result["record"] = record.finish()

@@ -90,3 +90,19 @@ def _rows(pairs):
         for ids, mask, labels in zip(encoded["input_ids"], encoded["attention_mask"], encoded["labels"], strict=True)
     ]
     return tokenizer, rows, [len(r["input_ids"]) for r in rows], [len(r["labels"]) for r in rows]
+
+
+def test_gemm_mode_times_both_precisions_at_the_steps_shapes(bench, tmp_path):
+    out = tmp_path / "gemm.json"
+    bench("speed_train").main(
+        ["--mode", "gemm", "--preset", "tiny", "--vocab_size", "300", "--batch", "4", "--length", "6",
+         "--repeats", "2", "--warmup", "1", "--threads", "1", "--json", str(out)]
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    products = {row["product"].split(" (")[0]: row for row in result["products"]}
+    assert set(products) == {
+        f"{part} {kind}" for part in ("FFN", "output layer") for kind in ("forward", "input grad", "weight grad")
+    }
+    assert "output layer forward (24x32 @ 32x300)" in [row["product"] for row in result["products"]]
+    assert all(row["float32 GFLOP/s"] > 0 and row["bf16 / fp32"] > 0 for row in products.values())
+    assert set(result["cpu_flags"]) == {"amx_bf16", "amx_tile", "avx512_bf16", "avx512f"}
