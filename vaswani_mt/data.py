@@ -6,6 +6,8 @@ Every corpus comes out in the Hub's translation convention, splits "train", "val
 - `"ding"` (the default): sentence pairs extracted at run time from Debian's `trans-de-en` package (the Ding
   dictionary, GPL-2+). The package is fetched with `apt-get download`, unpacked with `dpkg-deb -x` and the result
   cached; the extracted text is never part of this repository. Split by dictionary entry, never by pair.
+  `"ding+phrases"`: the same splits, plus the dictionary's multi-word phrases (`to resign from a union`) of the
+  training entries in the training split: five times the data for a model that has memorised the sentences.
 - A local file: JSONL rows `{"translation": {...}}`, a TSV whose header names the languages, or a path prefix `P`
   with two aligned plain-text files `P.<src>` and `P.<tgt>`. Split deterministically by line.
 - A directory saved with `DatasetDict.save_to_disk`.
@@ -133,8 +135,7 @@ def extract_ding_phrases(lines: Iterable[str], min_words: int = 2) -> list[tuple
     `aus einer Gewerkschaft austreten` :: `to resign from a union`, extra training data for `ding+phrases`.
 
     Kept: at least `min_words` words on each side after also removing `(...)` explanations and `/ABBR/`
-    abbreviations, word-count ratio
-    <= 2, neither side a sentence (sentences are `extract_ding_pairs`' and stay split by entry), each pair once.
+    abbreviations, word-count ratio <= 2, neither side a sentence (those are `extract_ding_pairs`'), each pair once.
     """
     pairs, seen = [], set()
     for lineno, de, en in _sub_entries(lines):
@@ -204,7 +205,7 @@ def load_ding(
     """The built-in en-de corpus (about 19,200 sentence pairs), split by dictionary entry; cached after extraction.
 
     `phrases=True` (`--dataset ding+phrases`) adds the multi-word phrase pairs of the training entries (about
-    87,000, `extract_ding_phrases`) to the training split only: validation and test stay the same sentences, and
+    84,000 of 88,500, `extract_ding_phrases`) to the training split only: validation and test stay the same sentences, and
     no phrase comes from a held-out entry.
     """
     if {source_lang, target_lang} != {"en", "de"}:
