@@ -38,7 +38,7 @@ def main() -> None:
         publish(
             args.model, args.repo_id, args.output, args.native, args.dry_run, args.token, args.private, args.overwrite
         )
-    except (HubUploadError, ValueError) as error:
+    except (HubUploadError, ValueError, RuntimeError) as error:  # RuntimeError: the folder failed its check
         sys.exit(f"error: {error}")
 
 
