@@ -205,8 +205,8 @@ def load_ding(
     """The built-in en-de corpus (about 19,200 sentence pairs), split by dictionary entry; cached after extraction.
 
     `phrases=True` (`--dataset ding+phrases`) adds the multi-word phrase pairs of the training entries (about
-    84,000 of 88,500, `extract_ding_phrases`) to the training split only: validation and test stay the same sentences, and
-    no phrase comes from a held-out entry.
+    84,000 of 88,500, `extract_ding_phrases`) to the training split only: validation and test stay the same
+    sentences, and no phrase comes from a held-out entry.
     """
     if {source_lang, target_lang} != {"en", "de"}:
         raise DataError(f"the built-in corpus is German-English; got languages {source_lang!r} and {target_lang!r}")
