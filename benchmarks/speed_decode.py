@@ -16,13 +16,21 @@ Modes:
   defaults (ours: the paper's search; Marian: beam 4, |Y|^0.6, early stopping heuristic), reported with the share
   of identical outputs. Sentences per second.
 
+`--bf16` adds two opt-in sides, each model with its weights cast to bfloat16 (`model.to(torch.bfloat16)`, what a
+transformers user does; the search itself scores in float32): `vaswani_mt_bf16` and `marian_bf16`. Their ratios are
+against Marian in float32 as well, and since bf16 changes the numbers, the tokens are not expected to equal the
+float32 ones: the synthetic mode reports the share of float32 outputs each reproduces, the test-split mode the
+share and every side's sacreBLEU against the references.
+
     python benchmarks/speed_decode.py
     python benchmarks/speed_decode.py --mode testset --model outputs/ding-cpu
+    python benchmarks/speed_decode.py --bf16 --searches beam4 --batches 16
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -53,6 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max_sentences", type=int, default=None, help="testset: first N test sentences")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bf16", action="store_true", help="also both models with bf16 weights (opt-in numerics)")
     parser.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--profile", action="store_true", help="synthetic: top operators of one call per side")
     parser.add_argument("--json", default=None)
@@ -67,6 +76,22 @@ def synthetic_models(args):
     torch.manual_seed(args.seed)
     ours = VaswaniForConditionalGeneration(VaswaniConfig.from_preset(args.preset, vocab_size=args.vocab_size)).eval()
     return ours, to_marian(ours).eval()
+
+
+def make_sides(ours, marian, bf16: bool) -> dict:
+    sides = {"vaswani_mt": ours, "marian": marian}
+    if bf16:
+        sides["vaswani_mt_bf16"] = copy.deepcopy(ours).to(torch.bfloat16)
+        sides["marian_bf16"] = copy.deepcopy(marian).to(torch.bfloat16)
+    return sides
+
+
+def _same_rows(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Share of rows (sentences, or hypotheses) of two generate() outputs that are the same tokens."""
+    if a.shape != b.shape:
+        width = max(a.shape[1], b.shape[1])
+        a, b = (torch.nn.functional.pad(t, (0, width - t.shape[1]), value=-1) for t in (a, b))
+    return a.eq(b).all(dim=1).float().mean().item()
 
 
 def synthetic_source(config, batch: int, length: int, seed: int) -> dict:
@@ -85,7 +110,7 @@ def forced_kwargs(search: str, steps: int) -> dict:
 
 def run_synthetic(args) -> dict:
     ours, marian = synthetic_models(args)
-    sides = {"vaswani_mt": ours, "marian": marian}
+    sides = make_sides(ours, marian, args.bf16)
     if args.rss_child:
         inputs = synthetic_source(ours.config, 16, args.length, args.seed)
         for _ in range(2):
@@ -115,6 +140,8 @@ def run_synthetic(args) -> dict:
                 "search": search,
                 "batch": batch,
                 "identical_tokens": identical,
+                "share_equal_to_marian_fp32": {n: _same_rows(out, outputs["marian"]) for n, out in outputs.items()},
+                "ratios_of_medians": {name: row.get("ratio_of_medians", 1.0) for name, row in summary.items()},
                 "sentences_per_s": {name: batch / row["median_s"] for name, row in summary.items()},
                 "ratio_of_medians": summary["vaswani_mt"]["ratio_of_medians"],
                 "median_of_ratios": summary["vaswani_mt"]["median_of_ratios"],
@@ -142,6 +169,11 @@ def run_synthetic(args) -> dict:
         }
         for c in cases
     ]
+    if args.bf16:
+        for row, c in zip(rows, cases, strict=True):
+            for name in ("vaswani_mt_bf16", "marian_bf16"):
+                row[f"{name} x"] = c["ratios_of_medians"][name]
+                row[f"{name} = fp32"] = f"{c['share_equal_to_marian_fp32'][name]:.0%}"
     print_table(f"Decoding ({result['shape']}), {args.repeats} interleaved calls per side", rows, list(rows[0]))
     return result
 
@@ -164,21 +196,24 @@ def run_testset(args) -> dict:
     from transformers import AutoTokenizer
 
     from vaswani_mt.data import load_corpus, source_target
+    from vaswani_mt.evaluation import bleu
 
     if not args.model:
         raise SystemExit("--mode testset needs --model, a saved vaswani_mt folder (e.g. outputs/ding-cpu)")
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     ours = VaswaniForConditionalGeneration.from_pretrained(args.model).eval()
     marian = to_marian(ours).eval()
-    sides = {"vaswani_mt": ours, "marian": marian}
-    sources, _ = source_target(load_corpus("ding")["test"], "en", "de")
-    sources = sources[: args.max_sentences] if args.max_sentences else sources
+    sides = make_sides(ours, marian, args.bf16)
+    sources, references = source_target(load_corpus("ding")["test"], "en", "de")
+    if args.max_sentences:
+        sources, references = sources[: args.max_sentences], references[: args.max_sentences]
     encoded = tokenizer(sources)["input_ids"]
     order = sorted(range(len(sources)), key=lambda i: len(encoded[i]))  # batches of similar length, as translate()
     batches = []
     for start in range(0, len(order), args.batch):
         rows = [encoded[i] for i in order[start : start + args.batch]]
         batches.append(tokenizer.pad({"input_ids": rows}, return_tensors="pt"))
+    in_order = [references[i] for i in order]
 
     settings = {
         "greedy (identical by construction)": dict(num_beams=1, do_sample=False),
@@ -190,16 +225,18 @@ def run_testset(args) -> dict:
     cases = []
     for title, setting in settings.items():
         seconds = {name: 0.0 for name in sides}
-        same = 0
+        same = {name: 0 for name in sides}
         lengths = {name: 0 for name in sides}
+        translations = {name: [] for name in sides}
         for index, batch in enumerate(batches):
             budget = int(batch["attention_mask"].sum(-1).max()) + 50
-            kwargs = {
+            own = {
                 "vaswani_mt": dict(setting, max_new_tokens=budget) if setting is not None else {},
                 "marian": dict(setting, max_new_tokens=budget)
                 if setting is not None
                 else dict(num_beams=4, length_penalty=0.6, max_new_tokens=budget),
             }
+            kwargs = {name: own[name.removesuffix("_bf16")] for name in sides}
             names = list(sides) if index % 2 == 0 else list(sides)[::-1]
             outputs = {}
             for name in names:
@@ -207,18 +244,27 @@ def run_testset(args) -> dict:
                 outputs[name] = sides[name].generate(**batch, **kwargs[name])
                 seconds[name] += time.perf_counter() - start
             texts = {name: tokenizer.batch_decode(out, skip_special_tokens=True) for name, out in outputs.items()}
-            same += sum(a == b for a, b in zip(texts["vaswani_mt"], texts["marian"], strict=True))
+            for name, text in texts.items():
+                translations[name] += [t.strip() for t in text]
+                # float32 vaswani_mt and Marian against each other; the bf16 sides against their float32 selves
+                twin = "marian" if name == "vaswani_mt" else name.removesuffix("_bf16")
+                if twin != name:
+                    same[name] += sum(a == b for a, b in zip(text, texts[twin], strict=True))
             for name, out in outputs.items():
                 lengths[name] += int(out[:, 1:].ne(tokenizer.pad_token_id).sum())
         case = {
             "setting": title,
             "sentences": len(sources),
-            "identical_share": same / len(sources),
+            "identical_share": same["vaswani_mt"] / len(sources),
             "sentences_per_s": {name: len(sources) / s for name, s in seconds.items()},
             "seconds": seconds,
             "output_tokens": lengths,
             "ratio": seconds["marian"] / seconds["vaswani_mt"],
+            "ratios": {name: seconds["marian"] / s for name, s in seconds.items()},
+            "bleu": {name: bleu(texts, in_order)["score"] for name, texts in translations.items()},
         }
+        if args.bf16:
+            case["bf16_equal_to_own_fp32_share"] = {n: same[n] / len(sources) for n in sides if n.endswith("_bf16")}
         cases.append(case)
         print(json.dumps(case), flush=True)
     rows = [
@@ -228,9 +274,15 @@ def run_testset(args) -> dict:
             "vaswani_mt sent/s": c["sentences_per_s"]["vaswani_mt"],
             "marian sent/s": c["sentences_per_s"]["marian"],
             "ratio": c["ratio"],
+            "BLEU ours / Marian": f"{c['bleu']['vaswani_mt']:.2f} / {c['bleu']['marian']:.2f}",
         }
         for c in cases
     ]
+    if args.bf16:
+        for row, c in zip(rows, cases, strict=True):
+            for name in ("vaswani_mt_bf16", "marian_bf16"):
+                row[f"{name} x"] = c["ratios"][name]
+                row[f"{name} = fp32, BLEU"] = f"{c['bf16_equal_to_own_fp32_share'][name]:.0%}, {c['bleu'][name]:.2f}"
     print_table(
         f"Test split ({len(sources)} sentences, batches of {args.batch} by length, model {args.model})",
         rows,

@@ -32,6 +32,7 @@ def main() -> None:
     parser.add_argument("--max_samples", type=int, default=None)
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--num_beams", type=int, default=None, help="default: the model's (4)")
+    parser.add_argument("--length_penalty", type=float, default=None, help="GNMT alpha; default: the model's (0.6)")
     parser.add_argument("--output", help="also write the translations here")
     args = parser.parse_args()
 
@@ -46,6 +47,8 @@ def main() -> None:
         sources, references = sources[: args.max_samples], references[: args.max_samples]
     model, tokenizer = load_for_inference(args.model)
     kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
+    if args.length_penalty is not None:
+        kwargs["length_penalty"] = args.length_penalty
     result = evaluate_bleu(model, tokenizer, sources, references, batch_size=args.batch_size, progress=True, **kwargs)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:

@@ -131,6 +131,7 @@ def card_values(model, tokenizer, score: dict, examples: list[str]) -> dict:
         "steps": 40,
         "train_minutes": 0.01,
         "hardware": "CPU",
+        "precision": "float32",
         "weights_note": "the final weights",
         "test_pairs": len(SENTENCES),
         "bleu": round(score["score"], 2),

@@ -95,6 +95,20 @@ def test_builtin_corpus_with_phrases_adds_training_phrases_of_training_entries_o
     assert len(held_out) > 1000 and held_out.isdisjoint((p["en"], p["de"]) for p in phrases)
 
 
+def test_upsample_primary_repeats_the_training_sentences_against_the_phrases(tmp_path):
+    once, twice = load_corpus("ding+phrases"), load_corpus("ding+phrases", upsample_primary=2)
+    sentences = len(load_ding("en", "de")["train"])
+    train, train2 = once["train"]["translation"], twice["train"]["translation"]
+    assert len(train2) == len(train) + sentences
+    assert train2[:sentences] == train2[sentences : 2 * sentences] == train[:sentences]
+    assert train2[2 * sentences :] == train[sentences:]  # each phrase once
+    assert twice["test"]["translation"] == once["test"]["translation"]
+    with pytest.raises(DataError, match="upsample_primary"):
+        load_corpus("ding", upsample_primary=2)  # no extra data to weigh the sentences against
+    with pytest.raises(DataError, match="upsample_primary"):
+        load_corpus(str(_jsonl(tmp_path / "pairs.jsonl", [{"en": "A b.", "de": "A b."}])), upsample_primary=2)
+
+
 def _jsonl(path, rows):
     path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n", encoding="utf-8")
     return path

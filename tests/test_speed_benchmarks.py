@@ -49,6 +49,21 @@ def test_decoding_benchmark_finds_identical_tokens_and_prints_ratios(bench, tmp_
     assert "| beam4 | 3 | True |" in capsys.readouterr().out
 
 
+def test_decoding_benchmark_times_the_opt_in_bf16_sides_against_marian_fp32(bench, tmp_path, capsys):
+    out = tmp_path / "decode.json"
+    bench("speed_decode").main(
+        ["--preset", "tiny", "--vocab_size", "300", "--length", "6", "--steps", "4", "--batches", "3", "--bf16",
+         "--searches", "beam4", "--repeats", "1", "--threads", "1", "--no-memory", "--json", str(out)]
+    )  # fmt: skip
+    (case,) = json.loads(out.read_text())["cases"]
+    assert case["identical_tokens"]  # the float32 pair still matches
+    assert set(case["ratios_of_medians"]) == {"vaswani_mt", "marian", "vaswani_mt_bf16", "marian_bf16"}
+    assert case["ratios_of_medians"]["marian"] == 1.0 and case["ratios_of_medians"]["vaswani_mt_bf16"] > 0
+    shares = case["share_equal_to_marian_fp32"]
+    assert shares["vaswani_mt"] == shares["marian"] == 1.0 and 0.0 <= shares["vaswani_mt_bf16"] <= 1.0
+    assert "vaswani_mt_bf16 x" in capsys.readouterr().out
+
+
 def test_peak_memory_is_measured_in_a_separate_process(bench):
     common = bench("speed_common")
     peaks = common.measure_peak_rss(

@@ -12,10 +12,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration, training
 from vaswani_mt.checkpoints import average_checkpoints, last_checkpoint, list_checkpoints
 from vaswani_mt.tokenization import train_tokenizer
-from vaswani_mt.training import VaswaniTrainer, build_model, paper_learning_rate, parse_args, plot_curves
+from vaswani_mt.training import (
+    VaswaniTrainer,
+    build_model,
+    native_bf16,
+    paper_learning_rate,
+    parse_args,
+    plot_curves,
+    resolve_precision,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -63,6 +71,44 @@ def test_config_file_sets_options_and_command_line_wins(tmp_path):
     bad.write_text("presett: small\n")
     with pytest.raises(ValueError, match=r"bad.yaml.*presett"):
         parse_args([str(bad)])
+
+
+def test_the_main_jobs_config_parses_and_keeps_the_30_minute_budget():
+    model_args, data_args, recipe, training_args = parse_args([str(ROOT / "configs" / "ding_cpu.yaml")])
+    assert (model_args.preset, data_args.dataset, recipe.auto_bf16) == ("small", "ding+phrases", True)
+    assert recipe.time_budget_minutes <= 27 and recipe.average_last == 5
+    assert not training_args.bf16  # decided at run time by resolve_precision, from the hardware
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_bf16_turns_on_bf16_autocast_only_where_bf16_is_native(tmp_path, monkeypatch, native):
+    monkeypatch.setattr(training, "native_bf16", lambda: native)
+    _, _, recipe, args = parse_args(["--output_dir", str(tmp_path), "--report_to", "none", "--auto_bf16", "true"])
+    assert not args.bf16
+    resolve_precision(recipe, args)
+    assert args.bf16 is native
+    model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny"))
+    trainer = VaswaniTrainer(model=model, args=args)
+    assert trainer.accelerator.mixed_precision == ("bf16" if native else "no")
+    with trainer.accelerator.autocast():  # what accelerate wraps the model's forward in
+        assert torch.is_autocast_enabled("cpu") is native
+
+
+def test_bf16_without_native_support_is_kept_but_warned_about(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(training, "native_bf16", lambda: False)
+    _, _, recipe, args = parse_args(["--output_dir", str(tmp_path), "--report_to", "none", "--bf16", "true"])
+    with caplog.at_level("WARNING", logger="vaswani_mt.training"):
+        resolve_precision(recipe, args)
+    assert args.bf16 and "emulated" in caplog.text
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or not Path("/proc/cpuinfo").exists(), reason="reads Linux CPU flags")
+def test_native_bf16_matches_the_cpu_flags():
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags |= set(line.split(":", 1)[1].split())
+    assert native_bf16() == bool({"avx512_bf16", "amx_bf16", "amx_tile"} & flags)
 
 
 def test_two_process_ddp_gives_the_same_loss_and_update_as_one_process(tmp_path):
@@ -244,12 +290,31 @@ def test_end_to_end_job_on_local_jsonl(tmp_path):
     assert 0.0 <= results["test"]["score"] <= 100.0
     card = (output / "README.md").read_text()
     assert f"value: {round(results['test']['score'], 2)}" in card and "checkpoint-8" in card
+    assert "CPU (" in card and ", float32;" in card  # the hardware and the precision it trained in
     history = _history(output)
     logged = [r for r in history if "loss" in r]
     assert all(r["target_tokens_per_step"] > 0 and r["target_tokens_per_second"] > 0 for r in logged)
     assert logged[0]["learning_rate"] > 0
     evaluated = [r for r in history if "eval_bleu" in r]
     assert [r["step"] for r in evaluated] == [4, 8] and all(0 <= r["eval_bleu"] <= 100 for r in evaluated)
+
+    # benchmarks/search_and_averaging.py: {final, mean of last 3} x {beam 4, greedy} on the same 12 test pairs
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import search_and_averaging
+    finally:
+        sys.path.pop(0)
+    table = tmp_path / "search.json"
+    search_and_averaging.main(
+        [str(output), "--dataset", str(data), "--average_last", "3", "--max_samples", "12", "--json", str(table)]
+    )
+    rows = {(r["weights"].split(" (")[0], r["search"]): r for r in json.loads(table.read_text())["rows"]}
+    assert set(rows) == {(w, s) for w in ("final", "mean of last 3") for s in ("beam 4 (paper)", "greedy")}
+    assert "checkpoint-4 .. checkpoint-8" in next(
+        r["weights"] for r in rows.values() if r["weights"].startswith("mean")
+    )
+    # the averaged model with the paper's search is what the job published and scored
+    assert rows["mean of last 3", "beam 4 (paper)"]["bleu"] == round(results["test"]["score"], 2)
 
 
 def test_marian_benchmark_runs_both_models_through_the_same_pipeline(tmp_path):

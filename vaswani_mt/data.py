@@ -200,14 +200,19 @@ def _cached_extraction(name: str, extract) -> list[dict]:
 
 
 def load_ding(
-    source_lang: str = "en", target_lang: str = "de", seed: int = 0, phrases: bool = False
+    source_lang: str = "en", target_lang: str = "de", seed: int = 0, phrases: bool = False, upsample_primary: int = 1
 ) -> datasets.DatasetDict:
     """The built-in en-de corpus (about 19,200 sentence pairs), split by dictionary entry; cached after extraction.
 
     `phrases=True` (`--dataset ding+phrases`) adds the multi-word phrase pairs of the training entries (about
     84,000 of 88,500, `extract_ding_phrases`) to the training split only: validation and test stay the same
-    sentences, and no phrase comes from a held-out entry.
+    sentences, and no phrase comes from a held-out entry. `upsample_primary=N` then puts each training sentence in
+    the split N times against each phrase once (fairseq's `--upsample-primary`): the test split is sentences.
     """
+    if upsample_primary < 1 or (upsample_primary > 1 and not phrases):
+        raise DataError(
+            f"upsample_primary must be >= 1, and > 1 only with extra data (ding+phrases); got {upsample_primary}"
+        )
     if {source_lang, target_lang} != {"en", "de"}:
         raise DataError(f"the built-in corpus is German-English; got languages {source_lang!r} and {target_lang!r}")
     rows = _cached_extraction("pairs", extract_ding_pairs)
@@ -218,7 +223,7 @@ def load_ding(
         train = split_by_group([str(row["entry"]) for row in extra], seed)["train"]
         rows = [{source_lang: extra[i][source_lang], target_lang: extra[i][target_lang]} for i in train]
         added = datasets.Dataset.from_dict({"translation": rows}, features=corpus["train"].features)
-        corpus["train"] = datasets.concatenate_datasets([corpus["train"], added])
+        corpus["train"] = datasets.concatenate_datasets([corpus["train"]] * upsample_primary + [added])
     return corpus
 
 
@@ -323,12 +328,19 @@ def load_corpus(
     source_lang: str = "en",
     target_lang: str = "de",
     seed: int = 0,
+    upsample_primary: int = 1,
 ) -> datasets.DatasetDict:
-    """Loads `dataset` (see the module docstring) as train/validation/test in the translation convention."""
+    """Loads `dataset` (see the module docstring) as train/validation/test in the translation convention.
+
+    `upsample_primary` (> 1 only for `ding+phrases`): each training sentence that many times per epoch.
+    """
     if source_lang == target_lang:
         raise DataError(f"source and target language are both {source_lang!r}")
     if dataset in (BUILTIN_CORPUS, BUILTIN_CORPUS_WITH_PHRASES):
-        return load_ding(source_lang, target_lang, seed, phrases=dataset == BUILTIN_CORPUS_WITH_PHRASES)
+        phrases = dataset == BUILTIN_CORPUS_WITH_PHRASES
+        return load_ding(source_lang, target_lang, seed, phrases=phrases, upsample_primary=upsample_primary)
+    if upsample_primary != 1:
+        raise DataError(f"--upsample_primary needs a corpus with extra data (ding+phrases), not {dataset!r}")
     pairs = _local_pairs(dataset, source_lang, target_lang)
     if pairs is not None:
         if not pairs:

@@ -94,6 +94,10 @@ class DataArguments:
     )
     max_source_length: int = field(default=256, metadata={"help": "longer pairs are dropped (counted in the log)"})
     max_target_length: int = field(default=256)
+    upsample_primary: int = field(
+        default=1,
+        metadata={"help": "ding+phrases: each training sentence N times per epoch, each phrase once (fairseq's)"},
+    )
     max_train_samples: int | None = field(default=None, metadata={"help": "use only the first N training pairs"})
     max_eval_samples: int | None = field(default=None, metadata={"help": "use only the first N dev/test pairs"})
 
@@ -116,6 +120,13 @@ class RecipeArguments:
     eval_bleu: bool = field(default=False, metadata={"help": "dev-set BLEU at each evaluation during training"})
     test_bleu: bool = field(default=True, metadata={"help": "sacreBLEU on the test split at the end"})
     show_translations: int = field(default=5, metadata={"help": "test sentences printed with their translations"})
+    auto_bf16: bool = field(
+        default=False,
+        metadata={
+            "help": "train with --bf16 where the hardware multiplies bf16 natively (a CUDA GPU with bf16, a CPU with "
+            "AVX512-BF16 or AMX), in float32 elsewhere; --auto_bf16 false keeps float32 under a config that sets it"
+        },
+    )
     config: str | None = field(default=None, metadata={"help": "a YAML or JSON file with any of these options"})
 
 
@@ -419,6 +430,41 @@ def build_model(model_args: ModelArguments, tokenizer) -> VaswaniForConditionalG
     return VaswaniForConditionalGeneration(config)
 
 
+def native_bf16() -> bool:
+    """Whether this machine multiplies bf16 natively: a CUDA GPU that supports it, or a CPU with AVX512-BF16 or AMX.
+
+    Elsewhere torch emulates bf16 products on the CPU, slower than float32, so `--auto_bf16` leaves them off.
+    """
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    checks = (getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    return any(check() for check in checks if check is not None)
+
+
+def resolve_precision(recipe: RecipeArguments, training_args: Seq2SeqTrainingArguments) -> None:
+    """Applies `--auto_bf16`, and warns when `--bf16` is asked for on a CPU that would emulate it."""
+    if training_args.fp16:
+        return
+    native = native_bf16()
+    if recipe.auto_bf16 and not training_args.bf16:
+        training_args.bf16 = native
+        training_args.mixed_precision = "bf16" if native else training_args.mixed_precision
+        logger.info("--auto_bf16: %s", "bf16 autocast (native bf16 here)" if native else "float32 (no native bf16)")
+    elif training_args.bf16 and not native:
+        logger.warning(
+            "--bf16 on hardware without native bf16 (no AVX512-BF16 or AMX on this CPU): the products are emulated "
+            "and likely slower than float32; --bf16 false or --auto_bf16 true avoids that"
+        )
+
+
+def _precision(training_args: Seq2SeqTrainingArguments) -> str:
+    if training_args.bf16:
+        return "bf16 autocast (float32 weights, optimizer and loss)"
+    if training_args.fp16:
+        return "fp16 mixed precision"
+    return "float32"
+
+
 def _bleu_metric(tokenizer):
     def compute(prediction):
         predictions, labels = prediction.predictions, prediction.label_ids
@@ -446,6 +492,7 @@ def run_training(
     loss, label-smoothed by the Trainer when `--label_smoothing_factor` is set.
     """
     started = time.monotonic()
+    resolve_precision(recipe, training_args)
     set_seed(training_args.seed)  # before the model is built: its initial weights come from this seed
     output_dir = Path(training_args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -455,7 +502,13 @@ def run_training(
         training_args.label_smoothing_factor = 0.0
 
     # The split never depends on --seed: every run of a corpus is scored on the same test pairs.
-    corpus = load_corpus(data_args.dataset, data_args.dataset_config, data_args.source_lang, data_args.target_lang)
+    corpus = load_corpus(
+        data_args.dataset,
+        data_args.dataset_config,
+        data_args.source_lang,
+        data_args.target_lang,
+        upsample_primary=data_args.upsample_primary,
+    )
     if data_args.max_train_samples:
         corpus["train"] = corpus["train"].select(range(min(data_args.max_train_samples, len(corpus["train"]))))
     if data_args.max_eval_samples:
@@ -562,6 +615,7 @@ def _card_values(model, tokenizer, model_args, data_args, recipe, training_args,
         "dataset_name": "Ding de-en dictionary sentence pairs" if builtin else data_args.dataset,
         "dataset_note": "sentence-like example pairs of the Ding dictionary (GPL-2+), split by dictionary entry"
         + (", plus the multi-word phrases of the training entries" if data_args.dataset != BUILTIN_CORPUS else "")
+        + (f"; each sentence {data_args.upsample_primary} times" if data_args.upsample_primary > 1 else "")
         if builtin
         else f"{data_args.dataset} {data_args.dataset_config or ''}".strip(),
         "widget": widget_yaml(examples),
@@ -583,6 +637,7 @@ def _card_values(model, tokenizer, model_args, data_args, recipe, training_args,
         "steps": trainer.state.global_step,
         "train_minutes": result.get("train_minutes", "?"),
         "hardware": _hardware(),
+        "precision": _precision(training_args),
         "weights_note": f"the average of {len(averaged)} checkpoints ({', '.join(averaged)})"
         if averaged
         else "the final weights",
@@ -668,9 +723,11 @@ __all__ = [
     "RecipeArguments",
     "VaswaniTrainer",
     "WallClockCallback",
+    "native_bf16",
     "paper_learning_rate",
     "parse_args",
     "plot_curves",
     "print_summary",
+    "resolve_precision",
     "run_training",
 ]

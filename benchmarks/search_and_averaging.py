@@ -1,0 +1,85 @@
+#!/usr/bin/env python
+"""What checkpoint averaging (§6.1) and beam search (§6.1) each add: test sacreBLEU of one training run for
+{the final checkpoint, the mean of its last K checkpoints} x {the paper's beam search, greedy search}.
+
+The paper's search is the model's own generation config (beam 4, GNMT length penalty alpha 0.6, at most input + 50
+tokens); greedy is the same with one beam. Each cell also gives chrF, the brevity penalty and the seconds spent.
+
+    python benchmarks/search_and_averaging.py outputs/ding-cpu --average_last 5 --json results.json
+"""
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+from vaswani_mt.checkpoints import average_checkpoints, list_checkpoints
+from vaswani_mt.data import BUILTIN_CORPUS, load_corpus, source_target
+from vaswani_mt.evaluation import evaluate_bleu
+
+SEARCHES = {"beam 4 (paper)": {}, "greedy": {"num_beams": 1}}
+
+
+def score_run(run: Path, sources, references, average_last: int, batch_size: int = 64) -> list[dict]:
+    checkpoints = list_checkpoints(run)
+    if not checkpoints:
+        raise SystemExit(f"{run}: no complete checkpoint-N folders")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        weights = {f"final ({checkpoints[-1].name})": checkpoints[-1]}
+        if average_last > 1 and len(checkpoints) > 1:
+            used = checkpoints[-average_last:]
+            weights[f"mean of last {len(used)} ({used[0].name} .. {used[-1].name})"] = average_checkpoints(
+                run, average_last, Path(tmp) / "averaged"
+            )
+        tokenizer = AutoTokenizer.from_pretrained(checkpoints[-1])
+        for name, folder in weights.items():
+            model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+            for search, kwargs in SEARCHES.items():
+                start = time.perf_counter()
+                result = evaluate_bleu(model, tokenizer, sources, references, batch_size=batch_size, **kwargs)
+                rows.append(
+                    {
+                        "weights": name,
+                        "search": search,
+                        "bleu": round(result["score"], 2),
+                        "chrf": round(result["chrf"], 2),
+                        "bp": round(result["bp"], 3),
+                        "seconds": round(time.perf_counter() - start, 1),
+                        "signature": result["signature"],
+                    }
+                )
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", help="a training output folder holding checkpoint-N folders")
+    parser.add_argument("--dataset", default=BUILTIN_CORPUS, help="the corpus the run trained on (train.py's)")
+    parser.add_argument("--split", default="test", choices=["validation", "test"])
+    parser.add_argument("--average_last", type=int, default=5)
+    parser.add_argument("--max_samples", type=int, default=None)
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--json", help="also write the rows here")
+    args = parser.parse_args(argv)
+
+    sources, references = source_target(load_corpus(args.dataset)[args.split], "en", "de")
+    if args.max_samples:
+        sources, references = sources[: args.max_samples], references[: args.max_samples]
+    rows = score_run(Path(args.run), sources, references, args.average_last, args.batch_size)
+    print(f"\n{args.run}, {args.split} split ({len(sources)} sentences), sacreBLEU {rows[0]['signature']}\n")
+    print("| weights | search | BLEU | chrF | BP | seconds |\n|---|---|---|---|---|---|")
+    for row in rows:
+        print(
+            f"| {row['weights']} | {row['search']} | {row['bleu']} | {row['chrf']} | {row['bp']} | {row['seconds']} |"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"run": args.run, "split": args.split, "rows": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
