@@ -225,7 +225,7 @@ def run_testset(args) -> dict:
     cases = []
     for title, setting in settings.items():
         seconds = {name: 0.0 for name in sides}
-        same = {name: 0 for name in sides}
+        same = {name: 0 for name in sides if name != "marian"}  # outputs equal to the side's float32 twin
         lengths = {name: 0 for name in sides}
         translations = {name: [] for name in sides}
         for index, batch in enumerate(batches):

@@ -447,8 +447,8 @@ def resolve_precision(recipe: RecipeArguments, training_args: Seq2SeqTrainingArg
         return
     native = native_bf16()
     if recipe.auto_bf16 and not training_args.bf16:
-        training_args.bf16 = native
-        training_args.mixed_precision = "bf16" if native else training_args.mixed_precision
+        if native:  # what TrainingArguments.__post_init__ derives from --bf16, which has already run
+            training_args.bf16, training_args.mixed_precision = True, "bf16"
         logger.info("--auto_bf16: %s", "bf16 autocast (native bf16 here)" if native else "float32 (no native bf16)")
     elif training_args.bf16 and not native:
         logger.warning(
