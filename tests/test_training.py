@@ -124,6 +124,7 @@ def test_two_process_ddp_gives_the_same_loss_and_update_as_one_process(tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     one, two = (json.loads((d / "result.json").read_text()) for d in (single, double))
     assert (one["world_size"], two["world_size"]) == (1, 2)
+    assert two["group_left"]  # leave_process_group closed the group (an open one made 1 exit in 4 abort)
     assert two["loss"] == pytest.approx(one["loss"], rel=1e-5)
     a, b = load_file(single / "weights.safetensors"), load_file(double / "weights.safetensors")
     moved = False
@@ -132,6 +133,25 @@ def test_two_process_ddp_gives_the_same_loss_and_update_as_one_process(tmp_path)
         torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=1e-5, msg=key)
         moved |= key in start and not torch.allclose(a[key], start[key]) if a[key].shape == start[key].shape else 0
     assert moved
+
+
+def test_main_job_under_two_cpu_processes_publishes_and_scores_once(tmp_path):
+    """`accelerate launch --multi_gpu --num_processes 2 scripts/train.py --use_cpu`: trains with DDP, then rank 0
+    alone averages, scores the test split and writes the folder, and both processes exit 0."""
+    data = _write_jsonl(tmp_path / "pairs.jsonl", count=300)
+    output = tmp_path / "run"
+    train = _train_command(data, output, "--max_steps", "4", "--average_last", "2", "--test_bleu", "true")
+    train += ["--max_eval_samples", "12", "--use_cpu"]
+    launch = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
+    launch += ["--main_process_port", str(_free_port()), "--mixed_precision", "no", "--dynamo_backend", "no"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    result = subprocess.run(launch + train[1:], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("test sacreBLEU") == 1  # printed by rank 0 only
+    results = json.loads((output / "results.json").read_text())
+    assert 0.0 <= results["test"]["score"] <= 100.0
+    assert [r["step"] for r in _history(output) if "loss" in r] == [1, 2, 3, 4]
+    assert (output / "model.safetensors").exists() and (output / "README.md").exists()
 
 
 def _free_port() -> int:

@@ -251,6 +251,23 @@ class VaswaniTrainer(Seq2SeqTrainer):
             self._micro_batches, self._window_start = 0, None
         super().log(logs, start_time)
 
+    def leave_process_group(self) -> None:
+        """End this process's part in distributed training: wait for every rank, then close the process group.
+
+        Call it on every rank once training is over. A rank that exits with the group still open can abort in
+        gloo's teardown: a gloo worker thread frees the last collective's tensors after the interpreter started
+        finalizing, which raises SIGABRT ("terminate called without an active exception"), and the launcher then
+        kills the other ranks, rank 0 included, while it may still be writing the model. `destroy_process_group`
+        alone does not stop gloo's threads while the DDP wrapper still holds the group, so the wrapper goes first.
+        Afterwards rank 0 goes on as a single process with `self.model` (unwrapped). No-op without a group.
+        """
+        if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+            return
+        self.accelerator.wait_for_everyone()
+        self.model_wrapped = self.model
+        self.accelerator.free_memory()  # drops the DDP wrapper, optimizer and loaders accelerate holds; runs gc
+        self.accelerator.end_training()  # destroy_process_group; gloo's threads are joined as the group goes
+
 
 def _paper_lambda(index: int, d_model: int, warmup: int) -> float:
     return paper_learning_rate(index + 1, d_model, warmup)
@@ -551,6 +568,7 @@ def run_training(
         logger.info("resuming from %s", resume)
     train_result = trainer.train(resume_from_checkpoint=resume)
     trainer.save_state()
+    trainer.leave_process_group()  # from here on rank 0 works alone, and the other ranks exit cleanly
     train_seconds = time.monotonic() - started
 
     result: dict = {"train": train_result.metrics, "output_dir": str(output_dir)}
