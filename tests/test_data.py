@@ -1,6 +1,9 @@
 """Corpora: the built-in Ding extraction, every local format, Hub datasets, and each bad-data error."""
 
 import json
+import sys
+from functools import partial
+from pathlib import Path
 
 import datasets
 import pytest
@@ -93,6 +96,31 @@ def test_builtin_corpus_with_phrases_adds_training_phrases_of_training_entries_o
     assert len(phrases) == len(buckets["train"])
     held_out = {(rows[i]["en"], rows[i]["de"]) for i in buckets["validation"] + buckets["test"]}
     assert len(held_out) > 1000 and held_out.isdisjoint((p["en"], p["de"]) for p in phrases)
+
+
+def test_builtin_corpus_with_dictionary_adds_single_words_and_phrases_of_training_entries_only():
+    plain, phrases, dictionary = load_ding("en", "de"), load_corpus("ding+phrases"), load_corpus("ding+dictionary")
+    for split in ("validation", "test"):
+        assert dictionary[split]["translation"] == plain[split]["translation"]
+    sentences = len(plain["train"])
+    extra = dictionary["train"]["translation"][sentences:]
+    assert dictionary["train"]["translation"][:sentences] == plain["train"]["translation"]
+    assert 300_000 < len(extra) < 400_000
+    assert {"en": "to resign from a union", "de": "aus einer Gewerkschaft austreten"} in extra
+    assert {"en": "Eel", "de": "Aal"} in extra  # a single-word pair, absent from ding+phrases
+    assert {"en": "Eel", "de": "Aal"} not in phrases["train"]["translation"][sentences:]
+    words = sum(1 for pair in extra if " " not in pair["en"] or " " not in pair["de"])
+    assert words > 250_000  # what the phrases lack
+    rows = _cached_extraction("dictionary", partial(extract_ding_phrases, min_words=1))
+    buckets = split_by_group([str(row["entry"]) for row in rows])
+    assert len(extra) == len(buckets["train"])
+    held_out = {(rows[i]["en"], rows[i]["de"]) for i in buckets["validation"] + buckets["test"]}
+    # no pair of a held-out entry (the same pair can belong to a training entry too: "Aal" in two entries)
+    train_pairs = {(rows[i]["en"], rows[i]["de"]) for i in buckets["train"]}
+    assert len(held_out - train_pairs) > 5000
+    assert (held_out - train_pairs).isdisjoint((p["en"], p["de"]) for p in extra)
+    twice = load_corpus("ding+dictionary", upsample_primary=2)["train"]["translation"]
+    assert len(twice) == len(extra) + 2 * sentences and twice[sentences : 2 * sentences] == twice[:sentences]
 
 
 def test_upsample_primary_repeats_the_training_sentences_against_the_phrases(tmp_path):
@@ -191,3 +219,19 @@ def test_unknown_file_format_is_refused(tmp_path):
     path.write_text("en,de\n")
     with pytest.raises(DataError, match="unknown format"):
         load_corpus(str(path))
+
+
+def test_vocabulary_coverage_counts_the_test_words_training_never_shows(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    try:
+        import vocabulary_coverage
+    finally:
+        sys.path.pop(0)
+    rows = [{"translation": {"en": f"House word{i}.", "de": f"Haus wort{i}."}} for i in range(400)]  # 1 in 2 unique
+    table = tmp_path / "coverage.json"
+    vocabulary_coverage.main(["--datasets", str(_jsonl(tmp_path / "pairs.jsonl", rows)), "--json", str(table)])
+    en, de = json.loads(table.read_text())
+    assert (en["language"], de["language"]) == ("en", "de") and en["training pairs"] < 400
+    for row in (en, de):
+        assert row["test tokens"] > 0 and row["test tokens"] % 2 == 0  # two words per sentence
+        assert row["unseen %"] == row["seen < 3x %"] == 50.0

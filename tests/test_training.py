@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import TrainerControl
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration, training
 from vaswani_mt.checkpoints import average_checkpoints, last_checkpoint, list_checkpoints
@@ -54,6 +55,31 @@ def test_trainer_uses_the_papers_schedule_and_adam(tmp_path):
         assert scheduler.lr_lambdas[0](step - 1) == pytest.approx(paper_learning_rate(step, 512, 4000))
 
 
+def test_cooldown_takes_the_rate_linearly_to_zero_over_the_budgets_last_minutes(tmp_path, monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(training.time, "monotonic", lambda: now[0])
+    clock = training.WallClockCallback(checkpoint_minutes=None, budget_minutes=10, cooldown_minutes=4)
+    model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny", d_model=512, num_heads=8))
+    training_args = parse_args(["--output_dir", str(tmp_path), "--report_to", "none", "--warmup_steps", "10"])[3]
+    trainer = VaswaniTrainer(model=model, args=training_args, lr_factor=clock.lr_factor, callbacks=[clock])
+    trainer.create_optimizer_and_scheduler(num_training_steps=1000)
+    clock.on_train_begin(training_args, None, None)
+    rates = {}
+    for step, minute in enumerate((1, 6, 7, 8, 9.5, 10), start=1):
+        now[0] = 1000.0 + 60 * minute
+        control = clock.on_step_end(training_args, None, TrainerControl())
+        trainer.optimizer.step()  # no gradients: a no-op, in the Trainer's order
+        trainer.lr_scheduler.step()  # Trainer steps the scheduler before the callback; the factor applies next
+        rates[minute] = trainer.optimizer.param_groups[0]["lr"] / paper_learning_rate(step + 1, 512, 10)
+    assert rates == pytest.approx({1: 1.0, 6: 1.0, 7: 0.75, 8: 0.5, 9.5: 0.125, 10: 0.0})
+    assert control.should_training_stop  # the budget's end, where the rate reaches 0
+    assert training.WallClockCallback(budget_minutes=10).lr_factor() == 1.0  # no cooldown: Eq. (3) unchanged
+    with pytest.raises(ValueError, match="time budget"):
+        training.WallClockCallback(cooldown_minutes=4)
+    with pytest.raises(ValueError, match="lr_schedule"):
+        VaswaniTrainer(model=model, args=training_args, lr_schedule="trainer", lr_factor=clock.lr_factor)
+
+
 def test_config_file_sets_options_and_command_line_wins(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text(
@@ -71,6 +97,18 @@ def test_config_file_sets_options_and_command_line_wins(tmp_path):
     bad.write_text("presett: small\n")
     with pytest.raises(ValueError, match=r"bad.yaml.*presett"):
         parse_args([str(bad)])
+
+
+def test_shape_options_override_the_preset(tmp_path):
+    argv = ["--output_dir", str(tmp_path), "--preset", "small", "--num_encoder_layers", "6"]
+    model_args = parse_args([*argv, "--num_decoder_layers", "5", "--d_ff", "512", "--num_heads", "8"])[0]
+    tokenizer = train_tokenizer(["The house is small.", "Das Haus ist klein."] * 5, vocab_size=60, min_frequency=1)
+    model = build_model(model_args, tokenizer)
+    config = model.config
+    assert (config.num_encoder_layers, config.num_decoder_layers, config.d_ff, config.num_heads) == (6, 5, 512, 8)
+    assert config.d_model == 256 and config.dropout == 0.1  # the rest stays the preset's
+    assert len(model.model.encoder.layers) == 6 and len(model.model.decoder.layers) == 5
+    assert build_model(parse_args(argv[:4])[0], tokenizer).config.num_encoder_layers == 3
 
 
 def test_the_main_jobs_config_parses_and_keeps_the_30_minute_budget():

@@ -8,6 +8,8 @@ Every corpus comes out in the Hub's translation convention, splits "train", "val
   cached; the extracted text is never part of this repository. Split by dictionary entry, never by pair.
   `"ding+phrases"`: the same splits, plus the dictionary's multi-word phrases (`to resign from a union`) of the
   training entries in the training split: five times the data for a model that has memorised the sentences.
+  `"ding+dictionary"`: the same again, plus the single-word pairs of the training entries (`Aal` :: `eel`): every
+  non-sentence pair of the training entries, for the words of the test sentences the other two never show.
 - A local file: JSONL rows `{"translation": {...}}`, a TSV whose header names the languages, or a path prefix `P`
   with two aligned plain-text files `P.<src>` and `P.<tgt>`. Split deterministically by line.
 - A directory saved with `DatasetDict.save_to_disk`.
@@ -28,6 +30,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterable, Sequence
+from functools import partial
 from pathlib import Path
 
 import datasets
@@ -36,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 BUILTIN_CORPUS = "ding"
 BUILTIN_CORPUS_WITH_PHRASES = "ding+phrases"  # the same, plus dictionary phrases in the training split
+BUILTIN_CORPUS_WITH_DICTIONARY = "ding+dictionary"  # the same, plus phrases and single words in the training split
+BUILTIN_CORPORA = (BUILTIN_CORPUS, BUILTIN_CORPUS_WITH_PHRASES, BUILTIN_CORPUS_WITH_DICTIONARY)
 DING_PACKAGE = "trans-de-en"
 DING_PATH_IN_PACKAGE = "usr/share/trans/de-en"
 SPLITS = ("train", "validation", "test")
@@ -200,7 +205,12 @@ def _cached_extraction(name: str, extract) -> list[dict]:
 
 
 def load_ding(
-    source_lang: str = "en", target_lang: str = "de", seed: int = 0, phrases: bool = False, upsample_primary: int = 1
+    source_lang: str = "en",
+    target_lang: str = "de",
+    seed: int = 0,
+    phrases: bool = False,
+    upsample_primary: int = 1,
+    words: bool = False,
 ) -> datasets.DatasetDict:
     """The built-in en-de corpus (about 19,200 sentence pairs), split by dictionary entry; cached after extraction.
 
@@ -208,18 +218,24 @@ def load_ding(
     84,000 of 88,500, `extract_ding_phrases`) to the training split only: validation and test stay the same
     sentences, and no phrase comes from a held-out entry. `upsample_primary=N` then puts each training sentence in
     the split N times against each phrase once (fairseq's `--upsample-primary`): the test split is sentences.
+    `words=True` (`--dataset ding+dictionary`) adds the single-word pairs of the training entries as well (about
+    270,000 more, `extract_ding_phrases(min_words=1)`), under the same rules.
     """
-    if upsample_primary < 1 or (upsample_primary > 1 and not phrases):
+    if upsample_primary < 1 or (upsample_primary > 1 and not (phrases or words)):
         raise DataError(
-            f"upsample_primary must be >= 1, and > 1 only with extra data (ding+phrases); got {upsample_primary}"
+            "upsample_primary must be >= 1, and > 1 only with extra data (ding+phrases, ding+dictionary); "
+            f"got {upsample_primary}"
         )
     if {source_lang, target_lang} != {"en", "de"}:
         raise DataError(f"the built-in corpus is German-English; got languages {source_lang!r} and {target_lang!r}")
     rows = _cached_extraction("pairs", extract_ding_pairs)
     pairs = [(row[source_lang], row[target_lang]) for row in rows]
     corpus = _to_dataset_dict(pairs, [str(row["entry"]) for row in rows], source_lang, target_lang, seed)
-    if phrases:
-        extra = _cached_extraction("phrases", extract_ding_phrases)
+    if phrases or words:
+        if words:
+            extra = _cached_extraction("dictionary", partial(extract_ding_phrases, min_words=1))
+        else:
+            extra = _cached_extraction("phrases", extract_ding_phrases)
         train = split_by_group([str(row["entry"]) for row in extra], seed)["train"]
         rows = [{source_lang: extra[i][source_lang], target_lang: extra[i][target_lang]} for i in train]
         added = datasets.Dataset.from_dict({"translation": rows}, features=corpus["train"].features)
@@ -332,15 +348,18 @@ def load_corpus(
 ) -> datasets.DatasetDict:
     """Loads `dataset` (see the module docstring) as train/validation/test in the translation convention.
 
-    `upsample_primary` (> 1 only for `ding+phrases`): each training sentence that many times per epoch.
+    `upsample_primary` (> 1 only for `ding+phrases` and `ding+dictionary`): each training sentence that many
+    times per epoch.
     """
     if source_lang == target_lang:
         raise DataError(f"source and target language are both {source_lang!r}")
-    if dataset in (BUILTIN_CORPUS, BUILTIN_CORPUS_WITH_PHRASES):
-        phrases = dataset == BUILTIN_CORPUS_WITH_PHRASES
-        return load_ding(source_lang, target_lang, seed, phrases=phrases, upsample_primary=upsample_primary)
+    if dataset in BUILTIN_CORPORA:
+        phrases, words = dataset == BUILTIN_CORPUS_WITH_PHRASES, dataset == BUILTIN_CORPUS_WITH_DICTIONARY
+        return load_ding(source_lang, target_lang, seed, phrases, upsample_primary, words=words)
     if upsample_primary != 1:
-        raise DataError(f"--upsample_primary needs a corpus with extra data (ding+phrases), not {dataset!r}")
+        raise DataError(
+            f"--upsample_primary needs a corpus with extra data (ding+phrases, ding+dictionary), not {dataset!r}"
+        )
     pairs = _local_pairs(dataset, source_lang, target_lang)
     if pairs is not None:
         if not pairs:
@@ -385,7 +404,9 @@ def source_target(corpus: datasets.Dataset, source_lang: str, target_lang: str) 
 
 
 __all__ = [
+    "BUILTIN_CORPORA",
     "BUILTIN_CORPUS",
+    "BUILTIN_CORPUS_WITH_DICTIONARY",
     "BUILTIN_CORPUS_WITH_PHRASES",
     "DataError",
     "extract_ding_pairs",

@@ -36,7 +36,7 @@ from transformers import (
 from .batching import TokenBudgetBatchSampler
 from .checkpoints import average_checkpoints, last_checkpoint, list_checkpoints
 from .configuration_vaswani import PRESETS, VaswaniConfig
-from .data import BUILTIN_CORPUS, BUILTIN_CORPUS_WITH_PHRASES, load_corpus, source_target
+from .data import BUILTIN_CORPORA, BUILTIN_CORPUS, BUILTIN_CORPUS_WITH_DICTIONARY, load_corpus, source_target
 from .evaluation import bleu, evaluate_bleu
 from .hub import render_model_card, widget_yaml
 from .modeling_vaswani import VaswaniForConditionalGeneration
@@ -77,13 +77,21 @@ class ModelArguments:
         metadata={"help": "every weight from N(0, init_std) (MarianMTModel: 0.02); default: the preset's"},
     )
     attn_implementation: str = field(default="sdpa", metadata={"help": "sdpa or eager"})
+    d_model: int | None = field(default=None, metadata={"help": "model width; default: the preset's"})
+    d_ff: int | None = field(default=None, metadata={"help": "inner FFN width; default: the preset's"})
+    num_heads: int | None = field(default=None, metadata={"help": "attention heads h; default: the preset's"})
+    num_encoder_layers: int | None = field(default=None, metadata={"help": "encoder layers N; default: the preset's"})
+    num_decoder_layers: int | None = field(default=None, metadata={"help": "decoder layers N; default: the preset's"})
 
 
 @dataclass
 class DataArguments:
     dataset: str = field(
         default=BUILTIN_CORPUS,
-        metadata={"help": "'ding' (built-in en-de), a .jsonl/.tsv file, a PREFIX of PREFIX.<lang> files, or a Hub id"},
+        metadata={
+            "help": "'ding' (built-in en-de), 'ding+phrases', 'ding+dictionary' (the same, more training pairs), "
+            "a .jsonl/.tsv file, a PREFIX of PREFIX.<lang> files, or a Hub id"
+        },
     )
     dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset config, e.g. de-en for wmt14"})
     source_lang: str = field(default="en")
@@ -96,7 +104,7 @@ class DataArguments:
     max_target_length: int = field(default=256)
     upsample_primary: int = field(
         default=1,
-        metadata={"help": "ding+phrases: each training sentence N times per epoch, each phrase once (fairseq's)"},
+        metadata={"help": "ding+phrases/ding+dictionary: each training sentence N times per epoch (fairseq's)"},
     )
     max_train_samples: int | None = field(default=None, metadata={"help": "use only the first N training pairs"})
     max_eval_samples: int | None = field(default=None, metadata={"help": "use only the first N dev/test pairs"})
@@ -113,6 +121,13 @@ class RecipeArguments:
     )
     time_budget_minutes: float | None = field(
         default=None, metadata={"help": "stop training (with a checkpoint) after M minutes of wall time"}
+    )
+    cooldown_minutes: float = field(
+        default=0.0,
+        metadata={
+            "help": "with --time_budget_minutes: the last M minutes take the learning rate linearly down to 0 "
+            "(a cooldown; 0 = Eq. (3) to the end, the paper's schedule)"
+        },
     )
     average_last: int = field(
         default=5, metadata={"help": "publish the mean of the last K checkpoints (§6.1; 1 = the final weights)"}
@@ -163,18 +178,29 @@ class VaswaniTrainer(Seq2SeqTrainer):
 
     `max_tokens_per_batch` switches the training DataLoader to `TokenBudgetBatchSampler` (per device; each rank
     gets distinct batches and the same number of steps). `lr_schedule="paper"` replaces `--lr_scheduler_type`
-    with Eq. (3) times `--learning_rate`. Logs gain `source_tokens_per_step`, `target_tokens_per_step` (whole
+    with Eq. (3) times `--learning_rate`, times `lr_factor()` when one is given (the cooldown of
+    `WallClockCallback`). Logs gain `source_tokens_per_step`, `target_tokens_per_step` (whole
     optimizer step, all processes), `target_tokens_per_second` (wall time) and `train_minutes` (wall time of
     training: since this process's first step, plus what a resumed run had logged before), so quality can be
     plotted against the clock.
     """
 
-    def __init__(self, *args, max_tokens_per_batch: int | None = None, lr_schedule: str = "paper", **kwargs):
+    def __init__(
+        self,
+        *args,
+        max_tokens_per_batch: int | None = None,
+        lr_schedule: str = "paper",
+        lr_factor: Callable[[], float] | None = None,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         if lr_schedule not in ("paper", "trainer"):
             raise ValueError(f"lr_schedule must be 'paper' or 'trainer', got {lr_schedule!r}")
+        if lr_factor is not None and lr_schedule != "paper":
+            raise ValueError("a learning-rate factor (the cooldown) needs lr_schedule='paper'")
         self.max_tokens_per_batch = max_tokens_per_batch
         self.lr_schedule = lr_schedule
+        self.lr_factor = lr_factor
         self.token_sampler: TokenBudgetBatchSampler | None = None
         self._token_counts = torch.zeros(2, dtype=torch.long)  # source, target tokens since the last log
         self._micro_batches = 0
@@ -223,7 +249,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
                 raise ValueError(f"the paper's schedule needs warmup_steps >= 1, got {self.args.warmup_steps}")
             d_model = self.model.config.d_model
             # LambdaLR multiplies --learning_rate (the scale); its index 0 is the first update, the paper's step 1.
-            self.lr_scheduler = LambdaLR(optimizer, partial(_paper_lambda, d_model=d_model, warmup=warmup))
+            schedule = partial(_paper_lambda, d_model=d_model, warmup=warmup, factor=self.lr_factor)
+            self.lr_scheduler = LambdaLR(optimizer, schedule)
         return self.lr_scheduler
 
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -269,8 +296,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
         self.accelerator.end_training()  # destroy_process_group; gloo's threads are joined as the group goes
 
 
-def _paper_lambda(index: int, d_model: int, warmup: int) -> float:
-    return paper_learning_rate(index + 1, d_model, warmup)
+def _paper_lambda(index: int, d_model: int, warmup: int, factor: Callable[[], float] | None = None) -> float:
+    return paper_learning_rate(index + 1, d_model, warmup) * (factor() if factor is not None else 1.0)
 
 
 class _SamplerEpochCallback(TrainerCallback):
@@ -287,24 +314,46 @@ class _SamplerEpochCallback(TrainerCallback):
 
 class WallClockCallback(TrainerCallback):
     """Saves a checkpoint every `checkpoint_minutes` (the paper: 10) and stops, with a checkpoint, once
-    `budget_minutes` have passed. All processes take the same decision (rank 0's clock)."""
+    `budget_minutes` have passed. All processes take the same decision (rank 0's clock).
 
-    def __init__(self, checkpoint_minutes: float | None = None, budget_minutes: float | None = None):
+    `cooldown_minutes` (with a budget): `lr_factor()` falls linearly from 1 to 0 over the budget's last minutes, for
+    `VaswaniTrainer(lr_factor=...)`. Eq. (3) alone still runs at half its peak when a half-hour budget ends, so the
+    last weights are noisy; checkpoint averaging (§6.1) smooths that, a cooldown removes it (as in the
+    warmup-stable-decay schedules). The factor is rank 0's clock on every rank, so all ranks use the same rate.
+    """
+
+    def __init__(
+        self, checkpoint_minutes: float | None = None, budget_minutes: float | None = None, cooldown_minutes: float = 0
+    ):
+        if cooldown_minutes and not budget_minutes:
+            raise ValueError("cooldown_minutes needs a time budget (--time_budget_minutes): it ends the budget")
+        if cooldown_minutes < 0 or (budget_minutes and cooldown_minutes > budget_minutes):
+            raise ValueError(f"cooldown_minutes must be between 0 and the budget, got {cooldown_minutes}")
         self.checkpoint_seconds = checkpoint_minutes * 60 if checkpoint_minutes else None
         self.budget_seconds = budget_minutes * 60 if budget_minutes else None
+        self.cooldown_seconds = cooldown_minutes * 60
         self.start = self.last_save = time.monotonic()
+        self.elapsed = 0.0  # seconds of training on rank 0's clock at the last step
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.start = self.last_save = time.monotonic()
+        self.elapsed = 0.0
+
+    def lr_factor(self) -> float:
+        if not self.cooldown_seconds:
+            return 1.0
+        left = self.budget_seconds - self.elapsed
+        return min(1.0, max(0.0, left / self.cooldown_seconds))
 
     def on_step_end(self, args, state, control, **kwargs):
         now = time.monotonic()
+        self.elapsed = now - self.start
         save = bool(self.checkpoint_seconds and now - self.last_save >= self.checkpoint_seconds)
-        stop = bool(self.budget_seconds and now - self.start >= self.budget_seconds)
+        stop = bool(self.budget_seconds and self.elapsed >= self.budget_seconds)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            flags = torch.tensor([int(save), int(stop)], device=args.device)
+            flags = torch.tensor([int(save), int(stop), round(self.elapsed * 1000)], device=args.device)
             torch.distributed.broadcast(flags, src=0)
-            save, stop = bool(flags[0]), bool(flags[1])
+            save, stop, self.elapsed = bool(flags[0]), bool(flags[1]), int(flags[2]) / 1000
         if stop:
             control.should_training_stop = True
             save = True
@@ -436,12 +485,10 @@ def build_model(model_args: ModelArguments, tokenizer) -> VaswaniForConditionalG
         "eos_token_id": tokenizer.eos_token_id,
         "decoder_start_token_id": tokenizer.bos_token_id,
     }
-    if model_args.dropout is not None:
-        overrides["dropout"] = model_args.dropout
-    if model_args.label_smoothing is not None:
-        overrides["label_smoothing"] = model_args.label_smoothing
-    if model_args.init_std is not None:
-        overrides["init_std"] = model_args.init_std
+    for name in ("dropout", "label_smoothing", "init_std", "d_model", "d_ff", "num_heads", "num_encoder_layers",
+                 "num_decoder_layers"):  # fmt: skip
+        if getattr(model_args, name) is not None:
+            overrides[name] = getattr(model_args, name)
     config = VaswaniConfig.from_preset(model_args.preset, **overrides)
     config._attn_implementation = model_args.attn_implementation
     return VaswaniForConditionalGeneration(config)
@@ -510,6 +557,7 @@ def run_training(
     """
     started = time.monotonic()
     resolve_precision(recipe, training_args)
+    clock = WallClockCallback(recipe.checkpoint_minutes, recipe.time_budget_minutes, recipe.cooldown_minutes)
     set_seed(training_args.seed)  # before the model is built: its initial weights come from this seed
     output_dir = Path(training_args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -555,7 +603,8 @@ def run_training(
         compute_metrics=_bleu_metric(tokenizer) if recipe.eval_bleu else None,
         max_tokens_per_batch=data_args.max_tokens_per_batch,
         lr_schedule=recipe.lr_schedule,
-        callbacks=[WallClockCallback(recipe.checkpoint_minutes, recipe.time_budget_minutes), CurvesCallback()],
+        lr_factor=clock.lr_factor if recipe.cooldown_minutes else None,
+        callbacks=[clock, CurvesCallback()],
     )
 
     resume = training_args.resume_from_checkpoint
@@ -623,7 +672,7 @@ def _card_values(model, tokenizer, model_args, data_args, recipe, training_args,
     test = result.get("test", {})
     src, tgt = data_args.source_lang, data_args.target_lang
     examples = [row[src] for row in corpus["test"]["translation"][:3]] or ["Hello."]
-    builtin = data_args.dataset in (BUILTIN_CORPUS, BUILTIN_CORPUS_WITH_PHRASES)
+    builtin = data_args.dataset in BUILTIN_CORPORA
     averaged = getattr(model, "averaged_from", [])
     return {
         "source_lang": src,
@@ -633,6 +682,7 @@ def _card_values(model, tokenizer, model_args, data_args, recipe, training_args,
         "dataset_name": "Ding de-en dictionary sentence pairs" if builtin else data_args.dataset,
         "dataset_note": "sentence-like example pairs of the Ding dictionary (GPL-2+), split by dictionary entry"
         + (", plus the multi-word phrases of the training entries" if data_args.dataset != BUILTIN_CORPUS else "")
+        + (" and their single words" if data_args.dataset == BUILTIN_CORPUS_WITH_DICTIONARY else "")
         + (f"; each sentence {data_args.upsample_primary} times" if data_args.upsample_primary > 1 else "")
         if builtin
         else f"{data_args.dataset} {data_args.dataset_config or ''}".strip(),
