@@ -40,7 +40,14 @@ logger = logging.getLogger(__name__)
 BUILTIN_CORPUS = "ding"
 BUILTIN_CORPUS_WITH_PHRASES = "ding+phrases"  # the same, plus dictionary phrases in the training split
 BUILTIN_CORPUS_WITH_DICTIONARY = "ding+dictionary"  # the same, plus phrases and single words in the training split
-BUILTIN_CORPORA = (BUILTIN_CORPUS, BUILTIN_CORPUS_WITH_PHRASES, BUILTIN_CORPUS_WITH_DICTIONARY)
+# Each built-in corpus and the extra training data it adds to the sentences (see load_ding).
+BUILTIN_CORPORA = {
+    BUILTIN_CORPUS: None,
+    BUILTIN_CORPUS_WITH_PHRASES: "phrases",
+    BUILTIN_CORPUS_WITH_DICTIONARY: "dictionary",
+}
+# Extra training data: the non-sentence pairs of extract_ding_phrases with at least this many words on each side.
+_EXTRA_MIN_WORDS = {"phrases": 2, "dictionary": 1}
 DING_PACKAGE = "trans-de-en"
 DING_PATH_IN_PACKAGE = "usr/share/trans/de-en"
 SPLITS = ("train", "validation", "test")
@@ -208,20 +215,21 @@ def load_ding(
     source_lang: str = "en",
     target_lang: str = "de",
     seed: int = 0,
-    phrases: bool = False,
+    extra: str | None = None,
     upsample_primary: int = 1,
-    words: bool = False,
 ) -> datasets.DatasetDict:
     """The built-in en-de corpus (about 19,200 sentence pairs), split by dictionary entry; cached after extraction.
 
-    `phrases=True` (`--dataset ding+phrases`) adds the multi-word phrase pairs of the training entries (about
+    `extra="phrases"` (`--dataset ding+phrases`) adds the multi-word phrase pairs of the training entries (about
     84,000 of 88,500, `extract_ding_phrases`) to the training split only: validation and test stay the same
     sentences, and no phrase comes from a held-out entry. `upsample_primary=N` then puts each training sentence in
     the split N times against each phrase once (fairseq's `--upsample-primary`): the test split is sentences.
-    `words=True` (`--dataset ding+dictionary`) adds the single-word pairs of the training entries as well (about
+    `extra="dictionary"` (`--dataset ding+dictionary`) adds the single-word pairs of the training entries as well (about
     270,000 more, `extract_ding_phrases(min_words=1)`), under the same rules.
     """
-    if upsample_primary < 1 or (upsample_primary > 1 and not (phrases or words)):
+    if extra is not None and extra not in _EXTRA_MIN_WORDS:
+        raise DataError(f"extra must be one of {sorted(_EXTRA_MIN_WORDS)} or None, got {extra!r}")
+    if upsample_primary < 1 or (upsample_primary > 1 and extra is None):
         raise DataError(
             "upsample_primary must be >= 1, and > 1 only with extra data (ding+phrases, ding+dictionary); "
             f"got {upsample_primary}"
@@ -231,13 +239,10 @@ def load_ding(
     rows = _cached_extraction("pairs", extract_ding_pairs)
     pairs = [(row[source_lang], row[target_lang]) for row in rows]
     corpus = _to_dataset_dict(pairs, [str(row["entry"]) for row in rows], source_lang, target_lang, seed)
-    if phrases or words:
-        if words:
-            extra = _cached_extraction("dictionary", partial(extract_ding_phrases, min_words=1))
-        else:
-            extra = _cached_extraction("phrases", extract_ding_phrases)
-        train = split_by_group([str(row["entry"]) for row in extra], seed)["train"]
-        rows = [{source_lang: extra[i][source_lang], target_lang: extra[i][target_lang]} for i in train]
+    if extra is not None:
+        extracted = _cached_extraction(extra, partial(extract_ding_phrases, min_words=_EXTRA_MIN_WORDS[extra]))
+        train = split_by_group([str(row["entry"]) for row in extracted], seed)["train"]
+        rows = [{source_lang: extracted[i][source_lang], target_lang: extracted[i][target_lang]} for i in train]
         added = datasets.Dataset.from_dict({"translation": rows}, features=corpus["train"].features)
         corpus["train"] = datasets.concatenate_datasets([corpus["train"]] * upsample_primary + [added])
     return corpus
@@ -354,8 +359,7 @@ def load_corpus(
     if source_lang == target_lang:
         raise DataError(f"source and target language are both {source_lang!r}")
     if dataset in BUILTIN_CORPORA:
-        phrases, words = dataset == BUILTIN_CORPUS_WITH_PHRASES, dataset == BUILTIN_CORPUS_WITH_DICTIONARY
-        return load_ding(source_lang, target_lang, seed, phrases, upsample_primary, words=words)
+        return load_ding(source_lang, target_lang, seed, BUILTIN_CORPORA[dataset], upsample_primary)
     if upsample_primary != 1:
         raise DataError(
             f"--upsample_primary needs a corpus with extra data (ding+phrases, ding+dictionary), not {dataset!r}"
