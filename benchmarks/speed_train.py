@@ -20,11 +20,15 @@ Modes:
   alternating time slices; target tokens (real, not padding) per second of wall time, collation included.
 - `gemm`: float32 vs bfloat16 matrix products at the step's shapes (FFN and output layer, forward and both
   backward products), interleaved, in GFLOP/s, with the CPU's AMX / AVX-512 BF16 flags: what bf16 can gain here.
+- `attention`: our training step with `sdpa` against `eager` attention (same weights), in float32 and under bf16
+  autocast, at each of `--lengths` tokens per sentence with about `--batch_tokens` tokens per batch; interleaved
+  medians and the ratio: what `--attn_implementation auto` of scripts/train.py chooses from.
 - `curve`: `vaswani_mt` and `vaswani_mt_bf16` in lockstep on the same real batches from the same weights, with the
   same dropout seed per step; prints both loss curves and their largest relative gap (20-step means).
 
     python benchmarks/speed_train.py                                   # step, base shapes
     python benchmarks/speed_train.py --mode data --seconds 600
+    python benchmarks/speed_train.py --mode attention --preset small --vocab_size 8000
     python benchmarks/speed_train.py --mode curve --steps 300 --sides vaswani_mt:tokens=1024,vaswani_mt_bf16:tokens=1024
 """
 
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import os
 import statistics
@@ -52,12 +57,14 @@ MODELS = ("vaswani_mt", "vaswani_mt_bf16", "marian", "marian_bf16")
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", choices=["step", "data", "curve", "gemm"], default="step")
+    parser.add_argument("--mode", choices=["step", "data", "curve", "gemm", "attention"], default="step")
     parser.add_argument("--preset", default="base")
     parser.add_argument("--vocab_size", type=int, default=37000, help="step mode; data modes train a BPE of this size")
     parser.add_argument("--dropout", type=float, default=None, help="default: the preset's")
     parser.add_argument("--batch", type=int, default=32, help="step mode: pairs per batch")
     parser.add_argument("--length", type=int, default=30, help="step mode: tokens per sentence, each side")
+    parser.add_argument("--lengths", default="4,12,24,48", help="attention mode: tokens per sentence, each side")
+    parser.add_argument("--batch_tokens", type=int, default=1920, help="attention mode: tokens per batch, each side")
     parser.add_argument("--repeats", type=int, default=10, help="step mode: timed steps per side")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--sides", default=None, help="comma-separated; step: models, data/curve: MODEL:BATCHING")
@@ -81,6 +88,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             "data": "vaswani_mt:tokens=4096,marian:sentences=8",
             "curve": "vaswani_mt:tokens=4096,vaswani_mt_bf16:tokens=4096",
             "gemm": "",
+            "attention": "",
         }[args.mode]
     return args
 
@@ -478,11 +486,46 @@ def run_gemm_mode(args, record: MachineRecord) -> dict:
     return {"mode": "gemm", "cpu_flags": cpu, "products": rows_out}
 
 
+def run_attention_mode(args, record: MachineRecord) -> dict:
+    """Seconds per training step of ours with sdpa vs eager attention, float32 and bf16 autocast, per length."""
+    config = model_config(args)
+    rows_out = []
+    for length in (int(value) for value in args.lengths.split(",")):
+        batch = synthetic_batch(config, max(1, args.batch_tokens // length), length, args.seed)
+        for precision in ("vaswani_mt", "vaswani_mt_bf16"):
+            models = build_models(config, [precision] * 2, args.seed)
+            runs = {}
+            for implementation, model in zip(("sdpa", "eager"), models, strict=True):
+                model.set_attn_implementation(implementation)
+                step = make_step(precision, model, optimizer_for(model, args.lr))
+                runs[implementation] = functools.partial(step, batch)
+            times = interleave(runs, args.repeats, args.warmup)
+            sdpa, eager = (statistics.median(times[name]) for name in ("sdpa", "eager"))
+            rows_out.append({
+                "precision": "bf16 autocast" if precision.endswith("_bf16") else "float32",
+                "length": length,
+                "pairs": batch["input_ids"].shape[0],
+                "sdpa_ms": sdpa * 1e3,
+                "eager_ms": eager * 1e3,
+                "sdpa / eager": sdpa / eager,
+            })  # fmt: skip
+    shape = f"{args.preset}, vocab {config.vocab_size}, ~{args.batch_tokens} tokens per batch, dropout {config.dropout}"
+    print_table(f"Training step, sdpa vs eager attention ({shape}), {args.repeats} interleaved steps each", rows_out,
+                list(rows_out[0]))  # fmt: skip
+    return {"mode": "attention", "shape": shape, "rows": rows_out}
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     record = MachineRecord()
-    modes = {"step": run_step_mode, "data": run_data_mode, "curve": run_curve_mode, "gemm": run_gemm_mode}
+    modes = {
+        "step": run_step_mode,
+        "data": run_data_mode,
+        "curve": run_curve_mode,
+        "gemm": run_gemm_mode,
+        "attention": run_attention_mode,
+    }
     result = modes[args.mode](args, record)
     if args.rss_child:
         return

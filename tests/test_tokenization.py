@@ -47,3 +47,46 @@ def test_saves_tokenizer_json_and_loads_with_auto_tokenizer(tokenizer, tmp_path)
     loaded = AutoTokenizer.from_pretrained(tmp_path)
     for english, german in SENTENCES:
         assert loaded(english, text_target=german) == tokenizer(english, text_target=german)
+
+
+def test_split_punctuation_keeps_marks_apart_from_words_and_round_trips():
+    texts = ([side for pair in SENTENCES for side in pair] + ["I can’t (really) say: “E-Mail”…"]) * 3
+    joined = train_tokenizer(texts, vocab_size=400, min_frequency=1)
+    split = train_tokenizer(texts, vocab_size=400, min_frequency=1, split_punctuation=True)
+
+    def mixed(tokenizer):  # tokens that hold a letter and a punctuation mark
+        return [t for t in tokenizer.get_vocab() if any(c.isalpha() for c in t) and any(c in ".,!?’" for c in t)]
+
+    assert mixed(joined) and not mixed(split)
+    for text in texts:
+        ids = split(text)["input_ids"]
+        assert split.decode(ids, skip_special_tokens=True) == text
+    english = SENTENCES[0][0]
+    assert split.convert_ids_to_tokens(split(english)["input_ids"])[-2] == english[-1]  # the final mark alone
+
+
+def test_bpe_dropout_collator_resegments_training_pairs_and_keeps_their_text(tokenizer):
+    from transformers import DataCollatorForSeq2Seq
+
+    from vaswani_mt.tokenization import BPEDropoutCollator
+
+    pairs = [pair for pair in SENTENCES if "<unk>" not in tokenizer.tokenize(pair[0] + pair[1])]
+    features = [dict(tokenizer(english, text_target=german)) for english, german in pairs]
+    features.append(dict(tokenizer("Ich ☃ sehe", text_target="I ☃ see")))  # holds <unk>: kept as it is
+    collator = BPEDropoutCollator(tokenizer, 0.5, lambda batch: batch)
+    seen = set()
+    for _ in range(5):
+        out = collator(features)
+        assert out[-1] == features[-1]
+        for feature, new in zip(features[:-1], out[:-1], strict=True):
+            for side in ("input_ids", "labels"):
+                text = tokenizer.decode(feature[side], skip_special_tokens=True)
+                assert tokenizer.decode(new[side], skip_special_tokens=True) == text and new[side][-1] == 2
+            assert len(new["attention_mask"]) == len(new["input_ids"])
+            seen.add(tuple(new["labels"]))
+    assert len(seen) > len(features)  # new segmentations, more pieces on average
+    assert sum(map(len, (f["labels"] for f in out))) >= sum(map(len, (f["labels"] for f in features)))
+    padded = BPEDropoutCollator(tokenizer, 0.1, DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100))(features)
+    assert padded["input_ids"].shape == padded["attention_mask"].shape
+    with pytest.raises(ValueError, match="BPE-dropout"):
+        BPEDropoutCollator(tokenizer, 1.0, collator)

@@ -23,6 +23,7 @@ from vaswani_mt.training import (
     paper_learning_rate,
     parse_args,
     plot_curves,
+    resolve_attention,
     resolve_precision,
 )
 
@@ -140,6 +141,35 @@ def test_bf16_without_native_support_is_kept_but_warned_about(tmp_path, monkeypa
     assert args.bf16 and "emulated" in caplog.text
 
 
+@pytest.mark.parametrize(("precision", "expected"), [(["--bf16", "true"], "eager"), ([], "sdpa")])
+def test_auto_attention_is_eager_for_cpu_bf16_training_and_sdpa_otherwise(tmp_path, monkeypatch, precision, expected):
+    monkeypatch.setattr(training, "native_bf16", lambda: True)
+    argv = [
+        "--output_dir",
+        str(tmp_path),
+        "--report_to",
+        "none",
+        "--use_cpu",
+        "true",
+        "--auto_bf16",
+        "false",
+        "--preset",
+        "tiny",
+    ]
+    model_args, _, recipe, args = parse_args(argv + precision)
+    assert model_args.attn_implementation == "auto"
+    resolve_precision(recipe, args)
+    assert resolve_attention(model_args, args) == expected == model_args.attn_implementation
+    tokenizer = train_tokenizer(["The house is small.", "Das Haus ist klein."] * 5, vocab_size=60, min_frequency=1)
+    assert build_model(model_args, tokenizer).config._attn_implementation == expected
+    # An explicit choice is kept; a wrong one is named.
+    model_args, _, _, args = parse_args(argv + precision + ["--attn_implementation", "sdpa"])
+    assert resolve_attention(model_args, args) == "sdpa"
+    model_args, _, _, args = parse_args([*argv, "--attn_implementation", "flash"])
+    with pytest.raises(ValueError, match="'flash'"):
+        resolve_attention(model_args, args)
+
+
 @pytest.mark.skipif(torch.cuda.is_available() or not Path("/proc/cpuinfo").exists(), reason="reads Linux CPU flags")
 def test_native_bf16_matches_the_cpu_flags():
     flags = set()
@@ -224,6 +254,40 @@ def _train_command(data: Path, output: Path, *extra: str) -> list[str]:
 
 def _history(output: Path) -> list[dict]:
     return json.loads((output / "trainer_state.json").read_text())["log_history"]
+
+
+@pytest.mark.parametrize("max_tokens", [256, 0])
+def test_bpe_dropout_resegments_training_batches_only_and_punctuation_splits(tmp_path, max_tokens):
+    data = _write_jsonl(tmp_path / "pairs.jsonl", count=60)
+    argv = _train_command(data, tmp_path / "run", "--bpe_dropout", "0.3", "--split_punctuation", "true")[2:]
+    model_args, data_args, _, args = parse_args([*argv, "--max_tokens_per_batch", str(max_tokens)])
+    corpus = training.load_corpus(data_args.dataset)
+    tokenizer = training.build_tokenizer(model_args, corpus, data_args, tmp_path)
+    assert "." in tokenizer.get_vocab() and not any(t.endswith(".") and len(t) > 1 for t in tokenizer.get_vocab())
+    tokenized = training.tokenize_corpus(corpus, tokenizer, data_args)
+    model = build_model(model_args, tokenizer)
+    plain = training.DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
+    calls = []
+
+    def spy(features):
+        calls.append(len(features))
+        return dropout(features)
+
+    dropout = training.BPEDropoutCollator(tokenizer, data_args.bpe_dropout, plain)
+    trainer = VaswaniTrainer(
+        model=model,
+        args=args,
+        train_dataset=tokenized["train"],
+        eval_dataset=tokenized["validation"].remove_columns(["source_length", "target_length"]),
+        data_collator=plain,
+        train_data_collator=spy,
+        max_tokens_per_batch=data_args.max_tokens_per_batch,
+    )
+    batch = next(iter(trainer.get_train_dataloader()))
+    assert calls and batch["labels"].shape[0] == calls[0]
+    calls.clear()
+    next(iter(trainer.get_eval_dataloader()))
+    assert not calls and trainer.data_collator is plain  # evaluation keeps the deterministic segmentation
 
 
 def test_resume_continues_the_schedule_and_the_data_order(tmp_path):

@@ -40,7 +40,7 @@ from .data import BUILTIN_CORPORA, BUILTIN_CORPUS, BUILTIN_CORPUS_WITH_DICTIONAR
 from .evaluation import bleu, evaluate_bleu
 from .hub import render_model_card, widget_yaml
 from .modeling_vaswani import VaswaniForConditionalGeneration
-from .tokenization import train_tokenizer
+from .tokenization import BPEDropoutCollator, train_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -70,13 +70,23 @@ class ModelArguments:
         default=None, metadata={"help": "reuse a saved tokenizer (folder or Hub id); default: train one"}
     )
     vocab_size: int = field(default=37000, metadata={"help": "size of the joint BPE vocabulary to train (§5.1)"})
+    split_punctuation: bool = field(
+        default=False,
+        metadata={"help": "the trained BPE isolates punctuation marks (no `word.` tokens), as Moses-tokenized text"},
+    )
     dropout: float | None = field(default=None, metadata={"help": "P_drop; default: the preset's"})
     label_smoothing: float | None = field(default=None, metadata={"help": "eps_ls; default: the preset's (0.1)"})
     init_std: float | None = field(
         default=None,
         metadata={"help": "every weight from N(0, init_std) (MarianMTModel: 0.02); default: the preset's"},
     )
-    attn_implementation: str = field(default="sdpa", metadata={"help": "sdpa or eager"})
+    attn_implementation: str = field(
+        default="auto",
+        metadata={
+            "help": "sdpa or eager; auto: eager when training on a CPU under bf16 autocast (1.2-1.5x the steps of "
+            "sdpa there, whose CPU backward is slow for short sentences: RESULTS.md), sdpa elsewhere"
+        },
+    )
     d_model: int | None = field(default=None, metadata={"help": "model width; default: the preset's"})
     d_ff: int | None = field(default=None, metadata={"help": "inner FFN width; default: the preset's"})
     num_heads: int | None = field(default=None, metadata={"help": "attention heads h; default: the preset's"})
@@ -99,6 +109,13 @@ class DataArguments:
     max_tokens_per_batch: int | None = field(
         default=4096,
         metadata={"help": "token budget per batch and device, each side (padded); 0 = Trainer's fixed batch size"},
+    )
+    bpe_dropout: float = field(
+        default=0.0,
+        metadata={
+            "help": "BPE-dropout (Provilkov et al., 2020): each training pair is segmented anew with this probability "
+            "of skipping each merge; 0 (the paper) segments deterministically"
+        },
     )
     max_source_length: int = field(default=256, metadata={"help": "longer pairs are dropped (counted in the log)"})
     max_target_length: int = field(default=256)
@@ -191,9 +208,11 @@ class VaswaniTrainer(Seq2SeqTrainer):
         max_tokens_per_batch: int | None = None,
         lr_schedule: str = "paper",
         lr_factor: Callable[[], float] | None = None,
+        train_data_collator: Callable | None = None,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
+        self.train_data_collator = train_data_collator  # the training loader's, if not data_collator (BPE-dropout)
         if lr_schedule not in ("paper", "trainer"):
             raise ValueError(f"lr_schedule must be 'paper' or 'trainer', got {lr_schedule!r}")
         if lr_factor is not None and lr_schedule != "paper":
@@ -211,7 +230,13 @@ class VaswaniTrainer(Seq2SeqTrainer):
 
     def get_train_dataloader(self) -> DataLoader:
         if not self.max_tokens_per_batch:
-            return super().get_train_dataloader()
+            if self.train_data_collator is None:
+                return super().get_train_dataloader()
+            evaluation_collator, self.data_collator = self.data_collator, self.train_data_collator
+            try:
+                return super().get_train_dataloader()
+            finally:
+                self.data_collator = evaluation_collator
         dataset = self.train_dataset
         sampler = TokenBudgetBatchSampler(
             dataset["source_length"],
@@ -226,7 +251,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         loader = DataLoader(
             dataset,
             batch_sampler=sampler,
-            collate_fn=self.data_collator,
+            collate_fn=self.train_data_collator or self.data_collator,
             num_workers=self.args.dataloader_num_workers,
             pin_memory=self.args.dataloader_pin_memory and torch.cuda.is_available(),
         )
@@ -432,7 +457,9 @@ def build_tokenizer(model_args: ModelArguments, corpus, data_args: DataArguments
         logger.info("reusing this run's tokenizer from %s", saved)
         return AutoTokenizer.from_pretrained(saved)
     sources, targets = source_target(corpus["train"], data_args.source_lang, data_args.target_lang)
-    tokenizer = train_tokenizer(sources + targets, vocab_size=model_args.vocab_size)
+    tokenizer = train_tokenizer(
+        sources + targets, vocab_size=model_args.vocab_size, split_punctuation=model_args.split_punctuation
+    )
     tmp = output_dir / "tokenizer.tmp"
     tokenizer.save_pretrained(tmp)
     os.replace(tmp, saved)  # whole or not at all: a resumed run must find the very same vocabulary
@@ -474,9 +501,11 @@ def tokenize_corpus(corpus, tokenizer, data_args: DataArguments):
 
 
 def build_model(model_args: ModelArguments, tokenizer) -> VaswaniForConditionalGeneration:
+    # `auto` not yet resolved (`resolve_attention`, which needs the device and precision): transformers' default
+    attention = None if model_args.attn_implementation == "auto" else model_args.attn_implementation
     if model_args.model_name_or_path:
         return VaswaniForConditionalGeneration.from_pretrained(
-            model_args.model_name_or_path, attn_implementation=model_args.attn_implementation
+            model_args.model_name_or_path, attn_implementation=attention
         )
     overrides = {
         "vocab_size": len(tokenizer),
@@ -490,7 +519,7 @@ def build_model(model_args: ModelArguments, tokenizer) -> VaswaniForConditionalG
         if getattr(model_args, name) is not None:
             overrides[name] = getattr(model_args, name)
     config = VaswaniConfig.from_preset(model_args.preset, **overrides)
-    config._attn_implementation = model_args.attn_implementation
+    config._attn_implementation = attention
     return VaswaniForConditionalGeneration(config)
 
 
@@ -519,6 +548,28 @@ def resolve_precision(recipe: RecipeArguments, training_args: Seq2SeqTrainingArg
             "--bf16 on hardware without native bf16 (no AVX512-BF16 or AMX on this CPU): the products are emulated "
             "and likely slower than float32; --bf16 false or --auto_bf16 true avoids that"
         )
+
+
+ATTENTION_IMPLEMENTATIONS = ("auto", "sdpa", "eager")
+
+
+def resolve_attention(model_args: ModelArguments, training_args: Seq2SeqTrainingArguments) -> str:
+    """Applies `--attn_implementation auto` (after `resolve_precision`) and returns the implementation trained with.
+
+    Measured on a 2-core AVX-512 BF16 CPU, small preset, 1920-token batches (`benchmarks/speed_train.py --mode
+    attention`): under bf16 autocast eager attention takes 1.2-1.5x fewer seconds per training step than torch's
+    CPU flash-attention kernel, whose backward pass dominates at 4-48 tokens per sentence; in float32 the two are
+    within 10%. On a GPU, sdpa (flash or memory-efficient kernels) is the one to use. Both compute Eq. (1) and give
+    equal outputs (tests/test_modeling_vaswani.py), so the choice changes speed only.
+    """
+    choice = model_args.attn_implementation
+    if choice not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"--attn_implementation must be one of {', '.join(ATTENTION_IMPLEMENTATIONS)}, got {choice!r}")
+    if choice == "auto":
+        choice = "eager" if training_args.device.type == "cpu" and training_args.bf16 else "sdpa"
+        logger.info("--attn_implementation auto: %s", choice)
+    model_args.attn_implementation = choice
+    return choice
 
 
 def _precision(training_args: Seq2SeqTrainingArguments) -> str:
@@ -557,6 +608,7 @@ def run_training(
     """
     started = time.monotonic()
     resolve_precision(recipe, training_args)
+    resolve_attention(model_args, training_args)
     clock = WallClockCallback(recipe.checkpoint_minutes, recipe.time_budget_minutes, recipe.cooldown_minutes)
     set_seed(training_args.seed)  # before the model is built: its initial weights come from this seed
     output_dir = Path(training_args.output_dir)
@@ -591,14 +643,20 @@ def run_training(
 
     if recipe.eval_bleu:
         training_args.predict_with_generate = True
+    # With the model, the collator also builds decoder_input_ids from the labels (needed when Trainer's label
+    # smoother takes the labels away from the forward call, as for the benchmarks' Marian).
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
     trainer = VaswaniTrainer(
         model=model,
         args=training_args,
         train_dataset=tokenized["train"],
         eval_dataset=tokenized["validation"].remove_columns(["source_length", "target_length"]),
-        # With the model, the collator also builds decoder_input_ids from the labels (needed when Trainer's
-        # label smoother takes the labels away from the forward call, as for the benchmarks' Marian).
-        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+        data_collator=collator,
+        train_data_collator=(
+            BPEDropoutCollator(tokenizer, data_args.bpe_dropout, collator, data_args.max_source_length)
+            if data_args.bpe_dropout
+            else None
+        ),
         processing_class=tokenizer,
         compute_metrics=_bleu_metric(tokenizer) if recipe.eval_bleu else None,
         max_tokens_per_batch=data_args.max_tokens_per_batch,
@@ -796,6 +854,7 @@ __all__ = [
     "parse_args",
     "plot_curves",
     "print_summary",
+    "resolve_attention",
     "resolve_precision",
     "run_training",
 ]
