@@ -93,7 +93,6 @@ class BPEDropoutCollator:
         self.tokenizer = tokenizer
         self.dropped = copy.deepcopy(tokenizer)
         self.dropped.backend_tokenizer.model.dropout = dropout
-        self.dropout = dropout
         self.collator = collator
         self.max_length = max_length
 

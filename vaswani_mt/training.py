@@ -83,7 +83,7 @@ class ModelArguments:
     attn_implementation: str = field(
         default="auto",
         metadata={
-            "help": "sdpa or eager; auto: eager when training on a CPU under bf16 autocast (1.2-1.5x the steps of "
+            "help": "sdpa or eager; auto: eager when training on a CPU under bf16 autocast (1.15-1.54x the steps of "
             "sdpa there, whose CPU backward is slow for short sentences: RESULTS.md), sdpa elsewhere"
         },
     )
@@ -557,9 +557,9 @@ def resolve_attention(model_args: ModelArguments, training_args: Seq2SeqTraining
     """Applies `--attn_implementation auto` (after `resolve_precision`) and returns the implementation trained with.
 
     Measured on a 2-core AVX-512 BF16 CPU, small preset, 1920-token batches (`benchmarks/speed_train.py --mode
-    attention`): under bf16 autocast eager attention takes 1.2-1.5x fewer seconds per training step than torch's
+    attention`): under bf16 autocast eager attention takes 1.15-1.54x fewer seconds per training step than torch's
     CPU flash-attention kernel, whose backward pass dominates at 4-48 tokens per sentence; in float32 the two are
-    within 10%. On a GPU, sdpa (flash or memory-efficient kernels) is the one to use. Both compute Eq. (1) and give
+    within 7%. On a GPU, sdpa (flash or memory-efficient kernels) is the one to use. Both compute Eq. (1) and give
     equal outputs (tests/test_modeling_vaswani.py), so the choice changes speed only.
     """
     choice = model_args.attn_implementation
