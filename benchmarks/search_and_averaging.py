@@ -4,8 +4,12 @@
 
 The paper's search is the model's own generation config (beam 4, GNMT length penalty alpha 0.6, at most input + 50
 tokens); greedy is the same with one beam. Each cell also gives chrF, the brevity penalty and the seconds spent.
+`--average_last` takes several K (`3,5,8`) and `--length_penalties` other alphas for beam 4 (`0.8,1.0`): the
+paper chose both on its dev set (§6.1), which `--split validation` gives.
 
     python benchmarks/search_and_averaging.py outputs/ding-cpu --average_last 5 --json results.json
+    python benchmarks/search_and_averaging.py outputs/ding-cpu --split validation --average_last 3,5,8 \
+        --length_penalties 0.8,1.0,1.2
 """
 
 import argparse
@@ -23,22 +27,33 @@ from vaswani_mt.evaluation import evaluate_bleu
 SEARCHES = {"beam 4 (paper)": {}, "greedy": {"num_beams": 1}}
 
 
-def score_run(run: Path, sources, references, average_last: int, batch_size: int = 64) -> list[dict]:
+def score_run(
+    run: Path,
+    sources,
+    references,
+    average_last: int | list[int],
+    batch_size: int = 64,
+    length_penalties: list[float] = (),
+) -> list[dict]:
     checkpoints = list_checkpoints(run)
     if not checkpoints:
         raise SystemExit(f"{run}: no complete checkpoint-N folders")
+    searches = dict(SEARCHES)
+    for alpha in length_penalties:
+        searches[f"beam 4, alpha {alpha}"] = {"length_penalty": alpha}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         weights = {f"final ({checkpoints[-1].name})": checkpoints[-1]}
-        if average_last > 1 and len(checkpoints) > 1:
-            used = checkpoints[-average_last:]
-            weights[f"mean of last {len(used)} ({used[0].name} .. {used[-1].name})"] = average_checkpoints(
-                run, average_last, Path(tmp) / "averaged"
-            )
+        for last in [average_last] if isinstance(average_last, int) else average_last:
+            if last > 1 and len(checkpoints) > 1:
+                used = checkpoints[-last:]
+                weights[f"mean of last {len(used)} ({used[0].name} .. {used[-1].name})"] = average_checkpoints(
+                    run, last, Path(tmp) / f"averaged-{last}"
+                )
         tokenizer = AutoTokenizer.from_pretrained(checkpoints[-1])
         for name, folder in weights.items():
             model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
-            for search, kwargs in SEARCHES.items():
+            for search, kwargs in searches.items():
                 start = time.perf_counter()
                 result = evaluate_bleu(model, tokenizer, sources, references, batch_size=batch_size, **kwargs)
                 rows.append(
@@ -61,7 +76,8 @@ def main(argv=None) -> None:
     parser.add_argument("run", help="a training output folder holding checkpoint-N folders")
     parser.add_argument("--dataset", default=BUILTIN_CORPUS, help="the corpus the run trained on (train.py's)")
     parser.add_argument("--split", default="test", choices=["validation", "test"])
-    parser.add_argument("--average_last", type=int, default=5)
+    parser.add_argument("--average_last", default="5", help="K, or several: 3,5,8")
+    parser.add_argument("--length_penalties", default="", help="also beam 4 with these GNMT alphas: 0.8,1.0")
     parser.add_argument("--max_samples", type=int, default=None)
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--json", help="also write the rows here")
@@ -70,7 +86,9 @@ def main(argv=None) -> None:
     sources, references = source_target(load_corpus(args.dataset)[args.split], "en", "de")
     if args.max_samples:
         sources, references = sources[: args.max_samples], references[: args.max_samples]
-    rows = score_run(Path(args.run), sources, references, args.average_last, args.batch_size)
+    average_last = [int(value) for value in args.average_last.split(",")]
+    alphas = [float(value) for value in args.length_penalties.split(",") if value]
+    rows = score_run(Path(args.run), sources, references, average_last, args.batch_size, alphas)
     print(f"\n{args.run}, {args.split} split ({len(sources)} sentences), sacreBLEU {rows[0]['signature']}\n")
     print("| weights | search | BLEU | chrF | BP | seconds |\n|---|---|---|---|---|---|")
     for row in rows:

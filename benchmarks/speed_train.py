@@ -23,12 +23,16 @@ Modes:
 - `attention`: our training step with `sdpa` against `eager` attention (same weights), in float32 and under bf16
   autocast, at each of `--lengths` tokens per sentence with about `--batch_tokens` tokens per batch; interleaved
   medians and the ratio: what `--attn_implementation auto` of scripts/train.py chooses from.
+- `dropout`: our training step with torch's `nn.functional.dropout` against the model's own (`apply_dropout`: on a
+  CPU a `torch.rand` mask), same weights, float32 and bf16 autocast, each with the attention `auto` picks, at each
+  of `--lengths`; interleaved medians and the ratio.
 - `curve`: `vaswani_mt` and `vaswani_mt_bf16` in lockstep on the same real batches from the same weights, with the
   same dropout seed per step; prints both loss curves and their largest relative gap (20-step means).
 
     python benchmarks/speed_train.py                                   # step, base shapes
     python benchmarks/speed_train.py --mode data --seconds 600
     python benchmarks/speed_train.py --mode attention --preset small --vocab_size 8000
+    python benchmarks/speed_train.py --mode dropout --preset small --vocab_size 8000 --lengths 12,24
     python benchmarks/speed_train.py --mode curve --steps 300 --sides vaswani_mt:tokens=1024,vaswani_mt_bf16:tokens=1024
 """
 
@@ -49,7 +53,7 @@ from speed_common import MachineRecord, child_argv, interleave, measure_peak_rss
 from transformers import DataCollatorForSeq2Seq
 from transformers.trainer_pt_utils import LabelSmoother
 
-from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration, modeling_vaswani
 from vaswani_mt.export import hidden_permutation, to_marian
 
 MODELS = ("vaswani_mt", "vaswani_mt_bf16", "marian", "marian_bf16")
@@ -57,7 +61,7 @@ MODELS = ("vaswani_mt", "vaswani_mt_bf16", "marian", "marian_bf16")
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", choices=["step", "data", "curve", "gemm", "attention"], default="step")
+    parser.add_argument("--mode", choices=["step", "data", "curve", "gemm", "attention", "dropout"], default="step")
     parser.add_argument("--preset", default="base")
     parser.add_argument("--vocab_size", type=int, default=37000, help="step mode; data modes train a BPE of this size")
     parser.add_argument("--dropout", type=float, default=None, help="default: the preset's")
@@ -89,6 +93,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             "curve": "vaswani_mt:tokens=4096,vaswani_mt_bf16:tokens=4096",
             "gemm": "",
             "attention": "",
+            "dropout": "",
         }[args.mode]
     return args
 
@@ -515,6 +520,54 @@ def run_attention_mode(args, record: MachineRecord) -> dict:
     return {"mode": "attention", "shape": shape, "rows": rows_out}
 
 
+def torch_dropout(hidden_states: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    return torch.nn.functional.dropout(hidden_states, p=p, training=training)
+
+
+def with_dropout(function, step, batch: dict) -> float:
+    """One step with `modeling_vaswani.apply_dropout` replaced by `function` (the modules look it up per call)."""
+    own = modeling_vaswani.apply_dropout
+    modeling_vaswani.apply_dropout = function
+    try:
+        return step(batch)
+    finally:
+        modeling_vaswani.apply_dropout = own
+
+
+def run_dropout_mode(args, record: MachineRecord) -> dict:
+    """Seconds per training step of ours with torch's dropout vs the model's own, float32 and bf16, per length."""
+    config = model_config(args)
+    if config.dropout == 0.0:
+        raise SystemExit("--mode dropout compares dropout implementations: give a --dropout above 0")
+    rows_out = []
+    for length in (int(value) for value in args.lengths.split(",")):
+        batch = synthetic_batch(config, max(1, args.batch_tokens // length), length, args.seed)
+        for precision in ("vaswani_mt", "vaswani_mt_bf16"):
+            models = build_models(config, [precision] * 2, args.seed)
+            runs = {}
+            for name, function, model in zip(
+                ("torch", "ours"), (torch_dropout, modeling_vaswani.apply_dropout), models, strict=True
+            ):
+                # What `--attn_implementation auto` picks on a CPU (vaswani_mt.training.resolve_attention).
+                model.set_attn_implementation("eager" if precision.endswith("_bf16") else "sdpa")
+                step = make_step(precision, model, optimizer_for(model, args.lr))
+                runs[name] = functools.partial(with_dropout, function, step, batch)
+            times = interleave(runs, args.repeats, args.warmup)
+            torch_time, ours = (statistics.median(times[name]) for name in ("torch", "ours"))
+            rows_out.append({
+                "precision": "bf16 autocast" if precision.endswith("_bf16") else "float32",
+                "length": length,
+                "pairs": batch["input_ids"].shape[0],
+                "torch_dropout_ms": torch_time * 1e3,
+                "ours_ms": ours * 1e3,
+                "torch / ours": torch_time / ours,
+            })  # fmt: skip
+    shape = f"{args.preset}, vocab {config.vocab_size}, ~{args.batch_tokens} tokens per batch, dropout {config.dropout}"
+    print_table(f"Training step, torch's dropout vs ours ({shape}), {args.repeats} interleaved steps each", rows_out,
+                list(rows_out[0]))  # fmt: skip
+    return {"mode": "dropout", "shape": shape, "rows": rows_out}
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -525,6 +578,7 @@ def main(argv=None) -> None:
         "curve": run_curve_mode,
         "gemm": run_gemm_mode,
         "attention": run_attention_mode,
+        "dropout": run_dropout_mode,
     }
     result = modes[args.mode](args, record)
     if args.rss_child:

@@ -81,6 +81,50 @@ def test_cooldown_takes_the_rate_linearly_to_zero_over_the_budgets_last_minutes(
         VaswaniTrainer(model=model, args=training_args, lr_schedule="trainer", lr_factor=clock.lr_factor)
 
 
+def test_set_dropout_reaches_every_residual_and_embedding_dropout():
+    model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny"))
+    ids = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 1]])
+    batch = {"input_ids": ids, "attention_mask": (ids != 1).long(), "decoder_input_ids": ids}
+    with torch.no_grad():
+        evaluated = model.eval()(**batch).logits
+        assert training.set_dropout(model, 0.0) == 2 * 2 + 2 * 3 + 2  # sublayers of 2+2 layers, the two stacks
+        torch.testing.assert_close(model.train()(**batch).logits, evaluated)  # training mode, nothing dropped
+        training.set_dropout(model, 0.5)
+        assert not torch.allclose(model(**batch).logits, evaluated)
+    assert model.config.dropout == 0.1  # the saved config keeps the value the model was built with
+    with pytest.raises(ValueError, match="no vaswani_mt dropout"):
+        training.set_dropout(torch.nn.Linear(2, 2), 0.3)
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        training.set_dropout(model, 1.0)
+
+
+def test_late_dropout_switches_once_the_budget_has_its_minutes_left(tmp_path, monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(training.time, "monotonic", lambda: now[0])
+    model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny"))
+    clock = training.WallClockCallback(budget_minutes=10)
+    late = training.LateDropoutCallback(clock, dropout=0.3, minutes=4)
+    training_args = parse_args(["--output_dir", str(tmp_path), "--report_to", "none"])[3]
+    clock.on_train_begin(training_args, None, None)
+    seen = {}
+    for step, minute in enumerate((1, 5.9, 6, 8), start=1):
+        late.on_step_begin(training_args, type("State", (), {"global_step": step}), TrainerControl(), model=model)
+        seen[minute] = {m.dropout for m in model.modules() if type(m).__name__ == "VaswaniSublayer"}
+        now[0] = 1000.0 + 60 * minute
+        clock.on_step_end(training_args, None, TrainerControl())
+    # the step after the clock passed minute 6 (10 - 4) is the first with the late P_drop
+    assert seen == {1: {0.1}, 5.9: {0.1}, 6: {0.1}, 8: {0.3}} and late.switched_at == 4
+    with pytest.raises(ValueError, match="time budget"):
+        training.LateDropoutCallback(training.WallClockCallback(), dropout=0.3, minutes=4)
+    with pytest.raises(ValueError, match="late_dropout_minutes"):
+        training.LateDropoutCallback(clock, dropout=0.3, minutes=11)
+    config = tmp_path / "late.yaml"
+    config.write_text("late_dropout: 0.3\n")
+    with pytest.raises(ValueError, match="needs both"):
+        training.run_training(*parse_args([str(config), "--output_dir", str(tmp_path / "x"), "--report_to", "none",
+                                           "--dataset", str(tmp_path / "missing.jsonl")]))  # fmt: skip
+
+
 def test_config_file_sets_options_and_command_line_wins(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text(
@@ -427,14 +471,15 @@ def test_end_to_end_job_on_local_jsonl(tmp_path):
     finally:
         sys.path.pop(0)
     table = tmp_path / "search.json"
-    search_and_averaging.main(
-        [str(output), "--dataset", str(data), "--average_last", "3", "--max_samples", "12", "--json", str(table)]
-    )
+    search_and_averaging.main([
+        str(output), "--dataset", str(data), "--average_last", "2,3", "--length_penalties", "1.0",
+        "--max_samples", "12", "--json", str(table),
+    ])  # fmt: skip
     rows = {(r["weights"].split(" (")[0], r["search"]): r for r in json.loads(table.read_text())["rows"]}
-    assert set(rows) == {(w, s) for w in ("final", "mean of last 3") for s in ("beam 4 (paper)", "greedy")}
-    assert "checkpoint-4 .. checkpoint-8" in next(
-        r["weights"] for r in rows.values() if r["weights"].startswith("mean")
-    )
+    searches = ("beam 4 (paper)", "greedy", "beam 4, alpha 1.0")
+    assert set(rows) == {(w, s) for w in ("final", "mean of last 2", "mean of last 3") for s in searches}
+    assert "checkpoint-4 .. checkpoint-8" in rows["mean of last 3", "greedy"]["weights"]
+    assert "checkpoint-6 .. checkpoint-8" in rows["mean of last 2", "greedy"]["weights"]
     # the averaged model with the paper's search is what the job published and scored
     assert rows["mean of last 3", "beam 4 (paper)"]["bleu"] == round(results["test"]["score"], 2)
 

@@ -50,6 +50,37 @@ def sinusoidal_position_encoding(positions: torch.Tensor, d_model: int, dtype: t
     return pe.to(dtype)
 
 
+class _CpuDropout(torch.autograd.Function):
+    """Dropout whose keep mask comes from `torch.rand` (float32, then `>= p`) instead of `bernoulli_`.
+
+    Same distribution as `nn.functional.dropout` (each element kept with probability 1 - p and scaled by
+    1 / (1 - p)), but on a CPU `bernoulli_` draws its numbers about 2.5x slower than `torch.rand`, and under bf16
+    `nn.functional.dropout` takes a path about 4x slower than this one (benchmarks/RESULTS.md). The mask is saved
+    as one byte per element for the backward pass.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden_states: torch.Tensor, p: float) -> torch.Tensor:
+        keep = torch.rand(hidden_states.shape, device=hidden_states.device) >= p
+        ctx.save_for_backward(keep)
+        ctx.scale = 1.0 / (1.0 - p)
+        return hidden_states.mul(keep).mul_(ctx.scale)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (keep,) = ctx.saved_tensors
+        return grad_output.mul(keep).mul_(ctx.scale), None
+
+
+def apply_dropout(hidden_states: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """`nn.functional.dropout`, with a faster mask on CPU (`_CpuDropout`); other devices use torch's own kernel."""
+    if not training or p == 0.0:
+        return hidden_states
+    if hidden_states.device.type != "cpu" or not 0.0 < p < 1.0:
+        return nn.functional.dropout(hidden_states, p=p, training=True)
+    return _CpuDropout.apply(hidden_states, p)
+
+
 # MKL's prepacked GEMM, the op torch's own compiler uses for CPU inference; absent builds fall back to F.linear.
 _MKL_PACKED_GEMM = torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
 # Above this many rows a GEMM is efficient unpacked, and packing again for each new batch shape would cost more.
@@ -105,7 +136,7 @@ def eager_attention_forward(
     if attention_mask is not None:
         scores = scores + attention_mask
     weights = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+    weights = apply_dropout(weights, dropout, module.training)
     output = torch.matmul(weights, value).transpose(1, 2).contiguous()
     return output, weights
 
@@ -197,7 +228,7 @@ class VaswaniFeedForward(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         hidden_states = nn.functional.relu(_project(self.fc1, hidden_states))
-        hidden_states = nn.functional.dropout(hidden_states, p=self.activation_dropout, training=self.training)
+        hidden_states = apply_dropout(hidden_states, self.activation_dropout, self.training)
         return _project(self.fc2, hidden_states)
 
 
@@ -210,7 +241,7 @@ class VaswaniSublayer(nn.Module):
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
     def forward(self, residual: torch.Tensor, sublayer_output: torch.Tensor) -> torch.Tensor:
-        dropped = nn.functional.dropout(sublayer_output, p=self.dropout, training=self.training)
+        dropped = apply_dropout(sublayer_output, self.dropout, self.training)
         return self.layer_norm(residual + dropped)
 
 
@@ -319,6 +350,7 @@ class _VaswaniStack(nn.Module):
     def __init__(self, config: VaswaniConfig):
         super().__init__()
         self.config = config
+        self.dropout = config.dropout  # P_drop after the embedding sums; training.set_dropout may change it
         self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
         self.embed_scale = math.sqrt(config.d_model)
         self.embed_positions = (
@@ -352,7 +384,7 @@ class _VaswaniStack(nn.Module):
             embeddings = embeddings + self.embed_positions(positions)
         else:
             embeddings = embeddings + self._sinusoids(past_length, length, embeddings)
-        return nn.functional.dropout(embeddings, p=self.config.dropout, training=self.training)
+        return apply_dropout(embeddings, self.dropout, self.training)
 
 
 class VaswaniEncoder(_VaswaniStack):

@@ -146,6 +146,16 @@ class RecipeArguments:
             "(a cooldown; 0 = Eq. (3) to the end, the paper's schedule)"
         },
     )
+    late_dropout: float | None = field(
+        default=None,
+        metadata={
+            "help": "with --time_budget_minutes and --late_dropout_minutes: P_drop for the budget's last minutes, "
+            "--dropout before ('late dropout', Liu et al., 2023: learn fast first, regularise once it memorises)"
+        },
+    )
+    late_dropout_minutes: float = field(
+        default=0.0, metadata={"help": "how many of the budget's last minutes train with --late_dropout"}
+    )
     average_last: int = field(
         default=5, metadata={"help": "publish the mean of the last K checkpoints (§6.1; 1 = the final weights)"}
     )
@@ -391,6 +401,45 @@ class WallClockCallback(TrainerCallback):
         self.last_save = time.monotonic()
 
 
+def set_dropout(model: torch.nn.Module, p: float) -> int:
+    """Sets P_drop of a vaswani_mt model in place: the dropout on every sublayer output and on the embedding sums
+    (§5.4), as `config.dropout` does at construction; attention and activation dropout stay. Returns how many
+    modules changed; raises for a model without them (another architecture, where `dropout` may mean another)."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {p}")
+    changed = 0
+    for module in model.modules():
+        if type(module).__name__ in ("VaswaniSublayer", "VaswaniEncoder", "VaswaniDecoder"):
+            module.dropout = p
+            changed += 1
+    if not changed:
+        raise ValueError(f"{type(model).__name__} has no vaswani_mt dropout to set (late dropout is for vaswani_mt)")
+    return changed
+
+
+class LateDropoutCallback(TrainerCallback):
+    """Raises P_drop to `dropout` once the budget has `minutes` left (on rank 0's clock, shared by all ranks through
+    `WallClockCallback`): "late dropout" (Liu et al., 2023, "Dropout Reduces Underfitting"), for a model that
+    learns fastest without much dropout but starts memorising its data before the budget ends."""
+
+    def __init__(self, clock: WallClockCallback, dropout: float, minutes: float):
+        if not clock.budget_seconds:
+            raise ValueError("late_dropout needs a time budget (--time_budget_minutes): it counts back from its end")
+        if not 0 < minutes <= clock.budget_seconds / 60:
+            raise ValueError(f"late_dropout_minutes must be in (0, budget], got {minutes}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"late_dropout must be in [0, 1), got {dropout}")
+        self.clock, self.dropout, self.start_seconds = clock, dropout, clock.budget_seconds - minutes * 60
+        self.switched_at: int | None = None
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        if self.switched_at is None and self.clock.elapsed >= self.start_seconds:
+            set_dropout(model, self.dropout)
+            self.switched_at = state.global_step
+            logger.info("late dropout: P_drop %s from step %d (minute %.1f)", self.dropout, state.global_step,
+                        self.clock.elapsed / 60)  # fmt: skip
+
+
 class CurvesCallback(TrainerCallback):
     """Keeps the logged curves and draws them to `training_curves.png` in the output folder."""
 
@@ -610,6 +659,13 @@ def run_training(
     resolve_precision(recipe, training_args)
     resolve_attention(model_args, training_args)
     clock = WallClockCallback(recipe.checkpoint_minutes, recipe.time_budget_minutes, recipe.cooldown_minutes)
+    late_dropout = None
+    if recipe.late_dropout is not None or recipe.late_dropout_minutes:
+        if recipe.late_dropout is None or not recipe.late_dropout_minutes:
+            raise ValueError("late dropout needs both --late_dropout P and --late_dropout_minutes M")
+        if model_factory is not None:
+            raise ValueError("late dropout sets vaswani_mt's dropout modules; another model_factory has none")
+        late_dropout = LateDropoutCallback(clock, recipe.late_dropout, recipe.late_dropout_minutes)
     set_seed(training_args.seed)  # before the model is built: its initial weights come from this seed
     output_dir = Path(training_args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -662,7 +718,7 @@ def run_training(
         max_tokens_per_batch=data_args.max_tokens_per_batch,
         lr_schedule=recipe.lr_schedule,
         lr_factor=clock.lr_factor if recipe.cooldown_minutes else None,
-        callbacks=[clock, CurvesCallback()],
+        callbacks=[clock, CurvesCallback()] + ([late_dropout] if late_dropout else []),
     )
 
     resume = training_args.resume_from_checkpoint
