@@ -5,11 +5,13 @@
 The paper's search is the model's own generation config (beam 4, GNMT length penalty alpha 0.6, at most input + 50
 tokens); greedy is the same with one beam. Each cell also gives chrF, the brevity penalty and the seconds spent.
 `--average_last` takes several K (`3,5,8`) and `--length_penalties` other alphas for beam 4 (`0.8,1.0`): the
-paper chose both on its dev set (§6.1), which `--split validation` gives.
+paper chose both on its dev set (§6.1), which `--split validation` gives. `--search` adds any other beam search
+given as `generate()` keyword arguments (repeatable): `--search length_penalty=1.2,no_repeat_ngram_size=3`,
+`--search max_len_a=1.2,max_len_b=5` (fairseq's per-sentence length limit a * |X| + b; the paper's is 1 * |X| + 50).
 
     python benchmarks/search_and_averaging.py outputs/ding-cpu --average_last 5 --json results.json
     python benchmarks/search_and_averaging.py outputs/ding-cpu --split validation --average_last 3,5,8 \
-        --length_penalties 0.8,1.0,1.2
+        --length_penalties 0.8,1.0,1.2 --search length_penalty=1.0,no_repeat_ngram_size=3
 """
 
 import argparse
@@ -27,6 +29,29 @@ from vaswani_mt.evaluation import evaluate_bleu
 SEARCHES = {"beam 4 (paper)": {}, "greedy": {"num_beams": 1}}
 
 
+def parse_search(text: str) -> dict:
+    """`length_penalty=1.2,no_repeat_ngram_size=3` -> {"length_penalty": 1.2, "no_repeat_ngram_size": 3}."""
+    kwargs = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise SystemExit(f"--search {text!r}: {item!r} is not KEY=VALUE")
+        value = value.strip()
+        if value.lower() in ("true", "false"):
+            kwargs[key.strip()] = value.lower() == "true"
+            continue
+        try:
+            kwargs[key.strip()] = int(value)
+        except ValueError:
+            try:
+                kwargs[key.strip()] = float(value)
+            except ValueError:
+                raise SystemExit(f"--search {text!r}: {value!r} is not a number or true/false") from None
+    if not kwargs:
+        raise SystemExit(f"--search {text!r}: no KEY=VALUE given")
+    return kwargs
+
+
 def score_run(
     run: Path,
     sources,
@@ -34,13 +59,16 @@ def score_run(
     average_last: int | list[int],
     batch_size: int = 64,
     length_penalties: list[float] = (),
+    searches: dict[str, dict] | None = None,
 ) -> list[dict]:
     checkpoints = list_checkpoints(run)
     if not checkpoints:
         raise SystemExit(f"{run}: no complete checkpoint-N folders")
+    extra = searches or {}
     searches = dict(SEARCHES)
     for alpha in length_penalties:
         searches[f"beam 4, alpha {alpha}"] = {"length_penalty": alpha}
+    searches.update({f"beam 4, {name}": kwargs for name, kwargs in extra.items()})
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         weights = {f"final ({checkpoints[-1].name})": checkpoints[-1]}
@@ -78,6 +106,9 @@ def main(argv=None) -> None:
     parser.add_argument("--split", default="test", choices=["validation", "test"])
     parser.add_argument("--average_last", default="5", help="K, or several: 3,5,8")
     parser.add_argument("--length_penalties", default="", help="also beam 4 with these GNMT alphas: 0.8,1.0")
+    parser.add_argument(
+        "--search", action="append", default=[], help="another beam-4 search as generate() kwargs: KEY=VALUE,KEY=VALUE"
+    )
     parser.add_argument("--max_samples", type=int, default=None)
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--json", help="also write the rows here")
@@ -88,7 +119,8 @@ def main(argv=None) -> None:
         sources, references = sources[: args.max_samples], references[: args.max_samples]
     average_last = [int(value) for value in args.average_last.split(",")]
     alphas = [float(value) for value in args.length_penalties.split(",") if value]
-    rows = score_run(Path(args.run), sources, references, average_last, args.batch_size, alphas)
+    searches = {text: parse_search(text) for text in args.search}
+    rows = score_run(Path(args.run), sources, references, average_last, args.batch_size, alphas, searches)
     print(f"\n{args.run}, {args.split} split ({len(sources)} sentences), sacreBLEU {rows[0]['signature']}\n")
     print("| weights | search | BLEU | chrF | BP | seconds |\n|---|---|---|---|---|---|")
     for row in rows:

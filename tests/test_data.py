@@ -9,6 +9,7 @@ import datasets
 import pytest
 
 from vaswani_mt.data import (
+    EXTRA_DATA_TAG,
     DataError,
     _cached_extraction,
     extract_ding_pairs,
@@ -143,6 +144,25 @@ def _jsonl(path, rows):
 
 
 PAIRS = [(f"Sentence number {i}.", f"Satz Nummer {i}.") for i in range(200)]
+
+
+def test_tag_extra_marks_the_extra_pairs_sources_and_nothing_else(tmp_path):
+    plain = load_corpus("ding+phrases", upsample_primary=2)
+    tagged = load_corpus("ding+phrases", upsample_primary=2, tag_extra=True)
+    sentences = 2 * len(load_ding("en", "de")["train"])
+    for split in ("validation", "test"):
+        assert tagged[split]["translation"] == plain[split]["translation"]
+    before, after = plain["train"]["translation"], tagged["train"]["translation"]
+    assert after[:sentences] == before[:sentences]  # the sentences as they were
+    assert len(after) == len(before)
+    for new, old in zip(after[sentences:], before[sentences:], strict=True):  # each phrase's source tagged, once
+        assert new == {"en": f"{EXTRA_DATA_TAG} {old['en']}", "de": old["de"]}
+    reverse = load_corpus("ding+phrases", source_lang="de", target_lang="en", tag_extra=True)["train"]["translation"]
+    assert reverse[-1]["de"].startswith(f"{EXTRA_DATA_TAG} ") and not reverse[-1]["en"].startswith("<")
+    with pytest.raises(DataError, match="tag_extra"):
+        load_corpus("ding", tag_extra=True)  # nothing to tag
+    with pytest.raises(DataError, match="tag_extra"):
+        load_corpus(str(_jsonl(tmp_path / "pairs.jsonl", [{"en": "A b.", "de": "A b."}])), tag_extra=True)
 
 
 def test_jsonl_tsv_and_plain_text_give_the_same_corpus(tmp_path):

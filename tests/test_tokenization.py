@@ -90,3 +90,16 @@ def test_bpe_dropout_collator_resegments_training_pairs_and_keeps_their_text(tok
     assert padded["input_ids"].shape == padded["attention_mask"].shape
     with pytest.raises(ValueError, match="BPE-dropout"):
         BPEDropoutCollator(tokenizer, 1.0, collator)
+
+
+def test_extra_special_tokens_follow_unk_are_never_split_and_survive_saving(tmp_path):
+    texts = [side for pair in SENTENCES for side in pair] * 3
+    tokenizer = train_tokenizer(texts, vocab_size=120, min_frequency=1, extra_special_tokens=["<extra>"])
+    assert len(tokenizer) <= 120 and tokenizer.convert_tokens_to_ids("<extra>") == 4
+    english = SENTENCES[0][0]
+    tagged, plain = tokenizer(f"<extra> {english}")["input_ids"], tokenizer(english)["input_ids"]
+    assert tagged == [4, *plain]  # one id for the tag, then the sentence exactly as without it
+    tokenizer.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert loaded(f"<extra> {english}")["input_ids"] == tagged
+    assert loaded.decode(tagged, skip_special_tokens=True) == english

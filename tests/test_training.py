@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import datasets
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -123,6 +124,23 @@ def test_late_dropout_switches_once_the_budget_has_its_minutes_left(tmp_path, mo
     with pytest.raises(ValueError, match="needs both"):
         training.run_training(*parse_args([str(config), "--output_dir", str(tmp_path / "x"), "--report_to", "none",
                                            "--dataset", str(tmp_path / "missing.jsonl")]))  # fmt: skip
+
+
+def test_tag_extra_gets_a_token_of_its_own_and_needs_a_tokenizer_that_has_it(tmp_path):
+    sentences = [{"en": "The house is small.", "de": "Das Haus ist klein."}] * 20
+    phrases = [{"en": "<extra> a small house", "de": "ein kleines Haus"}] * 20
+    corpus = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"translation": sentences + phrases})})
+    model_args, data_args, _, _ = parse_args(["--vocab_size", "200", "--tag_extra", "true"])
+    tokenizer = training.build_tokenizer(model_args, corpus, data_args, tmp_path)
+    assert tokenizer.convert_tokens_to_ids("<extra>") == 4
+    assert not [t for t in tokenizer.get_vocab() if "extra" in t and t != "<extra>"]  # BPE never saw the tag
+    assert tokenizer("<extra> a small house")["input_ids"][1:] == tokenizer("a small house")["input_ids"]
+    untagged = tmp_path / "untagged"
+    train_tokenizer(["a small house", "ein kleines Haus"] * 5, vocab_size=60, min_frequency=1).save_pretrained(untagged)
+    with pytest.raises(ValueError, match="has no special token <extra>"):
+        training.run_training(*parse_args(["--dataset", "ding+phrases", "--tag_extra", "true", "--tokenizer",
+                                           str(untagged), "--output_dir", str(tmp_path / "x"),
+                                           "--report_to", "none"]))  # fmt: skip
 
 
 def test_config_file_sets_options_and_command_line_wins(tmp_path):
@@ -473,15 +491,24 @@ def test_end_to_end_job_on_local_jsonl(tmp_path):
     table = tmp_path / "search.json"
     search_and_averaging.main([
         str(output), "--dataset", str(data), "--average_last", "2,3", "--length_penalties", "1.0",
-        "--max_samples", "12", "--json", str(table),
+        "--search", "max_len_a=0,max_len_b=1", "--max_samples", "12", "--json", str(table),
     ])  # fmt: skip
     rows = {(r["weights"].split(" (")[0], r["search"]): r for r in json.loads(table.read_text())["rows"]}
-    searches = ("beam 4 (paper)", "greedy", "beam 4, alpha 1.0")
+    searches = ("beam 4 (paper)", "greedy", "beam 4, alpha 1.0", "beam 4, max_len_a=0,max_len_b=1")
     assert set(rows) == {(w, s) for w in ("final", "mean of last 2", "mean of last 3") for s in searches}
     assert "checkpoint-4 .. checkpoint-8" in rows["mean of last 3", "greedy"]["weights"]
     assert "checkpoint-6 .. checkpoint-8" in rows["mean of last 2", "greedy"]["weights"]
     # the averaged model with the paper's search is what the job published and scored
     assert rows["mean of last 3", "beam 4 (paper)"]["bleu"] == round(results["test"]["score"], 2)
+    # --search reaches generate(): at most one token per sentence (its EOS) leaves nothing to score
+    assert rows["final", "beam 4, max_len_a=0,max_len_b=1"]["bleu"] == 0.0
+    with pytest.raises(SystemExit, match="'no_repeat_ngram_size' is not KEY=VALUE"):
+        search_and_averaging.parse_search("length_penalty=1.0,no_repeat_ngram_size")
+    assert search_and_averaging.parse_search("length_penalty=1.2,no_repeat_ngram_size=3,do_sample=false") == {
+        "length_penalty": 1.2,
+        "no_repeat_ngram_size": 3,
+        "do_sample": False,
+    }
 
 
 def test_marian_benchmark_runs_both_models_through_the_same_pipeline(tmp_path):

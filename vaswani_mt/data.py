@@ -10,6 +10,9 @@ Every corpus comes out in the Hub's translation convention, splits "train", "val
   training entries in the training split: five times the data for a model that has memorised the sentences.
   `"ding+dictionary"`: the same again, plus the single-word pairs of the training entries (`Aal` :: `eel`): every
   non-sentence pair of the training entries, for the words of the test sentences the other two never show.
+  With `tag_extra=True` each extra pair's source starts with the tag `<extra>` (`EXTRA_DATA_TAG`), so the model
+  can tell dictionary fragments from the sentences it is tested on (tagged back-translation's device, Caswell et
+  al., 2019); untagged input, all a user ever sends, asks for a sentence.
 - A local file: JSONL rows `{"translation": {...}}`, a TSV whose header names the languages, or a path prefix `P`
   with two aligned plain-text files `P.<src>` and `P.<tgt>`. Split deterministically by line.
 - A directory saved with `DatasetDict.save_to_disk`.
@@ -46,6 +49,8 @@ BUILTIN_CORPORA = {
     BUILTIN_CORPUS_WITH_PHRASES: "phrases",
     BUILTIN_CORPUS_WITH_DICTIONARY: "dictionary",
 }
+# Starts the source of each extra (non-sentence) training pair with tag_extra=True; a special token of the tokenizer.
+EXTRA_DATA_TAG = "<extra>"
 # Extra training data: the non-sentence pairs of extract_ding_phrases with at least this many words on each side.
 _EXTRA_MIN_WORDS = {"phrases": 2, "dictionary": 1}
 DING_PACKAGE = "trans-de-en"
@@ -217,6 +222,7 @@ def load_ding(
     seed: int = 0,
     extra: str | None = None,
     upsample_primary: int = 1,
+    tag_extra: bool = False,
 ) -> datasets.DatasetDict:
     """The built-in en-de corpus (about 19,200 sentence pairs), split by dictionary entry; cached after extraction.
 
@@ -225,10 +231,13 @@ def load_ding(
     sentences, and no phrase comes from a held-out entry. `upsample_primary=N` then puts each training sentence in
     the split N times against each phrase once (fairseq's `--upsample-primary`): the test split is sentences.
     `extra="dictionary"` (`--dataset ding+dictionary`) adds the single-word pairs of the training entries as well (about
-    270,000 more, `extract_ding_phrases(min_words=1)`), under the same rules.
+    270,000 more, `extract_ding_phrases(min_words=1)`), under the same rules. `tag_extra=True` starts each extra
+    pair's source with `EXTRA_DATA_TAG` (`<extra> to resign from a union`); the sentences stay as they are.
     """
     if extra is not None and extra not in _EXTRA_MIN_WORDS:
         raise DataError(f"extra must be one of {sorted(_EXTRA_MIN_WORDS)} or None, got {extra!r}")
+    if tag_extra and extra is None:
+        raise DataError("tag_extra needs extra data to tag (ding+phrases, ding+dictionary)")
     if upsample_primary < 1 or (upsample_primary > 1 and extra is None):
         raise DataError(
             "upsample_primary must be >= 1, and > 1 only with extra data (ding+phrases, ding+dictionary); "
@@ -242,7 +251,8 @@ def load_ding(
     if extra is not None:
         extracted = _cached_extraction(extra, partial(extract_ding_phrases, min_words=_EXTRA_MIN_WORDS[extra]))
         train = split_by_group([str(row["entry"]) for row in extracted], seed)["train"]
-        rows = [{source_lang: extracted[i][source_lang], target_lang: extracted[i][target_lang]} for i in train]
+        tag = f"{EXTRA_DATA_TAG} " if tag_extra else ""
+        rows = [{source_lang: tag + extracted[i][source_lang], target_lang: extracted[i][target_lang]} for i in train]
         added = datasets.Dataset.from_dict({"translation": rows}, features=corpus["train"].features)
         corpus["train"] = datasets.concatenate_datasets([corpus["train"]] * upsample_primary + [added])
     return corpus
@@ -350,20 +360,20 @@ def load_corpus(
     target_lang: str = "de",
     seed: int = 0,
     upsample_primary: int = 1,
+    tag_extra: bool = False,
 ) -> datasets.DatasetDict:
     """Loads `dataset` (see the module docstring) as train/validation/test in the translation convention.
 
     `upsample_primary` (> 1 only for `ding+phrases` and `ding+dictionary`): each training sentence that many
-    times per epoch.
+    times per epoch; `tag_extra` (the same two only) starts each extra pair's source with `EXTRA_DATA_TAG`.
     """
     if source_lang == target_lang:
         raise DataError(f"source and target language are both {source_lang!r}")
     if dataset in BUILTIN_CORPORA:
-        return load_ding(source_lang, target_lang, seed, BUILTIN_CORPORA[dataset], upsample_primary)
-    if upsample_primary != 1:
-        raise DataError(
-            f"--upsample_primary needs a corpus with extra data (ding+phrases, ding+dictionary), not {dataset!r}"
-        )
+        return load_ding(source_lang, target_lang, seed, BUILTIN_CORPORA[dataset], upsample_primary, tag_extra)
+    for name, value in (("upsample_primary", upsample_primary != 1), ("tag_extra", tag_extra)):
+        if value:
+            raise DataError(f"--{name} needs a corpus with extra data (ding+phrases, ding+dictionary), not {dataset!r}")
     pairs = _local_pairs(dataset, source_lang, target_lang)
     if pairs is not None:
         if not pairs:
@@ -412,6 +422,7 @@ __all__ = [
     "BUILTIN_CORPUS",
     "BUILTIN_CORPUS_WITH_DICTIONARY",
     "BUILTIN_CORPUS_WITH_PHRASES",
+    "EXTRA_DATA_TAG",
     "DataError",
     "extract_ding_pairs",
     "extract_ding_phrases",

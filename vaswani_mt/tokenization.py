@@ -11,7 +11,7 @@ follow fairseq's order: `<s>`=0, `<pad>`=1, `</s>`=2, `<unk>`=3.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
@@ -26,14 +26,17 @@ def train_tokenizer(
     limit_alphabet: int = 1000,
     model_max_length: int = 1024,
     split_punctuation: bool = False,
+    extra_special_tokens: Sequence[str] = (),
 ) -> PreTrainedTokenizerFast:
     """Learns a joint BPE vocabulary of at most `vocab_size` tokens from `texts` (source and target sentences).
 
     Returns a `PreTrainedTokenizerFast` that appends `</s>` to every sequence; `tok(src, text_target=tgt)` gives
     `input_ids` and `labels`. It saves `tokenizer.json` and loads back with `AutoTokenizer`. `split_punctuation`
     isolates each punctuation character (Unicode P*) before BPE, so no token mixes a word and a mark.
+    `extra_special_tokens` (such as the data tag `<extra>`, `vaswani_mt.data.EXTRA_DATA_TAG`) get the ids after
+    `<unk>`, are never split, and are dropped by `decode(..., skip_special_tokens=True)`.
     """
-    specials = list(SPECIAL_TOKENS.values())
+    specials = list(SPECIAL_TOKENS.values()) + [t for t in extra_special_tokens if t not in SPECIAL_TOKENS.values()]
     if vocab_size <= len(specials):
         raise ValueError(f"vocab_size must be larger than the {len(specials)} special tokens, got {vocab_size}")
     tokenizer = Tokenizer(models.BPE(unk_token=SPECIAL_TOKENS["unk_token"]))
@@ -66,8 +69,9 @@ def train_tokenizer(
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"$A {eos}", pair=f"$A {eos} $B {eos}", special_tokens=[(eos, tokenizer.token_to_id(eos))]
     )
+    extra = {"extra_special_tokens": specials[len(SPECIAL_TOKENS) :]} if len(specials) > len(SPECIAL_TOKENS) else {}
     return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, model_max_length=model_max_length, padding_side="right", **SPECIAL_TOKENS
+        tokenizer_object=tokenizer, model_max_length=model_max_length, padding_side="right", **SPECIAL_TOKENS, **extra
     )
 
 

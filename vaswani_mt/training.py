@@ -36,7 +36,14 @@ from transformers import (
 from .batching import TokenBudgetBatchSampler
 from .checkpoints import average_checkpoints, last_checkpoint, list_checkpoints
 from .configuration_vaswani import PRESETS, VaswaniConfig
-from .data import BUILTIN_CORPORA, BUILTIN_CORPUS, BUILTIN_CORPUS_WITH_DICTIONARY, load_corpus, source_target
+from .data import (
+    BUILTIN_CORPORA,
+    BUILTIN_CORPUS,
+    BUILTIN_CORPUS_WITH_DICTIONARY,
+    EXTRA_DATA_TAG,
+    load_corpus,
+    source_target,
+)
 from .evaluation import bleu, evaluate_bleu
 from .hub import render_model_card, widget_yaml
 from .modeling_vaswani import VaswaniForConditionalGeneration
@@ -122,6 +129,13 @@ class DataArguments:
     upsample_primary: int = field(
         default=1,
         metadata={"help": "ding+phrases/ding+dictionary: each training sentence N times per epoch (fairseq's)"},
+    )
+    tag_extra: bool = field(
+        default=False,
+        metadata={
+            "help": "ding+phrases/ding+dictionary: start each extra (non-sentence) pair's source with the special "
+            "token <extra>, so the model tells dictionary fragments from sentences (Caswell et al., 2019)"
+        },
     )
     max_train_samples: int | None = field(default=None, metadata={"help": "use only the first N training pairs"})
     max_eval_samples: int | None = field(default=None, metadata={"help": "use only the first N dev/test pairs"})
@@ -506,8 +520,15 @@ def build_tokenizer(model_args: ModelArguments, corpus, data_args: DataArguments
         logger.info("reusing this run's tokenizer from %s", saved)
         return AutoTokenizer.from_pretrained(saved)
     sources, targets = source_target(corpus["train"], data_args.source_lang, data_args.target_lang)
+    specials = []
+    if data_args.tag_extra:  # the tag is a token of its own, not text for BPE to learn merges from
+        specials = [EXTRA_DATA_TAG]
+        sources = [text.removeprefix(f"{EXTRA_DATA_TAG} ") for text in sources]
     tokenizer = train_tokenizer(
-        sources + targets, vocab_size=model_args.vocab_size, split_punctuation=model_args.split_punctuation
+        sources + targets,
+        vocab_size=model_args.vocab_size,
+        split_punctuation=model_args.split_punctuation,
+        extra_special_tokens=specials,
     )
     tmp = output_dir / "tokenizer.tmp"
     tokenizer.save_pretrained(tmp)
@@ -681,6 +702,7 @@ def run_training(
         data_args.source_lang,
         data_args.target_lang,
         upsample_primary=data_args.upsample_primary,
+        tag_extra=data_args.tag_extra,
     )
     if data_args.max_train_samples:
         corpus["train"] = corpus["train"].select(range(min(data_args.max_train_samples, len(corpus["train"]))))
@@ -691,6 +713,12 @@ def run_training(
 
     with training_args.main_process_first(desc="tokenizer"):
         tokenizer = build_tokenizer(model_args, corpus, data_args, output_dir)
+    if data_args.tag_extra and EXTRA_DATA_TAG not in tokenizer.all_special_tokens:
+        given = model_args.tokenizer or model_args.model_name_or_path or "this run's"
+        raise ValueError(
+            f"--tag_extra: the tokenizer ({given}) has no special token {EXTRA_DATA_TAG}, so BPE would split the tag; "
+            "train a new one (no --tokenizer)"
+        )
     tokenized = tokenize_corpus(corpus, tokenizer, data_args)
     model = (model_factory or build_model)(model_args, tokenizer)
     logger.info(
