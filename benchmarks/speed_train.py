@@ -491,33 +491,43 @@ def run_gemm_mode(args, record: MachineRecord) -> dict:
     return {"mode": "gemm", "cpu_flags": cpu, "products": rows_out}
 
 
-def run_attention_mode(args, record: MachineRecord) -> dict:
-    """Seconds per training step of ours with sdpa vs eager attention, float32 and bf16 autocast, per length."""
+def compare_two_ways(args, names: tuple[str, str], setup, title: str, mode: str) -> dict:
+    """Median ms per training step of two variants of ours (`setup(name, model, precision)` gives each variant's
+    step function of a batch), float32 and bf16 autocast, per length, interleaved."""
     config = model_config(args)
     rows_out = []
     for length in (int(value) for value in args.lengths.split(",")):
         batch = synthetic_batch(config, max(1, args.batch_tokens // length), length, args.seed)
         for precision in ("vaswani_mt", "vaswani_mt_bf16"):
             models = build_models(config, [precision] * 2, args.seed)
-            runs = {}
-            for implementation, model in zip(("sdpa", "eager"), models, strict=True):
-                model.set_attn_implementation(implementation)
-                step = make_step(precision, model, optimizer_for(model, args.lr))
-                runs[implementation] = functools.partial(step, batch)
+            runs = {
+                name: functools.partial(setup(name, model, precision), batch)
+                for name, model in zip(names, models, strict=True)
+            }
             times = interleave(runs, args.repeats, args.warmup)
-            sdpa, eager = (statistics.median(times[name]) for name in ("sdpa", "eager"))
+            first, second = (statistics.median(times[name]) for name in names)
             rows_out.append({
                 "precision": "bf16 autocast" if precision.endswith("_bf16") else "float32",
                 "length": length,
                 "pairs": batch["input_ids"].shape[0],
-                "sdpa_ms": sdpa * 1e3,
-                "eager_ms": eager * 1e3,
-                "sdpa / eager": sdpa / eager,
+                f"{names[0]}_ms": first * 1e3,
+                f"{names[1]}_ms": second * 1e3,
+                f"{names[0]} / {names[1]}": first / second,
             })  # fmt: skip
     shape = f"{args.preset}, vocab {config.vocab_size}, ~{args.batch_tokens} tokens per batch, dropout {config.dropout}"
-    print_table(f"Training step, sdpa vs eager attention ({shape}), {args.repeats} interleaved steps each", rows_out,
+    print_table(f"Training step, {title} ({shape}), {args.repeats} interleaved steps each", rows_out,
                 list(rows_out[0]))  # fmt: skip
-    return {"mode": "attention", "shape": shape, "rows": rows_out}
+    return {"mode": mode, "shape": shape, "rows": rows_out}
+
+
+def run_attention_mode(args, record: MachineRecord) -> dict:
+    """Seconds per training step of ours with sdpa vs eager attention, float32 and bf16 autocast, per length."""
+
+    def setup(implementation, model, precision):
+        model.set_attn_implementation(implementation)
+        return make_step(precision, model, optimizer_for(model, args.lr))
+
+    return compare_two_ways(args, ("sdpa", "eager"), setup, "sdpa vs eager attention", "attention")
 
 
 def torch_dropout(hidden_states: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -536,36 +546,17 @@ def with_dropout(function, step, batch: dict) -> float:
 
 def run_dropout_mode(args, record: MachineRecord) -> dict:
     """Seconds per training step of ours with torch's dropout vs the model's own, float32 and bf16, per length."""
-    config = model_config(args)
-    if config.dropout == 0.0:
+    if model_config(args).dropout == 0.0:
         raise SystemExit("--mode dropout compares dropout implementations: give a --dropout above 0")
-    rows_out = []
-    for length in (int(value) for value in args.lengths.split(",")):
-        batch = synthetic_batch(config, max(1, args.batch_tokens // length), length, args.seed)
-        for precision in ("vaswani_mt", "vaswani_mt_bf16"):
-            models = build_models(config, [precision] * 2, args.seed)
-            runs = {}
-            for name, function, model in zip(
-                ("torch", "ours"), (torch_dropout, modeling_vaswani.apply_dropout), models, strict=True
-            ):
-                # What `--attn_implementation auto` picks on a CPU (vaswani_mt.training.resolve_attention).
-                model.set_attn_implementation("eager" if precision.endswith("_bf16") else "sdpa")
-                step = make_step(precision, model, optimizer_for(model, args.lr))
-                runs[name] = functools.partial(with_dropout, function, step, batch)
-            times = interleave(runs, args.repeats, args.warmup)
-            torch_time, ours = (statistics.median(times[name]) for name in ("torch", "ours"))
-            rows_out.append({
-                "precision": "bf16 autocast" if precision.endswith("_bf16") else "float32",
-                "length": length,
-                "pairs": batch["input_ids"].shape[0],
-                "torch_dropout_ms": torch_time * 1e3,
-                "ours_ms": ours * 1e3,
-                "torch / ours": torch_time / ours,
-            })  # fmt: skip
-    shape = f"{args.preset}, vocab {config.vocab_size}, ~{args.batch_tokens} tokens per batch, dropout {config.dropout}"
-    print_table(f"Training step, torch's dropout vs ours ({shape}), {args.repeats} interleaved steps each", rows_out,
-                list(rows_out[0]))  # fmt: skip
-    return {"mode": "dropout", "shape": shape, "rows": rows_out}
+    functions = {"torch_dropout": torch_dropout, "ours": modeling_vaswani.apply_dropout}
+
+    def setup(name, model, precision):
+        # What `--attn_implementation auto` picks on a CPU (vaswani_mt.training.resolve_attention).
+        model.set_attn_implementation("eager" if precision.endswith("_bf16") else "sdpa")
+        step = make_step(precision, model, optimizer_for(model, args.lr))
+        return functools.partial(with_dropout, functions[name], step)
+
+    return compare_two_ways(args, tuple(functions), setup, "torch's dropout vs ours", "dropout")
 
 
 def main(argv=None) -> None:

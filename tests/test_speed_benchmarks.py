@@ -121,3 +121,20 @@ def test_gemm_mode_times_both_precisions_at_the_steps_shapes(bench, tmp_path):
     assert "output layer forward (24x32 @ 32x300)" in [row["product"] for row in result["products"]]
     assert all(row["float32 GFLOP/s"] > 0 and row["bf16 / fp32"] > 0 for row in products.values())
     assert set(result["cpu_flags"]) == {"amx_bf16", "amx_tile", "avx512_bf16", "avx512f"}
+
+
+@pytest.mark.parametrize(("mode", "names"), [("attention", ("sdpa", "eager")), ("dropout", ("torch_dropout", "ours"))])
+def test_two_way_step_modes_time_both_variants_per_precision_and_length(bench, tmp_path, mode, names):
+    out = tmp_path / f"{mode}.json"
+    bench("speed_train").main(
+        ["--mode", mode, "--preset", "tiny", "--vocab_size", "300", "--lengths", "4,8", "--batch_tokens", "32",
+         "--dropout", "0.1", "--repeats", "2", "--warmup", "1", "--threads", "1", "--json", str(out)]
+    )  # fmt: skip
+    rows = json.loads(out.read_text())["rows"]
+    assert [(row["precision"], row["length"], row["pairs"]) for row in rows] == [
+        ("float32", 4, 8), ("bf16 autocast", 4, 8), ("float32", 8, 4), ("bf16 autocast", 8, 4)
+    ]  # fmt: skip
+    first, second = names
+    for row in rows:
+        assert row[f"{first}_ms"] > 0 and row[f"{second}_ms"] > 0
+        assert row[f"{first} / {second}"] == pytest.approx(row[f"{first}_ms"] / row[f"{second}_ms"])
