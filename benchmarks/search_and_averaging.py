@@ -33,20 +33,13 @@ def parse_search(text: str) -> dict:
     """`length_penalty=1.2,no_repeat_ngram_size=3` -> {"length_penalty": 1.2, "no_repeat_ngram_size": 3}."""
     kwargs = {}
     for item in filter(None, text.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip() or not value.strip():
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or not key or not value:
             raise SystemExit(f"--search {text!r}: {item!r} is not KEY=VALUE")
-        value = value.strip()
-        if value.lower() in ("true", "false"):
-            kwargs[key.strip()] = value.lower() == "true"
-            continue
         try:
-            kwargs[key.strip()] = int(value)
-        except ValueError:
-            try:
-                kwargs[key.strip()] = float(value)
-            except ValueError:
-                raise SystemExit(f"--search {text!r}: {value!r} is not a number or true/false") from None
+            kwargs[key] = json.loads(value)  # 3, 1.2, true, false
+        except json.JSONDecodeError:
+            raise SystemExit(f"--search {text!r}: {value!r} is not a number or true/false") from None
     if not kwargs:
         raise SystemExit(f"--search {text!r}: no KEY=VALUE given")
     return kwargs
@@ -56,23 +49,19 @@ def score_run(
     run: Path,
     sources,
     references,
-    average_last: int | list[int],
+    average_last: list[int],
     batch_size: int = 64,
-    length_penalties: list[float] = (),
-    searches: dict[str, dict] | None = None,
+    searches: dict[str, dict] = SEARCHES,
 ) -> list[dict]:
+    """One row per (weights, search): the final checkpoint and the mean of each last K, each with every search
+    (name -> `generate()` keyword arguments)."""
     checkpoints = list_checkpoints(run)
     if not checkpoints:
         raise SystemExit(f"{run}: no complete checkpoint-N folders")
-    extra = searches or {}
-    searches = dict(SEARCHES)
-    for alpha in length_penalties:
-        searches[f"beam 4, alpha {alpha}"] = {"length_penalty": alpha}
-    searches.update({f"beam 4, {name}": kwargs for name, kwargs in extra.items()})
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         weights = {f"final ({checkpoints[-1].name})": checkpoints[-1]}
-        for last in [average_last] if isinstance(average_last, int) else average_last:
+        for last in average_last:
             if last > 1 and len(checkpoints) > 1:
                 used = checkpoints[-last:]
                 weights[f"mean of last {len(used)} ({used[0].name} .. {used[-1].name})"] = average_checkpoints(
@@ -118,9 +107,11 @@ def main(argv=None) -> None:
     if args.max_samples:
         sources, references = sources[: args.max_samples], references[: args.max_samples]
     average_last = [int(value) for value in args.average_last.split(",")]
-    alphas = [float(value) for value in args.length_penalties.split(",") if value]
-    searches = {text: parse_search(text) for text in args.search}
-    rows = score_run(Path(args.run), sources, references, average_last, args.batch_size, alphas, searches)
+    searches = dict(SEARCHES)
+    for alpha in filter(None, args.length_penalties.split(",")):
+        searches[f"beam 4, alpha {float(alpha)}"] = {"length_penalty": float(alpha)}
+    searches.update({f"beam 4, {text}": parse_search(text) for text in args.search})
+    rows = score_run(Path(args.run), sources, references, average_last, args.batch_size, searches)
     print(f"\n{args.run}, {args.split} split ({len(sources)} sentences), sacreBLEU {rows[0]['signature']}\n")
     print("| weights | search | BLEU | chrF | BP | seconds |\n|---|---|---|---|---|---|")
     for row in rows:

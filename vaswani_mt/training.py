@@ -422,7 +422,7 @@ def set_dropout(model: torch.nn.Module, p: float) -> int:
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {p}")
     changed = 0
-    for module in model.modules():
+    for module in model.modules():  # by name: a model loaded as Hub remote code has its own copies of the classes
         if type(module).__name__ in ("VaswaniSublayer", "VaswaniEncoder", "VaswaniDecoder"):
             module.dropout = p
             changed += 1
