@@ -2,8 +2,8 @@
 """What checkpoint averaging (§6.1) and beam search (§6.1) each add: test sacreBLEU of one training run for
 {the final checkpoint, the mean of its last K checkpoints} x {the paper's beam search, greedy search}.
 
-The paper's search is the model's own generation config (beam 4, GNMT length penalty alpha 0.6, at most input + 50
-tokens); greedy is the same with one beam. Each cell also gives chrF, the brevity penalty and the seconds spent.
+The paper's search is beam 4, GNMT length penalty alpha 0.6, at most input + 50 tokens; greedy is the same with one
+beam; a run that saved another search in its generation config (train.py `--length_penalty`) also gets a row for it. Each cell also gives chrF, the brevity penalty and the seconds spent.
 `--average_last` takes several K (`3,5,8`) and `--length_penalties` other alphas for beam 4 (`0.8,1.0`): the
 paper chose both on its dev set (§6.1), which `--split validation` gives. `--search` adds any other beam search
 given as `generate()` keyword arguments (repeatable): `--search length_penalty=1.2,no_repeat_ngram_size=3`,
@@ -20,13 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
 
 from vaswani_mt.checkpoints import average_checkpoints, list_checkpoints
 from vaswani_mt.data import BUILTIN_CORPUS, load_corpus, source_target
 from vaswani_mt.evaluation import evaluate_bleu
 
-SEARCHES = {"beam 4 (paper)": {}, "greedy": {"num_beams": 1}}
+SEARCHES = {"beam 4 (paper)": {"num_beams": 4, "length_penalty": 0.6}, "greedy": {"num_beams": 1}}
 
 
 def parse_search(text: str) -> dict:
@@ -43,6 +43,17 @@ def parse_search(text: str) -> dict:
     if not kwargs:
         raise SystemExit(f"--search {text!r}: no KEY=VALUE given")
     return kwargs
+
+
+def saved_search(run: Path) -> str | None:
+    """The row name of the search a run saved in its generation config, when it is not the paper's."""
+    checkpoints = list_checkpoints(run)
+    if not checkpoints:
+        return None
+    config = GenerationConfig.from_pretrained(checkpoints[-1])
+    if (config.num_beams, config.length_penalty) == (4, 0.6):
+        return None
+    return f"beam {config.num_beams}, alpha {config.length_penalty} (saved)"
 
 
 def score_run(
@@ -108,6 +119,9 @@ def main(argv=None) -> None:
         sources, references = sources[: args.max_samples], references[: args.max_samples]
     average_last = [int(value) for value in args.average_last.split(",")]
     searches = dict(SEARCHES)
+    saved = saved_search(Path(args.run))
+    if saved is not None:
+        searches[saved] = {}  # the model's own generation config
     for alpha in filter(None, args.length_penalties.split(",")):
         searches[f"beam 4, alpha {float(alpha)}"] = {"length_penalty": float(alpha)}
     searches.update({f"beam 4, {text}": parse_search(text) for text in args.search})

@@ -105,7 +105,7 @@ def fit_tiny_model(tokenizer, steps: int = 40, seed: int = 0) -> vaswani_mt.Vasw
 
 def card_values(model, tokenizer, score: dict, examples: list[str]) -> dict:
     """The values training fills the model card with (`training._card_values`), for a model fitted in a test."""
-    from vaswani_mt.hub import widget_yaml
+    from vaswani_mt.hub import search_summary, widget_yaml
 
     config = model.config
     return {
@@ -137,6 +137,7 @@ def card_values(model, tokenizer, score: dict, examples: list[str]) -> dict:
         "bleu": round(score["score"], 2),
         "chrf": round(score["chrf"], 2),
         "signature": score["signature"],
+        "search": search_summary(model.generation_config),
         "command": "pytest tests/",
         "limitations": "A test model: it knows six sentences.",
         "repo_id": "USER/vaswani-mt-tiny-en-de",

@@ -1,6 +1,7 @@
 """Hub publishing: the card's YAML holds every field the Hub reads, the dry-run folder loads in a fresh process
 without vaswani_mt, the Marian variant says what it is, and upload failures say why and keep the folder."""
 
+import copy
 import json
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from vaswani_mt.hub import (
     check_card,
     check_hub_folder,
     render_model_card,
+    search_summary,
     split_card,
     upload_folder,
 )
@@ -42,6 +44,17 @@ def test_rendered_card_yaml_parses_and_holds_every_field(model, tokenizer):
         assert section in body
     assert "pytest tests/" in body and "@inproceedings{vaswani2017attention" in body
     assert 'pipeline("translation", model="USER/vaswani-mt-tiny-en-de", trust_remote_code=True)' in body
+
+
+def test_card_states_the_saved_search_and_whether_it_is_the_papers(model, tokenizer):
+    body = split_card(render_model_card(card_values(model, tokenizer, SCORE, EXAMPLES)))[1]
+    assert "Search: beam 4, GNMT length penalty α = 0.6, maximum length = input + 50 (§6.1)." in body
+    config = copy.deepcopy(model.generation_config)
+    config.length_penalty, config.max_len_a, config.max_len_b = 1.2, 1.2, 4
+    assert search_summary(config) == (
+        "beam 4, GNMT length penalty α = 1.2, maximum length = 1.2 x input + 4 (the paper's, §6.1: beam 4, α = 0.6, "
+        "input + 50)"
+    )
 
 
 def test_card_check_names_what_is_missing(model, tokenizer):

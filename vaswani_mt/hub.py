@@ -73,9 +73,23 @@ batch = tokenizer([{text}], return_tensors="pt")
 print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
 ```
 
-`generate()` defaults to the paper's search (§6.1): beam 4, GNMT length penalty α = 0.6, maximum output length =
-input length + 50. The pipeline cuts a source longer than `max_position_embeddings` (1024 tokens) with a warning,
+`generate()` defaults to the search saved in `generation_config.json`, given under Results (the paper's, §6.1: beam
+4, GNMT length penalty α = 0.6, maximum output length = input length + 50). The pipeline cuts a source longer than `max_position_embeddings` (1024 tokens) with a warning,
 translates an empty line to "", and names characters outside the vocabulary (they become `<unk>`)."""
+
+
+PAPER_SEARCH = {"num_beams": 4, "length_penalty": 0.6, "max_len_a": 1, "max_len_b": 50}
+
+
+def search_summary(generation_config) -> str:
+    """The card's words for the beam search a model's generation config runs, and whether it is the paper's."""
+    values = {key: getattr(generation_config, key, None) for key in PAPER_SEARCH}
+    a = values["max_len_a"]
+    length = f"{'' if a == 1 else f'{a} x '}input + {values['max_len_b']}"
+    text = f"beam {values['num_beams']}, GNMT length penalty α = {values['length_penalty']}, maximum length = {length}"
+    if values == PAPER_SEARCH:
+        return f"{text} (§6.1)"
+    return f"{text} (the paper's, §6.1: beam 4, α = 0.6, input + 50)"
 
 
 def render_model_card(values: dict, template: str | None = None) -> str:
@@ -354,6 +368,7 @@ __all__ = [
     "model_card_template",
     "publish",
     "render_model_card",
+    "search_summary",
     "split_card",
     "upload_folder",
     "usage_section",

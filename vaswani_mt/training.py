@@ -45,7 +45,7 @@ from .data import (
     source_target,
 )
 from .evaluation import bleu, evaluate_bleu
-from .hub import render_model_card, widget_yaml
+from .hub import render_model_card, search_summary, widget_yaml
 from .modeling_vaswani import VaswaniForConditionalGeneration
 from .tokenization import BPEDropoutCollator, train_tokenizer
 
@@ -172,6 +172,13 @@ class RecipeArguments:
     )
     average_last: int = field(
         default=5, metadata={"help": "publish the mean of the last K checkpoints (§6.1; 1 = the final weights)"}
+    )
+    length_penalty: float | None = field(
+        default=None,
+        metadata={
+            "help": "GNMT length penalty alpha saved in the model's generation_config.json: the test BLEU and every "
+            "later generate() (translate, evaluate, pipeline, Hub) search with it; default: the paper's 0.6 (§6.1)"
+        },
     )
     eval_bleu: bool = field(default=False, metadata={"help": "dev-set BLEU at each evaluation during training"})
     test_bleu: bool = field(default=True, metadata={"help": "sacreBLEU on the test split at the end"})
@@ -677,6 +684,8 @@ def run_training(
     loss, label-smoothed by the Trainer when `--label_smoothing_factor` is set.
     """
     started = time.monotonic()
+    if recipe.length_penalty is not None and not 0.0 <= recipe.length_penalty < float("inf"):
+        raise ValueError(f"--length_penalty (GNMT alpha) must be a number >= 0, got {recipe.length_penalty}")
     resolve_precision(recipe, training_args)
     resolve_attention(model_args, training_args)
     clock = WallClockCallback(recipe.checkpoint_minutes, recipe.time_budget_minutes, recipe.cooldown_minutes)
@@ -721,6 +730,8 @@ def run_training(
         )
     tokenized = tokenize_corpus(corpus, tokenizer, data_args)
     model = (model_factory or build_model)(model_args, tokenizer)
+    if recipe.length_penalty is not None:
+        model.generation_config.length_penalty = recipe.length_penalty
     logger.info(
         "model: preset %s, %.1fM parameters", model_args.preset, sum(p.numel() for p in model.parameters()) / 1e6
     )
@@ -855,6 +866,7 @@ def _card_values(model, tokenizer, model_args, data_args, recipe, training_args,
         "bleu": round(test["score"], 2) if test else "null",
         "chrf": round(test["chrf"], 2) if test else "not evaluated",
         "signature": test.get("signature", "not evaluated"),
+        "search": search_summary(model.generation_config),
         "command": command or "scripts/train.py",
         "limitations": "Trained on short dictionary example sentences (about 8 words): expect poor output on long, "
         "technical or informal text, and on names and numbers the dictionary does not contain."
