@@ -3,7 +3,8 @@
 {the final checkpoint, the mean of its last K checkpoints} x {the paper's beam search, greedy search}.
 
 The paper's search is beam 4, GNMT length penalty alpha 0.6, at most input + 50 tokens; greedy is the same with one
-beam; a run that saved another search in its generation config (train.py `--length_penalty`) also gets a row for it. Each cell also gives chrF, the brevity penalty and the seconds spent.
+beam; a run that saved another search in its generation config (train.py `--length_penalty`) also gets a row for
+it. Each cell also gives chrF, the brevity penalty and the seconds spent.
 `--average_last` takes several K (`3,5,8`) and `--length_penalties` other alphas for beam 4 (`0.8,1.0`): the
 paper chose both on its dev set (§6.1), which `--split validation` gives. `--search` adds any other beam search
 given as `generate()` keyword arguments (repeatable): `--search length_penalty=1.2,no_repeat_ngram_size=3`,

@@ -179,7 +179,7 @@ def test_the_main_jobs_config_parses_and_keeps_the_30_minute_budget():
     assert (model_args.preset, data_args.dataset, recipe.auto_bf16) == ("small", "ding+phrases", True)
     assert recipe.time_budget_minutes <= 27 and recipe.average_last == 5
     assert recipe.length_penalty == 1.2  # chosen on the dev split (benchmarks/RESULTS.md, sixth session)
-    with pytest.raises(ValueError, match="--length_penalty .* must be a number >= 0, got -1.0"):
+    with pytest.raises(ValueError, match=r"--length_penalty .* must be a number >= 0, got -1\.0"):
         training.run_training(*parse_args([str(ROOT / "configs" / "ding_cpu.yaml"), "--length_penalty", "-1"]))
     assert not training_args.bf16  # decided at run time by resolve_precision, from the hardware
 
@@ -502,7 +502,9 @@ def test_end_to_end_job_on_local_jsonl(tmp_path):
         "--search", "max_len_a=0,max_len_b=1", "--max_samples", "12", "--json", str(table),
     ])  # fmt: skip
     rows = {(r["weights"].split(" (")[0], r["search"]): r for r in json.loads(table.read_text())["rows"]}
-    searches = ("beam 4 (paper)", "greedy", "beam 4, alpha 0.9 (saved)", "beam 4, alpha 1.0", "beam 4, max_len_a=0,max_len_b=1")
+    searches = (
+        "beam 4 (paper)", "greedy", "beam 4, alpha 0.9 (saved)", "beam 4, alpha 1.0", "beam 4, max_len_a=0,max_len_b=1"
+    )  # fmt: skip
     assert set(rows) == {(w, s) for w in ("final", "mean of last 2", "mean of last 3") for s in searches}
     assert "checkpoint-4 .. checkpoint-8" in rows["mean of last 3", "greedy"]["weights"]
     assert "checkpoint-6 .. checkpoint-8" in rows["mean of last 2", "greedy"]["weights"]

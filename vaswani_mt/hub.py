@@ -74,8 +74,9 @@ print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
 ```
 
 `generate()` defaults to the search saved in `generation_config.json`, given under Results (the paper's, §6.1: beam
-4, GNMT length penalty α = 0.6, maximum output length = input length + 50). The pipeline cuts a source longer than `max_position_embeddings` (1024 tokens) with a warning,
-translates an empty line to "", and names characters outside the vocabulary (they become `<unk>`)."""
+4, GNMT length penalty α = 0.6, maximum output length = input length + 50). The pipeline cuts a source longer
+than `max_position_embeddings` (1024 tokens) with a warning, translates an empty line to "", and names characters
+outside the vocabulary (they become `<unk>`)."""
 
 
 PAPER_SEARCH = {"num_beams": 4, "length_penalty": 0.6, "max_len_a": 1, "max_len_b": 50}
