@@ -12,7 +12,7 @@ import datasets
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import TrainerControl
+from transformers import TrainerControl, TrainerState
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration, training
 from vaswani_mt.checkpoints import average_checkpoints, last_checkpoint, list_checkpoints
@@ -407,6 +407,44 @@ def test_killed_run_resumes_from_its_last_complete_checkpoint(tmp_path):
     assert f"resuming from {survivor}" in result.stderr
     assert "ignoring" in result.stderr and "checkpoint-999999" in result.stderr
     assert json.loads((output / "trainer_state.json").read_text())["global_step"] == step + 2
+
+
+def test_the_time_budget_counts_on_after_a_resume_and_a_spent_budget_trains_no_further(tmp_path):
+    clock = training.WallClockCallback(checkpoint_minutes=1.5, budget_minutes=10)
+    clock.elapsed = 590.0
+    resumed = training.WallClockCallback(checkpoint_minutes=1.5, budget_minutes=10)
+    resumed.on_train_begin(None, TrainerState(stateful_callbacks=[clock]), TrainerControl())
+    assert resumed.elapsed == 590.0 and training.trained_seconds(TrainerState()) == 0.0
+    assert not resumed.on_step_end(None, TrainerState(), TrainerControl()).should_training_stop
+    resumed.start -= 10.0  # ten more seconds: the budget's 600 are spent
+    assert resumed.on_step_end(None, TrainerState(), TrainerControl()).should_training_stop
+
+    data = _write_jsonl(tmp_path / "pairs.jsonl", count=60)
+    output = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    budget = ["--time_budget_minutes", "0.5", "--checkpoint_minutes", "0.4"]
+    first = subprocess.run(_train_command(data, output, "--max_steps", "4", *budget), env=env, capture_output=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = training.trained_seconds(TrainerState.load_from_json(str(output / "checkpoint-4" / "trainer_state.json")))
+    assert 0.0 < before < 30.0
+    second = subprocess.run(_train_command(data, output, "--max_steps", "6", *budget), env=env, capture_output=True,
+                            text=True)  # fmt: skip
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"resuming from {output / 'checkpoint-4'} ({before / 60:.1f} minutes trained)" in second.stderr
+    after = training.trained_seconds(TrainerState.load_from_json(str(output / "checkpoint-6" / "trainer_state.json")))
+    assert after > before  # counted on from the first run's seconds, not from 0
+
+    # a run whose budget is spent (here: recorded as spent) is scored again, not trained one step further
+    state_file = output / "checkpoint-6" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    state["stateful_callbacks"]["WallClockCallback"]["attributes"]["trained_seconds"] = 30.0
+    state_file.write_text(json.dumps(state))
+    third = subprocess.run(_train_command(data, output, "--max_steps", "100", *budget), env=env, capture_output=True,
+                           text=True)  # fmt: skip
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "trained the whole time budget (0.5 minutes): no more training" in third.stderr
+    assert [c.name for c in list_checkpoints(output)] == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    assert json.loads((output / "trainer_state.json").read_text())["global_step"] == 6
 
 
 def test_averaging_writes_the_mean_of_the_last_k_checkpoints(tmp_path):

@@ -30,8 +30,10 @@ from transformers import (
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
     TrainerCallback,
+    TrainerState,
     set_seed,
 )
+from transformers.trainer_callback import ExportableState
 
 from .batching import TokenBudgetBatchSampler
 from .checkpoints import average_checkpoints, last_checkpoint, list_checkpoints
@@ -368,9 +370,12 @@ class _SamplerEpochCallback(TrainerCallback):
             self.trainer.token_sampler.set_epoch(math.floor(state.epoch + 1e-6) if state.epoch else 0)
 
 
-class WallClockCallback(TrainerCallback):
+class WallClockCallback(TrainerCallback, ExportableState):
     """Saves a checkpoint every `checkpoint_minutes` (the paper: 10) and stops, with a checkpoint, once
     `budget_minutes` have passed. All processes take the same decision (rank 0's clock).
+
+    Each checkpoint's trainer_state.json records the seconds trained so far (`state()`), and a resumed run counts
+    on from there: a crashed run finishes the budget it had left, not a new one (`trained_seconds`).
 
     `cooldown_minutes` (with a budget): `lr_factor()` falls linearly from 1 to 0 over the budget's last minutes, for
     `VaswaniTrainer(lr_factor=...)`. Eq. (3) alone still runs at half its peak when a half-hour budget ends, so the
@@ -391,9 +396,20 @@ class WallClockCallback(TrainerCallback):
         self.start = self.last_save = time.monotonic()
         self.elapsed = 0.0  # seconds of training on rank 0's clock at the last step
 
+    def state(self) -> dict:
+        return {
+            "args": {
+                "checkpoint_minutes": self.checkpoint_seconds / 60 if self.checkpoint_seconds else None,
+                "budget_minutes": self.budget_seconds / 60 if self.budget_seconds else None,
+                "cooldown_minutes": self.cooldown_seconds / 60,
+            },
+            "attributes": {"trained_seconds": round(self.elapsed, 3)},
+        }
+
     def on_train_begin(self, args, state, control, **kwargs):
-        self.start = self.last_save = time.monotonic()
-        self.elapsed = 0.0
+        self.elapsed = trained_seconds(state)  # 0 unless resumed from a checkpoint that recorded it
+        self.start = time.monotonic() - self.elapsed
+        self.last_save = time.monotonic()
 
     def lr_factor(self) -> float:
         if not self.cooldown_seconds:
@@ -420,6 +436,14 @@ class WallClockCallback(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         self.last_save = time.monotonic()
+
+
+def trained_seconds(state: TrainerState) -> float:
+    """Seconds of training a (resumed) TrainerState records, on WallClockCallback's clock; 0 when it has none."""
+    saved = (state.stateful_callbacks or {}).get(WallClockCallback.__name__)
+    if isinstance(saved, list):
+        saved = saved[-1] if saved else None
+    return float(((saved or {}).get("attributes") or {}).get("trained_seconds", 0.0))
 
 
 def set_dropout(model: torch.nn.Module, p: float) -> int:
@@ -766,14 +790,25 @@ def run_training(
         if found is None and resume not in (None, ""):
             logger.warning("no complete checkpoint in %s to resume from; starting fresh", output_dir)
         resume = str(found) if found is not None else None
-    if resume:
-        logger.info("resuming from %s", resume)
-    train_result = trainer.train(resume_from_checkpoint=resume)
+    if training_args.restore_callback_states_from_checkpoint:
+        # Trainer would replace the clock by a copy that lr_factor and late dropout do not see; it restores itself.
+        logger.warning("--restore_callback_states_from_checkpoint ignored: the wall clock resumes on its own")
+        training_args.restore_callback_states_from_checkpoint = False
+    spent = trained_seconds(TrainerState.load_from_json(str(Path(resume, "trainer_state.json")))) if resume else 0.0
+    if resume and clock.budget_seconds and spent >= clock.budget_seconds:
+        # A finished run started again: it trains no further (not even one step), it is scored again.
+        logger.info("%s trained the whole time budget (%.1f minutes): no more training", resume, spent / 60)
+        trainer.state = TrainerState.load_from_json(str(Path(resume, "trainer_state.json")))
+        train_metrics = {}
+    else:
+        if resume:
+            logger.info("resuming from %s (%.1f minutes trained)", resume, spent / 60)
+        train_metrics = trainer.train(resume_from_checkpoint=resume).metrics
     trainer.save_state()
     trainer.leave_process_group()  # from here on rank 0 works alone, and the other ranks exit cleanly
     train_seconds = time.monotonic() - started
 
-    result: dict = {"train": train_result.metrics, "output_dir": str(output_dir)}
+    result: dict = {"train": train_metrics, "output_dir": str(output_dir)}
     if not trainer.is_world_process_zero():
         return result
 
