@@ -438,9 +438,9 @@ class WallClockCallback(TrainerCallback, ExportableState):
         self.last_save = time.monotonic()
 
 
-def trained_seconds(state: TrainerState) -> float:
+def trained_seconds(state: TrainerState | None) -> float:
     """Seconds of training a (resumed) TrainerState records, on WallClockCallback's clock; 0 when it has none."""
-    saved = (state.stateful_callbacks or {}).get(WallClockCallback.__name__)
+    saved = (getattr(state, "stateful_callbacks", None) or {}).get(WallClockCallback.__name__)
     if isinstance(saved, list):
         saved = saved[-1] if saved else None
     return float(((saved or {}).get("attributes") or {}).get("trained_seconds", 0.0))
