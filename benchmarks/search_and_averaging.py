@@ -26,8 +26,9 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
 from vaswani_mt.checkpoints import average_checkpoints, list_checkpoints
 from vaswani_mt.data import BUILTIN_CORPUS, load_corpus, source_target
 from vaswani_mt.evaluation import evaluate_bleu
+from vaswani_mt.modeling_vaswani import PAPER_SEARCH
 
-SEARCHES = {"beam 4 (paper)": {"num_beams": 4, "length_penalty": 0.6}, "greedy": {"num_beams": 1}}
+SEARCHES = {"beam 4 (paper)": dict(PAPER_SEARCH), "greedy": {**PAPER_SEARCH, "num_beams": 1}}
 
 
 def parse_search(text: str) -> dict:
@@ -52,7 +53,7 @@ def saved_search(run: Path) -> str | None:
     if not checkpoints:
         return None
     config = GenerationConfig.from_pretrained(checkpoints[-1])
-    if (config.num_beams, config.length_penalty) == (4, 0.6):
+    if all(getattr(config, key, None) == value for key, value in PAPER_SEARCH.items()):
         return None
     return f"beam {config.num_beams}, alpha {config.length_penalty} (saved)"
 

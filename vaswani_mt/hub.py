@@ -79,11 +79,10 @@ than `max_position_embeddings` (1024 tokens) with a warning, translates an empty
 outside the vocabulary (they become `<unk>`)."""
 
 
-PAPER_SEARCH = {"num_beams": 4, "length_penalty": 0.6, "max_len_a": 1, "max_len_b": 50}
-
-
 def search_summary(generation_config) -> str:
     """The card's words for the beam search a model's generation config runs, and whether it is the paper's."""
+    from .modeling_vaswani import PAPER_SEARCH
+
     values = {key: getattr(generation_config, key, None) for key in PAPER_SEARCH}
     a = values["max_len_a"]
     length = f"{'' if a == 1 else f'{a} x '}input + {values['max_len_b']}"

@@ -572,6 +572,11 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     return shifted.masked_fill(shifted == -100, pad_token_id)
 
 
+# §6.1's search, the generation config every new model starts with: beam size 4, GNMT length penalty alpha 0.6,
+# at most max_len_a * |X| + max_len_b output tokens (fairseq's names) = input length + 50.
+PAPER_SEARCH = {"num_beams": 4, "length_penalty": 0.6, "max_len_a": 1, "max_len_b": 50}
+
+
 def gnmt_length_penalty(length: int | torch.Tensor, alpha: float) -> float | torch.Tensor:
     """§6.1 and Wu et al. (2016): `lp(Y) = ((5 + |Y|) / (5 + 1))^alpha`; beam scores are `log P(Y|X) / lp(Y)`."""
     return ((5.0 + length) / 6.0) ** alpha
@@ -681,11 +686,9 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         # §6.1: beam size 4, length penalty alpha = 0.6 (GNMT formula, see `_update_finished_beams`), maximum
         # output length = input length + 50 (fairseq's names: max_len_a * |X| + max_len_b), terminating early when
         # no running hypothesis can still beat the finished ones.
-        self.generation_config.num_beams = 4
-        self.generation_config.length_penalty = 0.6
+        for key, value in PAPER_SEARCH.items():
+            setattr(self.generation_config, key, value)
         self.generation_config.early_stopping = "never"
-        self.generation_config.max_len_a = 1
-        self.generation_config.max_len_b = 50
         # These are our own settings, not copies of the model config: without this, loading drops max_len_a/b.
         self.generation_config._from_model_config = False
 
@@ -890,6 +893,7 @@ VaswaniForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
 
 
 __all__ = [
+    "PAPER_SEARCH",
     "PerSentenceMaxLength",
     "VaswaniForConditionalGeneration",
     "VaswaniModel",

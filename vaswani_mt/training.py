@@ -794,11 +794,12 @@ def run_training(
         # Trainer would replace the clock by a copy that lr_factor and late dropout do not see; it restores itself.
         logger.warning("--restore_callback_states_from_checkpoint ignored: the wall clock resumes on its own")
         training_args.restore_callback_states_from_checkpoint = False
-    spent = trained_seconds(TrainerState.load_from_json(str(Path(resume, "trainer_state.json")))) if resume else 0.0
+    resumed_state = TrainerState.load_from_json(str(Path(resume, "trainer_state.json"))) if resume else None
+    spent = trained_seconds(resumed_state)
     if resume and clock.budget_seconds and spent >= clock.budget_seconds:
         # A finished run started again: it trains no further (not even one step), it is scored again.
         logger.info("%s trained the whole time budget (%.1f minutes): no more training", resume, spent / 60)
-        trainer.state = TrainerState.load_from_json(str(Path(resume, "trainer_state.json")))
+        trainer.state = resumed_state
         train_metrics = {}
     else:
         if resume:
