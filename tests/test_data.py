@@ -10,6 +10,7 @@ import pytest
 
 from vaswani_mt.data import (
     EXTRA_DATA_TAG,
+    REVERSE_TAG,
     DataError,
     _cached_extraction,
     extract_ding_pairs,
@@ -163,6 +164,26 @@ def test_tag_extra_marks_the_extra_pairs_sources_and_nothing_else(tmp_path):
         load_corpus("ding", tag_extra=True)  # nothing to tag
     with pytest.raises(DataError, match="tag_extra"):
         load_corpus(str(_jsonl(tmp_path / "pairs.jsonl", [{"en": "A b.", "de": "A b."}])), tag_extra=True)
+
+
+def test_add_reverse_adds_each_training_sentence_turned_round_and_tagged(tmp_path):
+    plain = load_corpus("ding+phrases", upsample_primary=2)
+    both = load_corpus("ding+phrases", upsample_primary=2, add_reverse=True)
+    sentences = load_ding("en", "de")["train"]["translation"]
+    n = len(sentences)
+    for split in ("validation", "test"):  # scored one-way, untagged
+        assert both[split]["translation"] == plain[split]["translation"]
+    before, after = plain["train"]["translation"], both["train"]["translation"]
+    assert len(after) == len(before) + n
+    assert after[: 2 * n] == before[: 2 * n]  # the forward sentences, twice
+    assert after[2 * n : 3 * n] == [{"en": f"{REVERSE_TAG} {p['de']}", "de": p["en"]} for p in sentences]
+    assert after[3 * n :] == before[2 * n :]  # the phrases, one-way
+    pairs = _jsonl(tmp_path / "p.jsonl", [{"translation": {"en": f"A b {i}.", "de": f"C d {i}."}} for i in range(100)])
+    local = load_corpus(str(pairs), add_reverse=True)
+    train = local["train"]["translation"]
+    half = len(train) // 2
+    assert train[half:] == [{"en": f"{REVERSE_TAG} {p['de']}", "de": p["en"]} for p in train[:half]]
+    assert not any(row["en"].startswith("<") for row in local["test"]["translation"])
 
 
 def test_jsonl_tsv_and_plain_text_give_the_same_corpus(tmp_path):

@@ -143,6 +143,25 @@ def test_tag_extra_gets_a_token_of_its_own_and_needs_a_tokenizer_that_has_it(tmp
                                            "--report_to", "none"]))  # fmt: skip
 
 
+def test_add_reverse_gets_a_token_of_its_own(tmp_path):
+    sentences = [{"en": "The house is small.", "de": "Das Haus ist klein."}] * 20
+    reverse = [{"en": "<reverse> Das Haus ist klein.", "de": "The house is small."}] * 20
+    phrases = [{"en": "<extra> a small house", "de": "ein kleines Haus"}] * 20
+    corpus = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"translation": sentences + reverse + phrases})})
+    args = ["--vocab_size", "200", "--add_reverse", "true", "--tag_extra", "true"]
+    model_args, data_args, _, _ = parse_args(args)
+    tokenizer = training.build_tokenizer(model_args, corpus, data_args, tmp_path)
+    assert [tokenizer.convert_tokens_to_ids(t) for t in ("<extra>", "<reverse>")] == [4, 5]
+    assert not [t for t in tokenizer.get_vocab() if "reverse" in t and t != "<reverse>"]  # BPE never saw the tag
+    assert tokenizer("<reverse> Das Haus")["input_ids"][1:] == tokenizer("Das Haus")["input_ids"]
+    untagged = tmp_path / "untagged"
+    train_tokenizer(["a small house", "ein kleines Haus"] * 5, vocab_size=60, min_frequency=1).save_pretrained(untagged)
+    with pytest.raises(ValueError, match=r"--add_reverse: .* no special token <reverse>"):
+        training.run_training(*parse_args(["--dataset", "ding", "--add_reverse", "true", "--tokenizer",
+                                           str(untagged), "--output_dir", str(tmp_path / "x"),
+                                           "--report_to", "none"]))  # fmt: skip
+
+
 def test_config_file_sets_options_and_command_line_wins(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text(

@@ -13,6 +13,11 @@ Every corpus comes out in the Hub's translation convention, splits "train", "val
   With `tag_extra=True` each extra pair's source starts with the tag `<extra>` (`EXTRA_DATA_TAG`), so the model
   can tell dictionary fragments from the sentences it is tested on (tagged back-translation's device, Caswell et
   al., 2019); untagged input, all a user ever sends, asks for a sentence.
+  With `add_reverse=True` (any corpus) each training pair also goes in reversed, target -> source, its new source
+  started with the tag `<reverse>` (`REVERSE_TAG`): one model learns both directions from the same pairs
+  (Johnson et al., 2017's target-language tag, with the untagged direction the default), so the shared
+  embedding and both stacks see every sentence from both sides. For the built-in corpus only the sentences are
+  reversed (once), not the phrases.
 - A local file: JSONL rows `{"translation": {...}}`, a TSV whose header names the languages, or a path prefix `P`
   with two aligned plain-text files `P.<src>` and `P.<tgt>`. Split deterministically by line.
 - A directory saved with `DatasetDict.save_to_disk`.
@@ -51,6 +56,8 @@ BUILTIN_CORPORA = {
 }
 # Starts the source of each extra (non-sentence) training pair with tag_extra=True; a special token of the tokenizer.
 EXTRA_DATA_TAG = "<extra>"
+# Starts the source of each reversed (target -> source) training pair with add_reverse=True; a special token too.
+REVERSE_TAG = "<reverse>"
 # Extra training data: the non-sentence pairs of extract_ding_phrases with at least this many words on each side.
 _EXTRA_MIN_WORDS = {"phrases": 2, "dictionary": 1}
 DING_PACKAGE = "trans-de-en"
@@ -216,6 +223,15 @@ def _cached_extraction(name: str, extract) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
+def reversed_pairs(pairs: datasets.Dataset, source_lang: str, target_lang: str) -> datasets.Dataset:
+    """Each pair turned round: the target text, started with `REVERSE_TAG`, as the source; the source as target."""
+    rows = [
+        {**row, source_lang: f"{REVERSE_TAG} {row[target_lang]}", target_lang: row[source_lang]}
+        for row in pairs["translation"]
+    ]
+    return datasets.Dataset.from_dict({"translation": rows}, features=pairs.features)
+
+
 def load_ding(
     source_lang: str = "en",
     target_lang: str = "de",
@@ -223,6 +239,7 @@ def load_ding(
     extra: str | None = None,
     upsample_primary: int = 1,
     tag_extra: bool = False,
+    add_reverse: bool = False,
 ) -> datasets.DatasetDict:
     """The built-in en-de corpus (about 19,200 sentence pairs), split by dictionary entry; cached after extraction.
 
@@ -233,6 +250,9 @@ def load_ding(
     `extra="dictionary"` (`--dataset ding+dictionary`) adds the single-word pairs of the training entries as well (about
     270,000 more, `extract_ding_phrases(min_words=1)`), under the same rules. `tag_extra=True` starts each extra
     pair's source with `EXTRA_DATA_TAG` (`<extra> to resign from a union`); the sentences stay as they are.
+    `add_reverse=True` puts each training sentence in once more, reversed (`reversed_pairs`), after the
+    forward copies: `{"en": "<reverse> Das Haus ist klein.", "de": "The house is small."}`. The phrases stay
+    one-way.
     """
     if extra is not None and extra not in _EXTRA_MIN_WORDS:
         raise DataError(f"extra must be one of {sorted(_EXTRA_MIN_WORDS)} or None, got {extra!r}")
@@ -248,13 +268,16 @@ def load_ding(
     rows = _cached_extraction("pairs", extract_ding_pairs)
     pairs = [(row[source_lang], row[target_lang]) for row in rows]
     corpus = _to_dataset_dict(pairs, [str(row["entry"]) for row in rows], source_lang, target_lang, seed)
+    sentences = corpus["train"]
+    reverse = [reversed_pairs(sentences, source_lang, target_lang)] if add_reverse else []
+    corpus["train"] = datasets.concatenate_datasets([sentences] * upsample_primary + reverse)
     if extra is not None:
         extracted = _cached_extraction(extra, partial(extract_ding_phrases, min_words=_EXTRA_MIN_WORDS[extra]))
         train = split_by_group([str(row["entry"]) for row in extracted], seed)["train"]
         tag = f"{EXTRA_DATA_TAG} " if tag_extra else ""
         rows = [{source_lang: tag + extracted[i][source_lang], target_lang: extracted[i][target_lang]} for i in train]
         added = datasets.Dataset.from_dict({"translation": rows}, features=corpus["train"].features)
-        corpus["train"] = datasets.concatenate_datasets([corpus["train"]] * upsample_primary + [added])
+        corpus["train"] = datasets.concatenate_datasets([corpus["train"], added])
     return corpus
 
 
@@ -361,16 +384,20 @@ def load_corpus(
     seed: int = 0,
     upsample_primary: int = 1,
     tag_extra: bool = False,
+    add_reverse: bool = False,
 ) -> datasets.DatasetDict:
     """Loads `dataset` (see the module docstring) as train/validation/test in the translation convention.
 
     `upsample_primary` (> 1 only for `ding+phrases` and `ding+dictionary`): each training sentence that many
-    times per epoch; `tag_extra` (the same two only) starts each extra pair's source with `EXTRA_DATA_TAG`.
+    times per epoch; `tag_extra` (the same two only) starts each extra pair's source with `EXTRA_DATA_TAG`;
+    `add_reverse` adds each training pair (of the built-in corpora: each sentence) reversed, tagged `REVERSE_TAG`.
+    Validation and test always stay one-way and untagged.
     """
     if source_lang == target_lang:
         raise DataError(f"source and target language are both {source_lang!r}")
     if dataset in BUILTIN_CORPORA:
-        return load_ding(source_lang, target_lang, seed, BUILTIN_CORPORA[dataset], upsample_primary, tag_extra)
+        extra = BUILTIN_CORPORA[dataset]
+        return load_ding(source_lang, target_lang, seed, extra, upsample_primary, tag_extra, add_reverse)
     for name, value in (("upsample_primary", upsample_primary != 1), ("tag_extra", tag_extra)):
         if value:
             raise DataError(f"--{name} needs a corpus with extra data (ding+phrases, ding+dictionary), not {dataset!r}")
@@ -378,12 +405,17 @@ def load_corpus(
     if pairs is not None:
         if not pairs:
             raise DataError(f"{dataset}: no sentence pairs")
-        return _to_dataset_dict(pairs, [str(i) for i in range(len(pairs))], source_lang, target_lang, seed)
-    if Path(dataset, "dataset_dict.json").is_file():
-        corpus = datasets.load_from_disk(dataset)
+        corpus = _to_dataset_dict(pairs, [str(i) for i in range(len(pairs))], source_lang, target_lang, seed)
     else:
-        corpus = datasets.load_dataset(dataset, dataset_config)  # a Hub id, or a local dataset folder
-    return _normalise_hub_corpus(corpus, dataset, source_lang, target_lang, seed)
+        if Path(dataset, "dataset_dict.json").is_file():
+            corpus = datasets.load_from_disk(dataset)
+        else:
+            corpus = datasets.load_dataset(dataset, dataset_config)  # a Hub id, or a local dataset folder
+        corpus = _normalise_hub_corpus(corpus, dataset, source_lang, target_lang, seed)
+    if add_reverse:
+        reverse = reversed_pairs(corpus["train"], source_lang, target_lang)
+        corpus["train"] = datasets.concatenate_datasets([corpus["train"], reverse])
+    return corpus
 
 
 def _normalise_hub_corpus(corpus, name: str, source_lang: str, target_lang: str, seed: int) -> datasets.DatasetDict:
@@ -423,6 +455,7 @@ __all__ = [
     "BUILTIN_CORPUS_WITH_DICTIONARY",
     "BUILTIN_CORPUS_WITH_PHRASES",
     "EXTRA_DATA_TAG",
+    "REVERSE_TAG",
     "DataError",
     "extract_ding_pairs",
     "extract_ding_phrases",
@@ -431,6 +464,7 @@ __all__ = [
     "read_jsonl",
     "read_parallel_text",
     "read_tsv",
+    "reversed_pairs",
     "source_target",
     "split_by_group",
 ]

@@ -43,6 +43,7 @@ from .data import (
     BUILTIN_CORPUS,
     BUILTIN_CORPUS_WITH_DICTIONARY,
     EXTRA_DATA_TAG,
+    REVERSE_TAG,
     load_corpus,
     source_target,
 )
@@ -137,6 +138,14 @@ class DataArguments:
         metadata={
             "help": "ding+phrases/ding+dictionary: start each extra (non-sentence) pair's source with the special "
             "token <extra>, so the model tells dictionary fragments from sentences (Caswell et al., 2019)"
+        },
+    )
+    add_reverse: bool = field(
+        default=False,
+        metadata={
+            "help": "also train on each training pair reversed (target -> source), its source started with the special "
+            "token <reverse> (for ding+phrases: the sentences, not the phrases): one model, both directions "
+            "(Johnson et al., 2017); untagged input translates source -> target as always"
         },
     )
     max_train_samples: int | None = field(default=None, metadata={"help": "use only the first N training pairs"})
@@ -540,6 +549,12 @@ def plot_curves(history: list[dict], path: Path) -> Path | None:
 # The job
 
 
+def data_tags(data_args: DataArguments) -> dict[str, str]:
+    """The special tokens that options put at the start of training sources, each with its option's name."""
+    options = {"tag_extra": EXTRA_DATA_TAG, "add_reverse": REVERSE_TAG}
+    return {option: tag for option, tag in options.items() if getattr(data_args, option)}
+
+
 def build_tokenizer(model_args: ModelArguments, corpus, data_args: DataArguments, output_dir: Path):
     """A given tokenizer, the run's own from an earlier attempt (resume), or a new one trained on the train split."""
     saved = output_dir / "tokenizer"
@@ -551,10 +566,9 @@ def build_tokenizer(model_args: ModelArguments, corpus, data_args: DataArguments
         logger.info("reusing this run's tokenizer from %s", saved)
         return AutoTokenizer.from_pretrained(saved)
     sources, targets = source_target(corpus["train"], data_args.source_lang, data_args.target_lang)
-    specials = []
-    if data_args.tag_extra:  # the tag is a token of its own, not text for BPE to learn merges from
-        specials = [EXTRA_DATA_TAG]
-        sources = [text.removeprefix(f"{EXTRA_DATA_TAG} ") for text in sources]
+    specials = list(data_tags(data_args).values())
+    for tag in specials:  # a tag is a token of its own, not text for BPE to learn merges from
+        sources = [text.removeprefix(f"{tag} ") for text in sources]
     tokenizer = train_tokenizer(
         sources + targets,
         vocab_size=model_args.vocab_size,
@@ -736,6 +750,7 @@ def run_training(
         data_args.target_lang,
         upsample_primary=data_args.upsample_primary,
         tag_extra=data_args.tag_extra,
+        add_reverse=data_args.add_reverse,
     )
     if data_args.max_train_samples:
         corpus["train"] = corpus["train"].select(range(min(data_args.max_train_samples, len(corpus["train"]))))
@@ -746,12 +761,13 @@ def run_training(
 
     with training_args.main_process_first(desc="tokenizer"):
         tokenizer = build_tokenizer(model_args, corpus, data_args, output_dir)
-    if data_args.tag_extra and EXTRA_DATA_TAG not in tokenizer.all_special_tokens:
-        given = model_args.tokenizer or model_args.model_name_or_path or "this run's"
-        raise ValueError(
-            f"--tag_extra: the tokenizer ({given}) has no special token {EXTRA_DATA_TAG}, so BPE would split the tag; "
-            "train a new one (no --tokenizer)"
-        )
+    for option, tag in data_tags(data_args).items():
+        if tag not in tokenizer.all_special_tokens:
+            given = model_args.tokenizer or model_args.model_name_or_path or "this run's"
+            raise ValueError(
+                f"--{option}: the tokenizer ({given}) has no special token {tag}, so BPE would split the tag; "
+                "train a new one (no --tokenizer)"
+            )
     tokenized = tokenize_corpus(corpus, tokenizer, data_args)
     model = (model_factory or build_model)(model_args, tokenizer)
     if recipe.length_penalty is not None:
@@ -873,6 +889,7 @@ def _card_values(model, tokenizer, model_args, data_args, recipe, training_args,
         + (", plus the multi-word phrases of the training entries" if data_args.dataset != BUILTIN_CORPUS else "")
         + (" and their single words" if data_args.dataset == BUILTIN_CORPUS_WITH_DICTIONARY else "")
         + (f"; each sentence {data_args.upsample_primary} times" if data_args.upsample_primary > 1 else "")
+        + (f"; each sentence also reversed ({tgt}->{src}, tagged {REVERSE_TAG})" if data_args.add_reverse else "")
         if builtin
         else f"{data_args.dataset} {data_args.dataset_config or ''}".strip(),
         "widget": widget_yaml(examples),
