@@ -225,11 +225,17 @@ def _cached_extraction(name: str, extract) -> list[dict]:
 
 def reversed_pairs(pairs: datasets.Dataset, source_lang: str, target_lang: str) -> datasets.Dataset:
     """Each pair turned round: the target text, started with `REVERSE_TAG`, as the source; the source as target."""
-    rows = [
-        {**row, source_lang: f"{REVERSE_TAG} {row[target_lang]}", target_lang: row[source_lang]}
-        for row in pairs["translation"]
-    ]
-    return datasets.Dataset.from_dict({"translation": rows}, features=pairs.features)
+
+    def turn(batch):
+        rows = batch["translation"]
+        return {
+            "translation": [
+                {**row, source_lang: f"{REVERSE_TAG} {row[target_lang]}", target_lang: row[source_lang]} for row in rows
+            ]
+        }
+
+    # map, not a Python list: a Hub corpus of millions of pairs stays on disk (Arrow), as it came
+    return pairs.map(turn, batched=True, features=pairs.features, desc="reversing pairs")
 
 
 def load_ding(
