@@ -26,6 +26,8 @@ from pathlib import Path
 
 import yaml
 
+from .modeling_vaswani import PAPER_SEARCH
+
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 NATIVE_FORMATS = ("vaswani", "marian")
 
@@ -81,8 +83,6 @@ outside the vocabulary (they become `<unk>`)."""
 
 def search_summary(generation_config) -> str:
     """The card's words for the beam search a model's generation config runs, and whether it is the paper's."""
-    from .modeling_vaswani import PAPER_SEARCH
-
     values = {key: getattr(generation_config, key, None) for key in PAPER_SEARCH}
     a = values["max_len_a"]
     length = f"{'' if a == 1 else f'{a} x '}input + {values['max_len_b']}"

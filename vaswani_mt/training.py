@@ -885,13 +885,15 @@ def _card_values(model, tokenizer, model_args, data_args, recipe, training_args,
         "license": "gpl-2.0" if builtin else "apache-2.0",
         "dataset_id": "trans-de-en (Debian, Ding dictionary)" if builtin else data_args.dataset,
         "dataset_name": "Ding de-en dictionary sentence pairs" if builtin else data_args.dataset,
-        "dataset_note": "sentence-like example pairs of the Ding dictionary (GPL-2+), split by dictionary entry"
-        + (", plus the multi-word phrases of the training entries" if data_args.dataset != BUILTIN_CORPUS else "")
-        + (" and their single words" if data_args.dataset == BUILTIN_CORPUS_WITH_DICTIONARY else "")
-        + (f"; each sentence {data_args.upsample_primary} times" if data_args.upsample_primary > 1 else "")
-        + (f"; each sentence also reversed ({tgt}->{src}, tagged {REVERSE_TAG})" if data_args.add_reverse else "")
-        if builtin
-        else f"{data_args.dataset} {data_args.dataset_config or ''}".strip(),
+        "dataset_note": (
+            "sentence-like example pairs of the Ding dictionary (GPL-2+), split by dictionary entry"
+            + (", plus the multi-word phrases of the training entries" if data_args.dataset != BUILTIN_CORPUS else "")
+            + (" and their single words" if data_args.dataset == BUILTIN_CORPUS_WITH_DICTIONARY else "")
+            + (f"; each sentence {data_args.upsample_primary} times" if data_args.upsample_primary > 1 else "")
+            if builtin
+            else f"{data_args.dataset} {data_args.dataset_config or ''}".strip()
+        )
+        + (f"; each sentence pair also reversed ({tgt}->{src}, tagged {REVERSE_TAG})" if data_args.add_reverse else ""),
         "widget": widget_yaml(examples),
         "model_name": f"vaswani-mt-{model_args.preset}-{src}-{tgt}",
         "architecture": f"N = {config.num_encoder_layers}+{config.num_decoder_layers} layers, "
