@@ -35,6 +35,7 @@ from transformers import (
 )
 from transformers.trainer_callback import ExportableState
 
+from .allocator import retain_freed_memory
 from .batching import TokenBudgetBatchSampler
 from .checkpoints import average_checkpoints, last_checkpoint, list_checkpoints
 from .configuration_vaswani import PRESETS, VaswaniConfig
@@ -199,6 +200,13 @@ class RecipeArguments:
         metadata={
             "help": "train with --bf16 where the hardware multiplies bf16 natively (a CUDA GPU with bf16, a CPU with "
             "AVX512-BF16 or AMX), in float32 elsewhere; --auto_bf16 false keeps float32 under a config that sets it"
+        },
+    )
+    retain_freed_memory: bool = field(
+        default=True,
+        metadata={
+            "help": "on Linux (glibc): malloc keeps freed memory for the next step instead of unmapping it, so the "
+            "step's large buffers are not page-faulted again at every step (vaswani_mt.allocator); false: as is"
         },
     )
     config: str | None = field(default=None, metadata={"help": "a YAML or JSON file with any of these options"})
@@ -726,6 +734,8 @@ def run_training(
         raise ValueError(f"--length_penalty (GNMT alpha) must be a number >= 0, got {recipe.length_penalty}")
     resolve_precision(recipe, training_args)
     resolve_attention(model_args, training_args)
+    if recipe.retain_freed_memory:
+        retain_freed_memory()
     clock = WallClockCallback(recipe.checkpoint_minutes, recipe.time_budget_minutes, recipe.cooldown_minutes)
     late_dropout = None
     if recipe.late_dropout is not None or recipe.late_dropout_minutes:
