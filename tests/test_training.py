@@ -203,6 +203,18 @@ def test_the_main_jobs_config_parses_and_keeps_the_30_minute_budget():
     assert not training_args.bf16  # decided at run time by resolve_precision, from the hardware
 
 
+def test_training_keeps_freed_memory_unless_told_not_to(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(training, "retain_freed_memory", lambda: calls.append("retain") or True)
+    base = ["--output_dir", str(tmp_path), "--report_to", "none", "--preset", "tiny", "--late_dropout", "0.3"]
+    for extra, expected in (([], ["retain"]), (["--retain_freed_memory", "false"], [])):
+        calls.clear()
+        # The missing --late_dropout_minutes stops the run right after the allocator is set up.
+        with pytest.raises(ValueError, match="late dropout needs both"):
+            training.run_training(*parse_args(base + extra))
+        assert calls == expected
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_bf16_turns_on_bf16_autocast_only_where_bf16_is_native(tmp_path, monkeypatch, native):
     monkeypatch.setattr(training, "native_bf16", lambda: native)
