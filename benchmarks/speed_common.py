@@ -141,19 +141,19 @@ def child_argv(argv: list[str]) -> list[str]:
     return out
 
 
+def run_child(script: str, argv: list[str], flag: str, value: str) -> dict:
+    """Runs `script ARGV FLAG VALUE` in a fresh Python process and returns the last JSON line it printed."""
+    done = subprocess.run([sys.executable, script, *argv, flag, value], capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{flag} {value} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    return json.loads(lines[-1])
+
+
 def measure_peak_rss(script: str, argv: list[str], sides: list[str]) -> dict[str, float]:
     """Peak RSS of each side alone, each in a fresh subprocess running `script --rss_child SIDE` (so that peaks
     do not mix); the child prints one JSON line with `peak_rss_mib` last."""
-    peaks = {}
-    for side in sides:
-        done = subprocess.run(
-            [sys.executable, script, *argv, "--rss_child", side], capture_output=True, text=True, check=False
-        )
-        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-        if done.returncode != 0 or not lines:
-            raise RuntimeError(f"memory run of {side} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
-        peaks[side] = round(json.loads(lines[-1])["peak_rss_mib"], 1)
-    return peaks
+    return {side: round(run_child(script, argv, "--rss_child", side)["peak_rss_mib"], 1) for side in sides}
 
 
 def print_table(title: str, rows: list[dict], columns: list[str]) -> None:

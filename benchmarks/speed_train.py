@@ -26,6 +26,11 @@ Modes:
 - `dropout`: our training step with torch's `nn.functional.dropout` against the model's own (`apply_dropout`: on a
   CPU a `torch.rand` mask), same weights, float32 and bf16 autocast, each with the attention `auto` picks, at each
   of `--lengths`; interleaved medians and the ratio.
+- `allocator`: our training step (each of `--sides`, default `vaswani_mt_bf16` with the attention `auto` picks) on
+  synthetic batches of each of `--lengths` in turn (about `--batch_tokens` tokens each), with glibc's default
+  malloc against `vaswani_mt.allocator.retain_freed_memory()` (what `scripts/train.py` applies), each in fresh
+  subprocesses (the setting is process-wide), the two alternated over `--rounds`; median ms per step, minor page
+  faults per step, peak RSS.
 - `curve`: `vaswani_mt` and `vaswani_mt_bf16` in lockstep on the same real batches from the same weights, with the
   same dropout seed per step; prints both loss curves and their largest relative gap (20-step means).
 
@@ -33,6 +38,7 @@ Modes:
     python benchmarks/speed_train.py --mode data --seconds 600
     python benchmarks/speed_train.py --mode attention --preset small --vocab_size 8000
     python benchmarks/speed_train.py --mode dropout --preset small --vocab_size 8000 --lengths 12,24
+    python benchmarks/speed_train.py --mode allocator --preset small --vocab_size 8000 --lengths 12,24,48
     python benchmarks/speed_train.py --mode curve --steps 300 --sides vaswani_mt:tokens=1024,vaswani_mt_bf16:tokens=1024
 """
 
@@ -43,17 +49,28 @@ import copy
 import functools
 import json
 import os
+import resource
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
-from speed_common import MachineRecord, child_argv, interleave, measure_peak_rss, peak_rss_mib, print_table, speedups
+from speed_common import (
+    MachineRecord,
+    child_argv,
+    interleave,
+    measure_peak_rss,
+    peak_rss_mib,
+    print_table,
+    run_child,
+    speedups,
+)
 from transformers import DataCollatorForSeq2Seq
 from transformers.trainer_pt_utils import LabelSmoother
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration, modeling_vaswani
+from vaswani_mt.allocator import retain_freed_memory
 from vaswani_mt.export import hidden_permutation, to_marian
 
 MODELS = ("vaswani_mt", "vaswani_mt_bf16", "marian", "marian_bf16")
@@ -61,7 +78,9 @@ MODELS = ("vaswani_mt", "vaswani_mt_bf16", "marian", "marian_bf16")
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", choices=["step", "data", "curve", "gemm", "attention", "dropout"], default="step")
+    parser.add_argument(
+        "--mode", choices=["step", "data", "curve", "gemm", "attention", "dropout", "allocator"], default="step"
+    )
     parser.add_argument("--preset", default="base")
     parser.add_argument("--vocab_size", type=int, default=37000, help="step mode; data modes train a BPE of this size")
     parser.add_argument("--dropout", type=float, default=None, help="default: the preset's")
@@ -83,7 +102,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True, help="step mode: peak RSS")
     parser.add_argument("--json", default=None, help="also write the record to this file")
     parser.add_argument("--only_memory", action="store_true", help="measure peak RSS only, no timing")
+    parser.add_argument("--rounds", type=int, default=3, help="allocator mode: subprocesses per setting and side")
     parser.add_argument("--rss_child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--allocator_child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.sides is None:
@@ -94,6 +115,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             "gemm": "",
             "attention": "",
             "dropout": "",
+            "allocator": "vaswani_mt_bf16",
         }[args.mode]
     return args
 
@@ -559,6 +581,64 @@ def run_dropout_mode(args, record: MachineRecord) -> dict:
     return compare_two_ways(args, tuple(functions), setup, "torch's dropout vs ours", "dropout")
 
 
+ALLOCATORS = ("glibc_default", "retain_freed_memory")
+
+
+def _allocator_child(args) -> dict:
+    """One side, one malloc setting, a fresh process: median seconds per step and minor page faults per step."""
+    side, allocator_name = args.allocator_child.split(":")
+    if allocator_name == "retain_freed_memory" and not retain_freed_memory():
+        raise SystemExit("retain_freed_memory() does not apply here (glibc on Linux only)")
+    config = model_config(args)
+    (model,) = build_models(config, [side], args.seed)
+    if side.startswith("vaswani_mt"):  # what `--attn_implementation auto` picks on a CPU
+        model.set_attn_implementation("eager" if side.endswith("_bf16") else "sdpa")
+    step = make_step(side, model, optimizer_for(model, args.lr))
+    lengths = [int(value) for value in args.lengths.split(",")]
+    batches = [synthetic_batch(config, max(1, args.batch_tokens // n), n, args.seed + n) for n in lengths]
+    for index in range(args.warmup * len(batches)):
+        step(batches[index % len(batches)])
+    seconds, faults_before = [], resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for index in range(args.repeats * len(batches)):
+        started = time.perf_counter()
+        step(batches[index % len(batches)])
+        seconds.append(time.perf_counter() - started)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before
+    return {"seconds": statistics.median(seconds), "faults": faults / len(seconds), "peak_rss_mib": peak_rss_mib()}
+
+
+def run_allocator_mode(args, record: MachineRecord) -> dict:
+    """Seconds per step with glibc's default malloc vs `retain_freed_memory()`, fresh processes, alternated."""
+    if args.allocator_child:
+        print(json.dumps(_allocator_child(args)))
+        return {}
+    runs: dict[tuple[str, str], list[dict]] = {}
+    argv = child_argv(args.argv)
+    for round_index in range(args.rounds):
+        order = ALLOCATORS if round_index % 2 == 0 else ALLOCATORS[::-1]
+        for side in args.sides.split(","):
+            for allocator_name in order:
+                child = run_child(__file__, argv, "--allocator_child", f"{side}:{allocator_name}")
+                runs.setdefault((side, allocator_name), []).append(child)
+    rows_out = []
+    for side in args.sides.split(","):
+        medians = {name: statistics.median(r["seconds"] for r in runs[side, name]) for name in ALLOCATORS}
+        for name in ALLOCATORS:
+            rows_out.append({
+                "side": side,
+                "malloc": name,
+                "ms_per_step": medians[name] * 1e3,
+                "per_process_ms": [round(r["seconds"] * 1e3, 1) for r in runs[side, name]],
+                "page_faults_per_step": statistics.median(r["faults"] for r in runs[side, name]),
+                "peak_rss_mib": max(r["peak_rss_mib"] for r in runs[side, name]),
+                "speedup": medians["glibc_default"] / medians[name],
+            })  # fmt: skip
+    shape = f"{args.preset}, vocab {args.vocab_size}, lengths {args.lengths}, ~{args.batch_tokens} tokens per batch"
+    print_table(f"Training step, glibc malloc vs retain_freed_memory ({shape}), {args.rounds} processes each, "
+                f"{args.repeats} steps per length in each", rows_out, list(rows_out[0]))  # fmt: skip
+    return {"mode": "allocator", "shape": shape, "rows": rows_out}
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -570,9 +650,10 @@ def main(argv=None) -> None:
         "gemm": run_gemm_mode,
         "attention": run_attention_mode,
         "dropout": run_dropout_mode,
+        "allocator": run_allocator_mode,
     }
     result = modes[args.mode](args, record)
-    if args.rss_child:
+    if args.rss_child or args.allocator_child:
         return
     result["record"] = record.finish()
     print("\n" + json.dumps(result, indent=2))
