@@ -21,9 +21,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint_dir", required=True, help="folder holding checkpoint-N folders")
     parser.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints to average")
+    parser.add_argument("--up_to_step", type=int, default=None, help="only checkpoints of this step or earlier")
     parser.add_argument("--output", required=True, help="folder to write (replaced if it is a model folder)")
     args = parser.parse_args()
-    print(average_checkpoints(args.checkpoint_dir, args.last, args.output))
+    print(average_checkpoints(args.checkpoint_dir, args.last, args.output, up_to_step=args.up_to_step))
 
 
 if __name__ == "__main__":

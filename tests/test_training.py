@@ -499,6 +499,15 @@ def test_averaging_writes_the_mean_of_the_last_k_checkpoints(tmp_path):
         (models[1].model.decoder.layers[0].ffn.fc1.bias + models[2].model.decoder.layers[0].ffn.fc1.bias) / 2,
     )
     assert not (out / "trainer_state.json").exists()
+    # A window that ends earlier: checkpoints 1 and 2.
+    window = VaswaniForConditionalGeneration.from_pretrained(
+        average_checkpoints(checkpoints, last=2, output=tmp_path / "avg2", up_to_step=2)
+    )
+    torch.testing.assert_close(
+        window.model.shared.weight, (models[0].model.shared.weight + models[1].model.shared.weight) / 2
+    )
+    with pytest.raises(FileNotFoundError, match="up to step 0"):
+        average_checkpoints(checkpoints, last=2, output=tmp_path / "avg0", up_to_step=0)
     with pytest.raises(ValueError, match="checkpoints"):
         average_checkpoints(checkpoints, last=2, output=checkpoints)
 

@@ -74,8 +74,13 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def average_checkpoints(checkpoint_dir: str | os.PathLike, last: int, output: str | os.PathLike) -> Path:
+def average_checkpoints(
+    checkpoint_dir: str | os.PathLike, last: int, output: str | os.PathLike, up_to_step: int | None = None
+) -> Path:
     """Writes the element-wise mean of the last `last` complete checkpoints in `checkpoint_dir` to `output`.
+
+    `up_to_step`: only checkpoints of that step or earlier count (what averaging would have given had the run
+    stopped there; e.g. windows along one long run).
 
     The output holds `model.safetensors` (summed in float64, stored in the checkpoints' dtype) and the newest
     checkpoint's config, generation config, code and tokenizer files, so it loads with `from_pretrained`. It is
@@ -84,8 +89,11 @@ def average_checkpoints(checkpoint_dir: str | os.PathLike, last: int, output: st
     if last < 1:
         raise ValueError(f"last must be at least 1, got {last}")
     checkpoints = list_checkpoints(checkpoint_dir)
+    if up_to_step is not None:
+        checkpoints = [c for c in checkpoints if int(c.name.rsplit("-", 1)[1]) <= up_to_step]
     if not checkpoints:
-        raise FileNotFoundError(f"{checkpoint_dir}: no complete checkpoint-N folders")
+        window = f" up to step {up_to_step}" if up_to_step is not None else ""
+        raise FileNotFoundError(f"{checkpoint_dir}: no complete checkpoint-N folders{window}")
     if len(checkpoints) < last:
         logger.warning("asked to average %d checkpoints but %s has %d", last, checkpoint_dir, len(checkpoints))
     chosen = checkpoints[-last:]
