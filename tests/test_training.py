@@ -82,6 +82,48 @@ def test_cooldown_takes_the_rate_linearly_to_zero_over_the_budgets_last_minutes(
         VaswaniTrainer(model=model, args=training_args, lr_schedule="trainer", lr_factor=clock.lr_factor)
 
 
+@pytest.mark.parametrize("seconds_per_step, warmup_updates", [(10.0, 12), (30.0, 4)])
+def test_warmup_on_the_clock_takes_the_same_minutes_on_a_slow_and_a_fast_machine(
+    tmp_path, monkeypatch, seconds_per_step, warmup_updates
+):
+    now = [1000.0]
+    monkeypatch.setattr(training.time, "monotonic", lambda: now[0])
+    clock = training.WallClockCallback(budget_minutes=10, warmup_minutes=2)
+    model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny", d_model=512, num_heads=8))
+    training_args = parse_args(["--output_dir", str(tmp_path), "--report_to", "none", "--warmup_steps", "10"])[3]
+    trainer = VaswaniTrainer(model=model, args=training_args, warmup_clock=clock, callbacks=[clock])
+    trainer.create_optimizer_and_scheduler(num_training_steps=1000)
+    state = TrainerState()
+    clock.on_train_begin(training_args, state, TrainerControl())
+    peak = paper_learning_rate(10, 512, 10)  # the peak --warmup_steps 10 gives Eq. (3)
+    rates = {1: trainer.optimizer.param_groups[0]["lr"]}  # before any update is timed: --warmup_steps' slope
+    for update in range(1, 48):  # the Trainer's order: update, scheduler step, then the callbacks
+        now[0] += seconds_per_step
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+        rates[update + 1] = trainer.optimizer.param_groups[0]["lr"]
+        state.global_step = update
+        clock.on_step_end(training_args, state, TrainerControl())
+    w = warmup_updates  # 2 minutes hold 120 / seconds_per_step updates
+    assert clock.warmup_end_step == w
+    # updates 1 and 2 are set before any update is timed: --warmup_steps' slope; then the measured one
+    assert [rates[1] / peak, rates[2] / peak] == pytest.approx([1 / 10, 2 / 10])
+    assert [rates[n] / peak for n in range(3, w + 2)] == pytest.approx([min(1.0, n / w) for n in range(3, w + 2)])
+    # then Eq. (3) with warmup W: the peak falls as (W / n)^0.5
+    assert [rates[n] / peak for n in (w + 2, 2 * w, 4 * w)] == pytest.approx([(w / (w + 2)) ** 0.5, 0.5**0.5, 0.5])
+    # saved with the clock: a resumed run keeps W
+    resumed = training.WallClockCallback(budget_minutes=10, warmup_minutes=2)
+    resumed.on_train_begin(training_args, TrainerState(global_step=47, stateful_callbacks=[clock]), TrainerControl())
+    assert (resumed.warmup_end_step, resumed.timed_steps) == (w, 47)
+    assert training.clock_warmup_rate(47, 512, 10, resumed) == pytest.approx(peak * (w / 48) ** 0.5)
+    with pytest.raises(ValueError, match="above 0"):
+        training.WallClockCallback(warmup_minutes=0)
+    with pytest.raises(ValueError, match="less than the budget"):
+        training.WallClockCallback(budget_minutes=10, warmup_minutes=10)
+    with pytest.raises(ValueError, match="warmup on the clock"):
+        VaswaniTrainer(model=model, args=training_args, warmup_clock=training.WallClockCallback(budget_minutes=10))
+
+
 def test_set_dropout_reaches_every_residual_and_embedding_dropout():
     model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny"))
     ids = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 1]])
@@ -453,7 +495,8 @@ def test_the_time_budget_counts_on_after_a_resume_and_a_spent_budget_trains_no_f
     data = _write_jsonl(tmp_path / "pairs.jsonl", count=60)
     output = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    budget = ["--time_budget_minutes", "0.5", "--checkpoint_minutes", "0.4"]
+    # A warmup on the clock of 6 ms: it ends at the first update, W = 1, and the resumed run keeps it.
+    budget = ["--time_budget_minutes", "0.5", "--checkpoint_minutes", "0.4", "--warmup_minutes", "0.0001"]
     first = subprocess.run(_train_command(data, output, "--max_steps", "4", *budget), env=env, capture_output=True)
     assert first.returncode == 0, first.stderr[-3000:]
     before = training.trained_seconds(TrainerState.load_from_json(str(output / "checkpoint-4" / "trainer_state.json")))
@@ -464,6 +507,15 @@ def test_the_time_budget_counts_on_after_a_resume_and_a_spent_budget_trains_no_f
     assert f"resuming from {output / 'checkpoint-4'} ({before / 60:.1f} minutes trained)" in second.stderr
     after = training.trained_seconds(TrainerState.load_from_json(str(output / "checkpoint-6" / "trainer_state.json")))
     assert after > before  # counted on from the first run's seconds, not from 0
+    for step in (4, 6):
+        state = TrainerState.load_from_json(str(output / f"checkpoint-{step}" / "trainer_state.json"))
+        assert training._clock_attribute(state, "warmup_end_step") == 1
+    peak = paper_learning_rate(4, 32, 4)  # tiny: d_model 32; --warmup_steps 4 sets the peak
+    logged = {row["step"]: row["learning_rate"] for row in _history(output) if "learning_rate" in row}
+    # Trainer logs the rate update n used. Update 2 was set before any update was timed (--warmup_steps' slope);
+    # from W = 1 on, update n takes peak * (1 / n)^0.5, in the first run (3) and in the resumed one (5, 6).
+    assert logged[2] == pytest.approx(peak * 2 / 4)
+    assert [logged[n] for n in (3, 5, 6)] == pytest.approx([peak * n**-0.5 for n in (3, 5, 6)])
 
     # a run whose budget is spent (here: recorded as spent) is scored again, not trained one step further
     state_file = output / "checkpoint-6" / "trainer_state.json"

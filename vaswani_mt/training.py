@@ -172,6 +172,15 @@ class RecipeArguments:
             "(a cooldown; 0 = Eq. (3) to the end, the paper's schedule)"
         },
     )
+    warmup_minutes: float | None = field(
+        default=None,
+        metadata={
+            "help": "Eq. (3) with its warmup measured on the clock: the rate rises linearly over the first M minutes "
+            "of training to the peak that --warmup_steps gives, then falls as step^-0.5 from the update the "
+            "warmup ended at; the schedule keeps its shape in minutes on a slow or a fast machine (default: "
+            "--warmup_steps updates)"
+        },
+    )
     late_dropout: float | None = field(
         default=None,
         metadata={
@@ -246,7 +255,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
     `max_tokens_per_batch` switches the training DataLoader to `TokenBudgetBatchSampler` (per device; each rank
     gets distinct batches and the same number of steps). `lr_schedule="paper"` replaces `--lr_scheduler_type`
     with Eq. (3) times `--learning_rate`, times `lr_factor()` when one is given (the cooldown of
-    `WallClockCallback`). Logs gain `source_tokens_per_step`, `target_tokens_per_step` (whole
+    `WallClockCallback`); with `warmup_clock` (a `WallClockCallback` with `warmup_minutes`), Eq. (3)'s warmup is
+    measured on that clock (`clock_warmup_rate`). Logs gain `source_tokens_per_step`, `target_tokens_per_step` (whole
     optimizer step, all processes), `target_tokens_per_second` (wall time) and `train_minutes` (wall time of
     training: since this process's first step, plus what a resumed run had logged before), so quality can be
     plotted against the clock.
@@ -258,6 +268,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         max_tokens_per_batch: int | None = None,
         lr_schedule: str = "paper",
         lr_factor: Callable[[], float] | None = None,
+        warmup_clock: WallClockCallback | None = None,
         train_data_collator: Callable | None = None,
         **kwargs,
     ):
@@ -267,6 +278,9 @@ class VaswaniTrainer(Seq2SeqTrainer):
             raise ValueError(f"lr_schedule must be 'paper' or 'trainer', got {lr_schedule!r}")
         if lr_factor is not None and lr_schedule != "paper":
             raise ValueError("a learning-rate factor (the cooldown) needs lr_schedule='paper'")
+        if warmup_clock is not None and (lr_schedule != "paper" or not warmup_clock.warmup_seconds):
+            raise ValueError("a warmup on the clock needs lr_schedule='paper' and a clock with warmup_minutes")
+        self.warmup_clock = warmup_clock
         self.max_tokens_per_batch = max_tokens_per_batch
         self.lr_schedule = lr_schedule
         self.lr_factor = lr_factor
@@ -324,7 +338,12 @@ class VaswaniTrainer(Seq2SeqTrainer):
                 raise ValueError(f"the paper's schedule needs warmup_steps >= 1, got {self.args.warmup_steps}")
             d_model = self.model.config.d_model
             # LambdaLR multiplies --learning_rate (the scale); its index 0 is the first update, the paper's step 1.
-            schedule = partial(_paper_lambda, d_model=d_model, warmup=warmup, factor=self.lr_factor)
+            if self.warmup_clock is not None:
+                schedule = partial(
+                    clock_warmup_rate, d_model=d_model, warmup=warmup, clock=self.warmup_clock, factor=self.lr_factor
+                )
+            else:
+                schedule = partial(_paper_lambda, d_model=d_model, warmup=warmup, factor=self.lr_factor)
             self.lr_scheduler = LambdaLR(optimizer, schedule)
         return self.lr_scheduler
 
@@ -375,6 +394,32 @@ def _paper_lambda(index: int, d_model: int, warmup: int, factor: Callable[[], fl
     return paper_learning_rate(index + 1, d_model, warmup) * (factor() if factor is not None else 1.0)
 
 
+def clock_warmup_rate(
+    index: int, d_model: int, warmup: int, clock: WallClockCallback, factor: Callable[[], float] | None = None
+) -> float:
+    """Eq. (3) with the warmup measured on `clock` (`WallClockCallback(warmup_minutes=M)`), for LambdaLR (`index` 0
+    is update 1).
+
+    The peak is Eq. (3)'s at `warmup` updates, `(d_model * warmup)^-0.5` (times `--learning_rate`). While the
+    clock is inside its first M minutes, update `n` takes `peak * min(1, n / W')`, where `W'` is the number of
+    updates the M minutes will hold at the rate measured so far (`warmup` itself before the first update is timed);
+    once the clock has passed M minutes at update `W` (`clock.warmup_end_step`), update `n` takes
+    `peak * (W / n)^0.5`: Eq. (3) with warmup `W` and the scale `(W / warmup)^0.5`. So a machine three times
+    slower warms up over the same minutes, not over the first third of its budget. Rank 0's clock decides on
+    every rank, and `W` is saved with the clock, so a resumed run keeps the schedule it had.
+    """
+    step = index + 1
+    peak = paper_learning_rate(warmup, d_model, warmup)
+    end = clock.warmup_end_step
+    if end is not None and step > end:
+        rate = peak * math.sqrt(end / step)
+    else:
+        timed_steps, seconds = clock.timed_steps, clock.elapsed
+        expected = clock.warmup_seconds * timed_steps / seconds if timed_steps and seconds > 0 else warmup
+        rate = peak * min(1.0, step / max(expected, 1.0))
+    return rate * (factor() if factor is not None else 1.0)
+
+
 class _SamplerEpochCallback(TrainerCallback):
     """Tells the token sampler the epoch before each epoch's batches are drawn, also in a resumed run, where
     transformers fast-forwards through a wrapper that does not pass `set_epoch` on."""
@@ -398,15 +443,29 @@ class WallClockCallback(TrainerCallback, ExportableState):
     `VaswaniTrainer(lr_factor=...)`. Eq. (3) alone still runs at half its peak when a half-hour budget ends, so the
     last weights are noisy; checkpoint averaging (§6.1) smooths that, a cooldown removes it (as in the
     warmup-stable-decay schedules). The factor is rank 0's clock on every rank, so all ranks use the same rate.
+
+    `warmup_minutes`: the clock records the update at which the first M minutes of training ended
+    (`warmup_end_step`, saved with the trained seconds) for `clock_warmup_rate`.
     """
 
     def __init__(
-        self, checkpoint_minutes: float | None = None, budget_minutes: float | None = None, cooldown_minutes: float = 0
+        self,
+        checkpoint_minutes: float | None = None,
+        budget_minutes: float | None = None,
+        cooldown_minutes: float = 0,
+        warmup_minutes: float | None = None,
     ):
         if cooldown_minutes and not budget_minutes:
             raise ValueError("cooldown_minutes needs a time budget (--time_budget_minutes): it ends the budget")
         if cooldown_minutes < 0 or (budget_minutes and cooldown_minutes > budget_minutes):
             raise ValueError(f"cooldown_minutes must be between 0 and the budget, got {cooldown_minutes}")
+        if warmup_minutes is not None and not warmup_minutes > 0:
+            raise ValueError(f"warmup_minutes must be above 0, got {warmup_minutes}")
+        if warmup_minutes and budget_minutes and warmup_minutes >= budget_minutes:
+            raise ValueError(f"warmup_minutes ({warmup_minutes}) must be less than the budget ({budget_minutes})")
+        self.warmup_seconds = warmup_minutes * 60 if warmup_minutes else None
+        self.warmup_end_step: int | None = None  # the update at which the warmup minutes ended
+        self.timed_steps = 0  # updates done when `elapsed` was last measured
         self.checkpoint_seconds = checkpoint_minutes * 60 if checkpoint_minutes else None
         self.budget_seconds = budget_minutes * 60 if budget_minutes else None
         self.cooldown_seconds = cooldown_minutes * 60
@@ -419,12 +478,15 @@ class WallClockCallback(TrainerCallback, ExportableState):
                 "checkpoint_minutes": self.checkpoint_seconds / 60 if self.checkpoint_seconds else None,
                 "budget_minutes": self.budget_seconds / 60 if self.budget_seconds else None,
                 "cooldown_minutes": self.cooldown_seconds / 60,
+                "warmup_minutes": self.warmup_seconds / 60 if self.warmup_seconds else None,
             },
-            "attributes": {"trained_seconds": round(self.elapsed, 3)},
+            "attributes": {"trained_seconds": round(self.elapsed, 3), "warmup_end_step": self.warmup_end_step},
         }
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.elapsed = trained_seconds(state)  # 0 unless resumed from a checkpoint that recorded it
+        self.warmup_end_step = _clock_attribute(state, "warmup_end_step")
+        self.timed_steps = getattr(state, "global_step", 0) or 0
         self.start = time.monotonic() - self.elapsed
         self.last_save = time.monotonic()
 
@@ -443,6 +505,10 @@ class WallClockCallback(TrainerCallback, ExportableState):
             flags = torch.tensor([int(save), int(stop), round(self.elapsed * 1000)], device=args.device)
             torch.distributed.broadcast(flags, src=0)
             save, stop, self.elapsed = bool(flags[0]), bool(flags[1]), int(flags[2]) / 1000
+        self.timed_steps = getattr(state, "global_step", 0) or 0
+        if self.warmup_seconds and self.warmup_end_step is None and self.elapsed >= self.warmup_seconds:
+            self.warmup_end_step = max(self.timed_steps, 1)
+            logger.info("warmup: %.1f minutes ended at update %d", self.warmup_seconds / 60, self.warmup_end_step)
         if stop:
             control.should_training_stop = True
             save = True
@@ -455,12 +521,16 @@ class WallClockCallback(TrainerCallback, ExportableState):
         self.last_save = time.monotonic()
 
 
-def trained_seconds(state: TrainerState | None) -> float:
-    """Seconds of training a (resumed) TrainerState records, on WallClockCallback's clock; 0 when it has none."""
+def _clock_attribute(state: TrainerState | None, name: str):
     saved = (getattr(state, "stateful_callbacks", None) or {}).get(WallClockCallback.__name__)
     if isinstance(saved, list):
         saved = saved[-1] if saved else None
-    return float(((saved or {}).get("attributes") or {}).get("trained_seconds", 0.0))
+    return ((saved or {}).get("attributes") or {}).get(name)
+
+
+def trained_seconds(state: TrainerState | None) -> float:
+    """Seconds of training a (resumed) TrainerState records, on WallClockCallback's clock; 0 when it has none."""
+    return float(_clock_attribute(state, "trained_seconds") or 0.0)
 
 
 def set_dropout(model: torch.nn.Module, p: float) -> int:
@@ -736,7 +806,9 @@ def run_training(
     resolve_attention(model_args, training_args)
     if recipe.retain_freed_memory:
         retain_freed_memory()
-    clock = WallClockCallback(recipe.checkpoint_minutes, recipe.time_budget_minutes, recipe.cooldown_minutes)
+    clock = WallClockCallback(
+        recipe.checkpoint_minutes, recipe.time_budget_minutes, recipe.cooldown_minutes, recipe.warmup_minutes
+    )
     late_dropout = None
     if recipe.late_dropout is not None or recipe.late_dropout_minutes:
         if recipe.late_dropout is None or not recipe.late_dropout_minutes:
@@ -807,6 +879,7 @@ def run_training(
         max_tokens_per_batch=data_args.max_tokens_per_batch,
         lr_schedule=recipe.lr_schedule,
         lr_factor=clock.lr_factor if recipe.cooldown_minutes else None,
+        warmup_clock=clock if recipe.warmup_minutes else None,
         callbacks=[clock, CurvesCallback()] + ([late_dropout] if late_dropout else []),
     )
 
@@ -826,6 +899,7 @@ def run_training(
         # A finished run started again: it trains no further (not even one step), it is scored again.
         logger.info("%s trained the whole time budget (%.1f minutes): no more training", resume, spent / 60)
         trainer.state = resumed_state
+        clock.on_train_begin(training_args, resumed_state, None)  # the warmup it recorded, for the model card
         train_metrics = {}
     else:
         if resume:
@@ -915,8 +989,7 @@ def _card_values(model, tokenizer, model_args, data_args, recipe, training_args,
         if config.init_std
         else "Xavier-uniform linear layers, N(0, d_model^-0.5) embeddings (tensor2tensor's)",
         "train_pairs": len(corpus["train"]),
-        "lr_scale": training_args.learning_rate,
-        "warmup": training_args.warmup_steps,
+        **_schedule_values(training_args, trainer.warmup_clock),
         "label_smoothing": config.label_smoothing,
         "dropout": config.dropout,
         "max_tokens": data_args.max_tokens_per_batch,
@@ -940,6 +1013,14 @@ def _card_values(model, tokenizer, model_args, data_args, recipe, training_args,
         "repo_id": f"USER/vaswani-mt-{src}-{tgt}",
         "example": examples[0].replace('"', '\\"'),
     }
+
+
+def _schedule_values(training_args, clock: WallClockCallback | None) -> dict:
+    """Eq. (3)'s scale and warmup as the run followed them (a warmup on the clock ended at an update it measured)."""
+    if clock is None or not clock.warmup_end_step:
+        return {"lr_scale": training_args.learning_rate, "warmup": training_args.warmup_steps}
+    scale = training_args.learning_rate * math.sqrt(clock.warmup_end_step / training_args.warmup_steps)
+    return {"lr_scale": f"{scale:.3g}", "warmup": clock.warmup_end_step}
 
 
 def _hardware() -> str:
