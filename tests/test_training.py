@@ -240,6 +240,8 @@ def test_the_main_jobs_config_parses_and_keeps_the_30_minute_budget():
     assert (model_args.preset, data_args.dataset, recipe.auto_bf16) == ("small", "ding+phrases", True)
     assert recipe.time_budget_minutes <= 27 and recipe.average_last == 5
     assert recipe.length_penalty == 1.2  # chosen on the dev split (benchmarks/RESULTS.md, sixth session)
+    # 2048-token batches with bf16, 1024 in float32 (benchmarks/RESULTS.md, tenth session)
+    assert (data_args.max_tokens_per_batch, recipe.float32_max_tokens_per_batch) == (2048, 1024)
     with pytest.raises(ValueError, match=r"--length_penalty .* must be a number >= 0, got -1\.0"):
         training.run_training(*parse_args([str(ROOT / "configs" / "ding_cpu.yaml"), "--length_penalty", "-1"]))
     assert not training_args.bf16  # decided at run time by resolve_precision, from the hardware
@@ -269,6 +271,22 @@ def test_auto_bf16_turns_on_bf16_autocast_only_where_bf16_is_native(tmp_path, mo
     assert trainer.accelerator.mixed_precision == ("bf16" if native else "no")
     with trainer.accelerator.autocast():  # what accelerate wraps the model's forward in
         assert torch.is_autocast_enabled("cpu") is native
+
+
+@pytest.mark.parametrize(("native", "extra", "expected"), [
+    (True, [], 2048), (False, [], 1024), (False, ["--auto_bf16", "false"], 2048),
+    (False, ["--float32_max_tokens_per_batch", "512"], 512),
+])  # fmt: skip
+def test_float32_runs_take_the_float32_batch_where_auto_bf16_finds_no_bf16(tmp_path, monkeypatch, native, extra,
+                                                                           expected):  # fmt: skip
+    monkeypatch.setattr(training, "native_bf16", lambda: native)
+    argv = ["--output_dir", str(tmp_path), "--report_to", "none", "--auto_bf16", "true", "--max_tokens_per_batch",
+            "2048", "--float32_max_tokens_per_batch", "1024", *extra]  # fmt: skip
+    _, data_args, recipe, args = parse_args(argv)
+    resolve_precision(recipe, args)
+    assert training.resolve_batch(recipe, data_args, args) == expected == data_args.max_tokens_per_batch
+    with pytest.raises(ValueError, match="at least 1, got 0"):
+        training.resolve_batch(recipe.__class__(float32_max_tokens_per_batch=0), data_args, args)
 
 
 def test_bf16_without_native_support_is_kept_but_warned_about(tmp_path, monkeypatch, caplog):

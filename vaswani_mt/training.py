@@ -211,6 +211,14 @@ class RecipeArguments:
             "AVX512-BF16 or AMX), in float32 elsewhere; --auto_bf16 false keeps float32 under a config that sets it"
         },
     )
+    float32_max_tokens_per_batch: int | None = field(
+        default=None,
+        metadata={
+            "help": "with --auto_bf16, where the hardware has no native bf16 (so training runs in float32): the "
+            "token budget per batch instead of --max_tokens_per_batch; a float32 step is several times slower, and "
+            "smaller batches keep enough updates in a time budget (the CPU preset: RESULTS.md, tenth session)"
+        },
+    )
     retain_freed_memory: bool = field(
         default=True,
         metadata={
@@ -743,6 +751,19 @@ def resolve_precision(recipe: RecipeArguments, training_args: Seq2SeqTrainingArg
         )
 
 
+def resolve_batch(recipe: RecipeArguments, data_args: DataArguments, training_args) -> int | None:
+    """Applies `--float32_max_tokens_per_batch` (after `resolve_precision`) and returns the token budget trained with:
+    where `--auto_bf16` found no native bf16, training runs in float32 on batches of that many tokens."""
+    value = recipe.float32_max_tokens_per_batch
+    if value is not None and value < 1:
+        raise ValueError(f"--float32_max_tokens_per_batch must be at least 1, got {value}")
+    if value and recipe.auto_bf16 and not (training_args.bf16 or training_args.fp16):
+        logger.info("--float32_max_tokens_per_batch: %d tokens per batch (float32 here), not %s", value,
+                    data_args.max_tokens_per_batch)  # fmt: skip
+        data_args.max_tokens_per_batch = value
+    return data_args.max_tokens_per_batch
+
+
 ATTENTION_IMPLEMENTATIONS = ("auto", "sdpa", "eager")
 
 
@@ -803,6 +824,7 @@ def run_training(
     if recipe.length_penalty is not None and not 0.0 <= recipe.length_penalty < float("inf"):
         raise ValueError(f"--length_penalty (GNMT alpha) must be a number >= 0, got {recipe.length_penalty}")
     resolve_precision(recipe, training_args)
+    resolve_batch(recipe, data_args, training_args)
     resolve_attention(model_args, training_args)
     if recipe.retain_freed_memory:
         retain_freed_memory()
@@ -1097,6 +1119,7 @@ __all__ = [
     "plot_curves",
     "print_summary",
     "resolve_attention",
+    "resolve_batch",
     "resolve_precision",
     "run_training",
 ]
