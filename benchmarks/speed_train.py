@@ -72,6 +72,7 @@ from transformers.trainer_pt_utils import LabelSmoother
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration, modeling_vaswani
 from vaswani_mt.allocator import retain_freed_memory
 from vaswani_mt.export import hidden_permutation, to_marian
+from vaswani_mt.training import auto_attention
 
 MODELS = ("vaswani_mt", "vaswani_mt_bf16", "marian", "marian_bf16")
 
@@ -573,8 +574,7 @@ def run_dropout_mode(args, record: MachineRecord) -> dict:
     functions = {"torch_dropout": torch_dropout, "ours": modeling_vaswani.apply_dropout}
 
     def setup(name, model, precision):
-        # What `--attn_implementation auto` picks on a CPU (vaswani_mt.training.resolve_attention).
-        model.set_attn_implementation("eager" if precision.endswith("_bf16") else "sdpa")
+        model.set_attn_implementation(auto_attention("cpu", precision.endswith("_bf16")))
         step = make_step(precision, model, optimizer_for(model, args.lr))
         return functools.partial(with_dropout, functions[name], step)
 
@@ -591,8 +591,8 @@ def _allocator_child(args) -> dict:
         raise SystemExit("retain_freed_memory() does not apply here (glibc on Linux only)")
     config = model_config(args)
     (model,) = build_models(config, [side], args.seed)
-    if side.startswith("vaswani_mt"):  # what `--attn_implementation auto` picks on a CPU
-        model.set_attn_implementation("eager" if side.endswith("_bf16") else "sdpa")
+    if side.startswith("vaswani_mt"):
+        model.set_attn_implementation(auto_attention("cpu", side.endswith("_bf16")))
     step = make_step(side, model, optimizer_for(model, args.lr))
     lengths = [int(value) for value in args.lengths.split(",")]
     batches = [synthetic_batch(config, max(1, args.batch_tokens // n), n, args.seed + n) for n in lengths]

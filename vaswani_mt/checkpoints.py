@@ -42,12 +42,15 @@ def is_complete(checkpoint: Path) -> bool:
     return True
 
 
-def list_checkpoints(directory: str | os.PathLike, complete_only: bool = True) -> list[Path]:
-    """`checkpoint-N` folders in `directory`, oldest first; incomplete ones are skipped with a warning."""
+def list_checkpoints(
+    directory: str | os.PathLike, complete_only: bool = True, up_to_step: int | None = None
+) -> list[Path]:
+    """`checkpoint-N` folders in `directory`, oldest first (only N <= `up_to_step` when given); incomplete ones are
+    skipped with a warning."""
     found = []
     for path in Path(directory).iterdir() if Path(directory).is_dir() else []:
         match = _CHECKPOINT.match(path.name)
-        if not (match and path.is_dir()):
+        if not (match and path.is_dir()) or (up_to_step is not None and int(match.group(1)) > up_to_step):
             continue
         if complete_only and not is_complete(path):
             logger.warning("ignoring %s: it was not completely written (no readable trainer_state.json)", path)
@@ -88,9 +91,7 @@ def average_checkpoints(
     """
     if last < 1:
         raise ValueError(f"last must be at least 1, got {last}")
-    checkpoints = list_checkpoints(checkpoint_dir)
-    if up_to_step is not None:
-        checkpoints = [c for c in checkpoints if int(c.name.rsplit("-", 1)[1]) <= up_to_step]
+    checkpoints = list_checkpoints(checkpoint_dir, up_to_step=up_to_step)
     if not checkpoints:
         window = f" up to step {up_to_step}" if up_to_step is not None else ""
         raise FileNotFoundError(f"{checkpoint_dir}: no complete checkpoint-N folders{window}")

@@ -767,6 +767,11 @@ def resolve_batch(recipe: RecipeArguments, data_args: DataArguments, training_ar
 ATTENTION_IMPLEMENTATIONS = ("auto", "sdpa", "eager")
 
 
+def auto_attention(device_type: str, bf16: bool) -> str:
+    """What `--attn_implementation auto` picks for training: eager on a CPU under bf16 autocast, sdpa elsewhere."""
+    return "eager" if device_type == "cpu" and bf16 else "sdpa"
+
+
 def resolve_attention(model_args: ModelArguments, training_args: Seq2SeqTrainingArguments) -> str:
     """Applies `--attn_implementation auto` (after `resolve_precision`) and returns the implementation trained with.
 
@@ -780,7 +785,7 @@ def resolve_attention(model_args: ModelArguments, training_args: Seq2SeqTraining
     if choice not in ATTENTION_IMPLEMENTATIONS:
         raise ValueError(f"--attn_implementation must be one of {', '.join(ATTENTION_IMPLEMENTATIONS)}, got {choice!r}")
     if choice == "auto":
-        choice = "eager" if training_args.device.type == "cpu" and training_args.bf16 else "sdpa"
+        choice = auto_attention(training_args.device.type, training_args.bf16)
         logger.info("--attn_implementation auto: %s", choice)
     model_args.attn_implementation = choice
     return choice
@@ -1113,6 +1118,7 @@ __all__ = [
     "RecipeArguments",
     "VaswaniTrainer",
     "WallClockCallback",
+    "auto_attention",
     "native_bf16",
     "paper_learning_rate",
     "parse_args",
