@@ -240,8 +240,9 @@ def test_the_main_jobs_config_parses_and_keeps_the_30_minute_budget():
     assert (model_args.preset, data_args.dataset, recipe.auto_bf16) == ("small", "ding+phrases", True)
     assert recipe.time_budget_minutes <= 27 and recipe.average_last == 5
     assert recipe.length_penalty == 1.2  # chosen on the dev split (benchmarks/RESULTS.md, sixth session)
-    # 2048-token batches with bf16, 1024 in float32 (benchmarks/RESULTS.md, tenth session)
+    # bf16: small, 2048-token batches; float32: mini, 1024 (benchmarks/RESULTS.md, tenth and eleventh sessions)
     assert (data_args.max_tokens_per_batch, recipe.float32_max_tokens_per_batch) == (2048, 1024)
+    assert recipe.float32_preset == "mini"
     with pytest.raises(ValueError, match=r"--length_penalty .* must be a number >= 0, got -1\.0"):
         training.run_training(*parse_args([str(ROOT / "configs" / "ding_cpu.yaml"), "--length_penalty", "-1"]))
     assert not training_args.bf16  # decided at run time by resolve_precision, from the hardware
@@ -274,19 +275,27 @@ def test_auto_bf16_turns_on_bf16_autocast_only_where_bf16_is_native(tmp_path, mo
 
 
 @pytest.mark.parametrize(("native", "extra", "expected"), [
-    (True, [], 2048), (False, [], 1024), (False, ["--auto_bf16", "false"], 2048),
-    (False, ["--float32_max_tokens_per_batch", "512"], 512),
+    (True, [], ("small", 2048)), (False, [], ("mini", 1024)), (False, ["--auto_bf16", "false"], ("small", 2048)),
+    (False, ["--float32_max_tokens_per_batch", "512", "--float32_preset", "base"], ("base", 512)),
 ])  # fmt: skip
-def test_float32_runs_take_the_float32_batch_where_auto_bf16_finds_no_bf16(tmp_path, monkeypatch, native, extra,
-                                                                           expected):  # fmt: skip
+def test_float32_runs_take_the_float32_shape_and_batch_where_auto_bf16_finds_no_bf16(tmp_path, monkeypatch, native,
+                                                                                     extra, expected):  # fmt: skip
     monkeypatch.setattr(training, "native_bf16", lambda: native)
-    argv = ["--output_dir", str(tmp_path), "--report_to", "none", "--auto_bf16", "true", "--max_tokens_per_batch",
-            "2048", "--float32_max_tokens_per_batch", "1024", *extra]  # fmt: skip
-    _, data_args, recipe, args = parse_args(argv)
+    argv = ["--output_dir", str(tmp_path), "--report_to", "none", "--auto_bf16", "true", "--preset", "small",
+            "--max_tokens_per_batch", "2048", "--float32_max_tokens_per_batch", "1024", "--float32_preset", "mini",
+            "--d_ff", "384", *extra]  # fmt: skip
+    model_args, data_args, recipe, args = parse_args(argv)
     resolve_precision(recipe, args)
-    assert training.resolve_batch(recipe, data_args, args) == expected == data_args.max_tokens_per_batch
+    assert training.resolve_float32(recipe, model_args, data_args, args) == expected
+    assert (model_args.preset, data_args.max_tokens_per_batch) == expected
+    tokenizer = train_tokenizer(["The house is small.", "Das Haus ist klein."] * 5, vocab_size=60, min_frequency=1)
+    config = build_model(model_args, tokenizer).config
+    preset = VaswaniConfig.from_preset(expected[0])
+    assert (config.d_model, config.num_encoder_layers, config.d_ff) == (preset.d_model, preset.num_encoder_layers, 384)
     with pytest.raises(ValueError, match="at least 1, got 0"):
-        training.resolve_batch(recipe.__class__(float32_max_tokens_per_batch=0), data_args, args)
+        training.resolve_float32(recipe.__class__(float32_max_tokens_per_batch=0), model_args, data_args, args)
+    with pytest.raises(ValueError, match=r"--float32_preset: unknown preset 'huge'"):
+        training.resolve_float32(recipe.__class__(float32_preset="huge"), model_args, data_args, args)
 
 
 def test_bf16_without_native_support_is_kept_but_warned_about(tmp_path, monkeypatch, caplog):

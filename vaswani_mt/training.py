@@ -216,7 +216,15 @@ class RecipeArguments:
         metadata={
             "help": "with --auto_bf16, where the hardware has no native bf16 (so training runs in float32): the "
             "token budget per batch instead of --max_tokens_per_batch; a float32 step is several times slower, and "
-            "smaller batches keep enough updates in a time budget (the CPU preset: RESULTS.md, tenth session)"
+            "smaller batches keep enough updates in a time budget (RESULTS.md, tenth session)"
+        },
+    )
+    float32_preset: str | None = field(
+        default=None,
+        metadata={
+            "help": "with --auto_bf16, where the hardware has no native bf16 (so training runs in float32): the model "
+            "shape instead of --preset's (--d_model etc. still apply on top); at a fixed time budget a smaller model "
+            "that sees more tokens can learn more (the CPU preset: mini, RESULTS.md, eleventh session)"
         },
     )
     retain_freed_memory: bool = field(
@@ -751,17 +759,27 @@ def resolve_precision(recipe: RecipeArguments, training_args: Seq2SeqTrainingArg
         )
 
 
-def resolve_batch(recipe: RecipeArguments, data_args: DataArguments, training_args) -> int | None:
-    """Applies `--float32_max_tokens_per_batch` (after `resolve_precision`) and returns the token budget trained with:
-    where `--auto_bf16` found no native bf16, training runs in float32 on batches of that many tokens."""
+def resolve_float32(
+    recipe: RecipeArguments, model_args: ModelArguments, data_args: DataArguments, training_args
+) -> tuple[str, int | None]:
+    """Applies `--float32_preset` and `--float32_max_tokens_per_batch` (after `resolve_precision`): where
+    `--auto_bf16` found no native bf16, training runs in float32 with that model shape and token budget per batch.
+    Returns the preset and the token budget trained with."""
     value = recipe.float32_max_tokens_per_batch
     if value is not None and value < 1:
         raise ValueError(f"--float32_max_tokens_per_batch must be at least 1, got {value}")
-    if value and recipe.auto_bf16 and not (training_args.bf16 or training_args.fp16):
-        logger.info("--float32_max_tokens_per_batch: %d tokens per batch (float32 here), not %s", value,
-                    data_args.max_tokens_per_batch)  # fmt: skip
-        data_args.max_tokens_per_batch = value
-    return data_args.max_tokens_per_batch
+    if recipe.float32_preset is not None and recipe.float32_preset not in PRESETS:
+        raise ValueError(f"--float32_preset: unknown preset {recipe.float32_preset!r}; choose one of {sorted(PRESETS)}")
+    if recipe.auto_bf16 and not (training_args.bf16 or training_args.fp16):
+        if value:
+            logger.info("--float32_max_tokens_per_batch: %d tokens per batch (float32 here), not %s", value,
+                        data_args.max_tokens_per_batch)  # fmt: skip
+            data_args.max_tokens_per_batch = value
+        if recipe.float32_preset and not model_args.model_name_or_path:
+            logger.info("--float32_preset: the %s shape (float32 here), not %s", recipe.float32_preset,
+                        model_args.preset)  # fmt: skip
+            model_args.preset = recipe.float32_preset
+    return model_args.preset, data_args.max_tokens_per_batch
 
 
 ATTENTION_IMPLEMENTATIONS = ("auto", "sdpa", "eager")
@@ -829,7 +847,7 @@ def run_training(
     if recipe.length_penalty is not None and not 0.0 <= recipe.length_penalty < float("inf"):
         raise ValueError(f"--length_penalty (GNMT alpha) must be a number >= 0, got {recipe.length_penalty}")
     resolve_precision(recipe, training_args)
-    resolve_batch(recipe, data_args, training_args)
+    resolve_float32(recipe, model_args, data_args, training_args)
     resolve_attention(model_args, training_args)
     if recipe.retain_freed_memory:
         retain_freed_memory()
@@ -1125,7 +1143,7 @@ __all__ = [
     "plot_curves",
     "print_summary",
     "resolve_attention",
-    "resolve_batch",
+    "resolve_float32",
     "resolve_precision",
     "run_training",
 ]
