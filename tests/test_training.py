@@ -677,6 +677,24 @@ def test_end_to_end_job_on_local_jsonl(tmp_path):
         "do_sample": False,
     }
 
+    # benchmarks/loss_at_minutes.py: the losses logged near each minute mark, from the last checkpoint's log
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import loss_at_minutes
+    finally:
+        sys.path.pop(0)
+    points = loss_at_minutes.logged_losses(output)
+    assert len(points) == len(logged) and points[-1][1] == logged[-1]["loss"]
+    minute = points[-1][0]
+    mean = sum(r["loss"] for r in logged) / len(logged)
+    assert loss_at_minutes.loss_at(points, minute, window=1e9) == mean
+    assert loss_at_minutes.loss_at(points, minute + 10, window=1.0) is None
+    rows = loss_at_minutes.table([output], [minute + 10, minute], window=1.0).splitlines()
+    assert rows[0] == f"| minute | {output.name} |" and rows[2] == f"| {minute + 10:g} |  |"
+    assert rows[3] == f"| {minute:g} | {loss_at_minutes.loss_at(points, minute, 1.0):.3f} |"
+    with pytest.raises(FileNotFoundError, match="no checkpoint-N folder"):
+        loss_at_minutes.logged_losses(tmp_path)
+
 
 def test_marian_benchmark_runs_both_models_through_the_same_pipeline(tmp_path):
     data = _write_jsonl(tmp_path / "pairs.jsonl", count=300)

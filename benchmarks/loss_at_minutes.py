@@ -1,0 +1,58 @@
+#!/usr/bin/env python
+"""Training loss against wall-clock minutes for runs with different step speeds: a markdown table.
+
+Runs at a time budget compare at equal minutes, not equal steps. For each run this reads the loss log of its last
+checkpoint (`trainer_state.json`: `loss` and `train_minutes` every `--logging_steps` updates) and prints, at each
+mark, the mean of the losses logged within `--window` minutes of it.
+
+    python benchmarks/loss_at_minutes.py outputs/sweep11/d128 outputs/sweep11/d96 --first 2 --every 4
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from vaswani_mt.checkpoints import list_checkpoints
+
+
+def logged_losses(run: Path) -> list[tuple[float, float]]:
+    """(training minute, loss) of every logged training step of `run`, from its last checkpoint."""
+    checkpoints = list_checkpoints(run)
+    if not checkpoints:
+        raise FileNotFoundError(f"{run}: no checkpoint-N folder with a trainer_state.json")
+    history = json.loads((checkpoints[-1] / "trainer_state.json").read_text())["log_history"]
+    return [(row["train_minutes"], row["loss"]) for row in history if "loss" in row and "train_minutes" in row]
+
+
+def loss_at(points: list[tuple[float, float]], minute: float, window: float) -> float | None:
+    """The mean loss logged within `window` minutes of `minute`; None where the run logged none there."""
+    near = [loss for at, loss in points if abs(at - minute) <= window]
+    return sum(near) / len(near) if near else None
+
+
+def table(runs: list[Path], marks: list[float], window: float) -> str:
+    points = {run: logged_losses(run) for run in runs}
+    lines = ["| minute | " + " | ".join(run.name for run in runs) + " |", "|---" * (len(runs) + 1) + "|"]
+    for mark in marks:
+        values = (loss_at(points[run], mark, window) for run in runs)
+        lines.append(f"| {mark:g} | " + " | ".join("" if v is None else f"{v:.3f}" for v in values) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="training output folders holding checkpoint-N folders")
+    parser.add_argument("--first", type=float, default=2.0, help="first mark, in minutes")
+    parser.add_argument("--every", type=float, default=4.0, help="minutes between marks")
+    parser.add_argument("--last", type=float, default=27.0, help="no mark after this minute")
+    parser.add_argument("--window", type=float, default=1.0, help="average the losses within this many minutes")
+    args = parser.parse_args(argv)
+    marks, mark = [], args.first
+    while mark <= args.last:
+        marks.append(mark)
+        mark += args.every
+    print(table(args.runs, marks, args.window))
+
+
+if __name__ == "__main__":
+    main()
