@@ -22,20 +22,17 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from vaswani_mt.checkpoints import average_checkpoints, list_checkpoints
+from vaswani_mt.checkpoints import average_checkpoints, list_checkpoints, log_history
 from vaswani_mt.data import BUILTIN_CORPUS, load_corpus, source_target
 from vaswani_mt.evaluation import evaluate_bleu, token_nll
 
 
 def checkpoint_minutes(run: Path, step: int) -> float | None:
     """Training minutes at `step`, interpolated between the run's logged `train_minutes`."""
-    state = run / "trainer_state.json"
-    if not state.is_file():
-        candidates = list_checkpoints(run)
-        if not candidates:
-            return None
-        state = candidates[-1] / "trainer_state.json"
-    history = json.loads(state.read_text())["log_history"]
+    try:
+        history = log_history(run)
+    except FileNotFoundError:
+        return None
     points = sorted((row["step"], row["train_minutes"]) for row in history if "train_minutes" in row)
     if points:
         below = [p for p in points if p[0] <= step] or [(0, 0.0)]

@@ -1,27 +1,22 @@
 #!/usr/bin/env python
 """Training loss against wall-clock minutes for runs with different step speeds: a markdown table.
 
-Runs at a time budget compare at equal minutes, not equal steps. For each run this reads the loss log of its last
-checkpoint (`trainer_state.json`: `loss` and `train_minutes` every `--logging_steps` updates) and prints, at each
-mark, the mean of the losses logged within `--window` minutes of it.
+Runs at a time budget compare at equal minutes, not equal steps. For each run this reads its loss log (the run's
+or its last checkpoint's `trainer_state.json`: `loss` and `train_minutes` every `--logging_steps` updates) and
+prints, at each mark, the mean of the losses logged within `--window` minutes of it.
 
     python benchmarks/loss_at_minutes.py outputs/sweep11/d128 outputs/sweep11/d96 --first 2 --every 4
 """
 
 import argparse
-import json
 from pathlib import Path
 
-from vaswani_mt.checkpoints import list_checkpoints
+from vaswani_mt.checkpoints import log_history
 
 
 def logged_losses(run: Path) -> list[tuple[float, float]]:
-    """(training minute, loss) of every logged training step of `run`, from its last checkpoint."""
-    checkpoints = list_checkpoints(run)
-    if not checkpoints:
-        raise FileNotFoundError(f"{run}: no checkpoint-N folder with a trainer_state.json")
-    history = json.loads((checkpoints[-1] / "trainer_state.json").read_text())["log_history"]
-    return [(row["train_minutes"], row["loss"]) for row in history if "loss" in row and "train_minutes" in row]
+    """(training minute, loss) of every logged training step of `run`."""
+    return [(row["train_minutes"], row["loss"]) for row in log_history(run) if "loss" in row and "train_minutes" in row]
 
 
 def loss_at(points: list[tuple[float, float]], minute: float, window: float) -> float | None:

@@ -23,6 +23,7 @@ import torch
 import transformers
 from transformers import MarianMTModel
 
+from vaswani_mt.checkpoints import log_history
 from vaswani_mt.export import marian_config
 from vaswani_mt.training import build_model, parse_args, run_training
 
@@ -39,7 +40,7 @@ def marian_factory(model_args, tokenizer) -> MarianMTModel:
 
 
 def curve(output_dir: Path) -> dict:
-    history = json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
+    history = log_history(output_dir)
     rows = [row for row in history if "loss" in row]
     speeds = sorted(row["target_tokens_per_second"] for row in rows if "target_tokens_per_second" in row)
     return {

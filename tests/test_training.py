@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from transformers import TrainerControl, TrainerState
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration, training
-from vaswani_mt.checkpoints import average_checkpoints, last_checkpoint, list_checkpoints
+from vaswani_mt.checkpoints import average_checkpoints, last_checkpoint, list_checkpoints, log_history
 from vaswani_mt.tokenization import train_tokenizer
 from vaswani_mt.training import (
     VaswaniTrainer,
@@ -694,6 +694,11 @@ def test_end_to_end_job_on_local_jsonl(tmp_path):
     assert rows[3] == f"| {minute:g} | {loss_at_minutes.loss_at(points, minute, 1.0):.3f} |"
     with pytest.raises(FileNotFoundError, match="no checkpoint-N folder"):
         loss_at_minutes.logged_losses(tmp_path)
+    # log_history: the run's own final state, else (a run cut off by its time budget) its last checkpoint's
+    assert log_history(output) == history
+    (output / "trainer_state.json").rename(tmp_path / "state.json")
+    last_state = json.loads((last_checkpoint(output) / "trainer_state.json").read_text())
+    assert log_history(output) == last_state["log_history"]
 
 
 def test_marian_benchmark_runs_both_models_through_the_same_pipeline(tmp_path):

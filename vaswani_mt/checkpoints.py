@@ -65,6 +65,18 @@ def last_checkpoint(directory: str | os.PathLike) -> Path | None:
     return checkpoints[-1] if checkpoints else None
 
 
+def log_history(run: str | os.PathLike) -> list[dict]:
+    """A training run's logged rows (`trainer_state.json`'s `log_history`): the run's own final state where it wrote
+    one, else its last complete checkpoint's (runs of `scripts/train.py` save their state with each checkpoint)."""
+    state = Path(run) / "trainer_state.json"
+    if not state.is_file():
+        checkpoint = last_checkpoint(run)
+        if checkpoint is None:
+            raise FileNotFoundError(f"{run}: no trainer_state.json and no checkpoint-N folder with one")
+        state = checkpoint / "trainer_state.json"
+    return json.loads(state.read_text())["log_history"]
+
+
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
     tensors = {}
     for file in _weight_files(folder):
@@ -134,4 +146,4 @@ def average_checkpoints(
     return output
 
 
-__all__ = ["average_checkpoints", "is_complete", "last_checkpoint", "list_checkpoints"]
+__all__ = ["average_checkpoints", "is_complete", "last_checkpoint", "list_checkpoints", "log_history"]
