@@ -248,6 +248,22 @@ def test_the_main_jobs_config_parses_and_keeps_the_30_minute_budget():
     assert not training_args.bf16  # decided at run time by resolve_precision, from the hardware
 
 
+@pytest.mark.parametrize(("native", "expected"), [(True, ("small", 256, 0.1, 2048)), (False, ("mini", 128, 0.0, 1024))])
+def test_the_main_job_trains_small_with_dropout_under_bf16_and_mini_without_in_float32(tmp_path, monkeypatch, native,
+                                                                                       expected):  # fmt: skip
+    # benchmarks/RESULTS.md: bf16, small with P_drop 0.1 (seventh session); float32 on a CPU without native bf16,
+    # mini (eleventh session) without dropout (twelfth session)
+    monkeypatch.setattr(training, "native_bf16", lambda: native)
+    config_file = str(ROOT / "configs" / "ding_cpu.yaml")
+    model_args, data_args, recipe, args = parse_args([config_file, "--output_dir", str(tmp_path)])
+    resolve_precision(recipe, args)
+    preset, tokens = training.resolve_float32(recipe, model_args, data_args, args)
+    tokenizer = train_tokenizer(["The house is small.", "Das Haus ist klein."] * 5, vocab_size=60, min_frequency=1)
+    config = build_model(model_args, tokenizer).config
+    assert (preset, config.d_model, config.dropout, tokens) == expected
+    assert args.bf16 is native and config.init_std == 0.02
+
+
 def test_training_keeps_freed_memory_unless_told_not_to(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(training, "retain_freed_memory", lambda: calls.append("retain") or True)
