@@ -204,7 +204,7 @@ def test_add_reverse_gets_a_token_of_its_own(tmp_path):
                                            "--report_to", "none"]))  # fmt: skip
 
 
-def test_config_file_sets_options_and_command_line_wins(tmp_path):
+def test_config_file_sets_options_and_command_line_wins(tmp_path, tokenizer):
     config = tmp_path / "run.yaml"
     config.write_text(
         "preset: small\nmax_tokens_per_batch: 3000\nwarmup_steps: 800\nlearning_rate: 2.0\ninit_std: 0.02\n"
@@ -212,7 +212,6 @@ def test_config_file_sets_options_and_command_line_wins(tmp_path):
     model_args, data_args, _, training_args = parse_args(["--config", str(config), "--warmup_steps", "900"])
     assert (model_args.preset, data_args.max_tokens_per_batch) == ("small", 3000)
     assert (training_args.warmup_steps, training_args.learning_rate) == (900, 2.0)
-    tokenizer = train_tokenizer(["The house is small.", "Das Haus ist klein."] * 5, vocab_size=60, min_frequency=1)
     model = build_model(model_args, tokenizer)
     assert model.config.init_std == 0.02 and model.config.d_model == 256
     weight = model.model.encoder.layers[0].ffn.fc1.weight
@@ -223,10 +222,9 @@ def test_config_file_sets_options_and_command_line_wins(tmp_path):
         parse_args([str(bad)])
 
 
-def test_shape_options_override_the_preset(tmp_path):
+def test_shape_options_override_the_preset(tmp_path, tokenizer):
     argv = ["--output_dir", str(tmp_path), "--preset", "small", "--num_encoder_layers", "6"]
     model_args = parse_args([*argv, "--num_decoder_layers", "5", "--d_ff", "512", "--num_heads", "8"])[0]
-    tokenizer = train_tokenizer(["The house is small.", "Das Haus ist klein."] * 5, vocab_size=60, min_frequency=1)
     model = build_model(model_args, tokenizer)
     config = model.config
     assert (config.num_encoder_layers, config.num_decoder_layers, config.d_ff, config.num_heads) == (6, 5, 512, 8)
@@ -249,8 +247,9 @@ def test_the_main_jobs_config_parses_and_keeps_the_30_minute_budget():
 
 
 @pytest.mark.parametrize(("native", "expected"), [(True, ("small", 256, 0.1, 2048)), (False, ("mini", 128, 0.0, 1024))])
-def test_the_main_job_trains_small_with_dropout_under_bf16_and_mini_without_in_float32(tmp_path, monkeypatch, native,
-                                                                                       expected):  # fmt: skip
+def test_the_main_job_trains_small_with_dropout_under_bf16_and_mini_without_in_float32(
+    tmp_path, monkeypatch, native, expected, tokenizer
+):
     # benchmarks/RESULTS.md: bf16, small with P_drop 0.1 (seventh session); float32 on a CPU without native bf16,
     # mini (eleventh session) without dropout (twelfth session)
     monkeypatch.setattr(training, "native_bf16", lambda: native)
@@ -258,7 +257,6 @@ def test_the_main_job_trains_small_with_dropout_under_bf16_and_mini_without_in_f
     model_args, data_args, recipe, args = parse_args([config_file, "--output_dir", str(tmp_path)])
     resolve_precision(recipe, args)
     preset, tokens = training.resolve_float32(recipe, model_args, data_args, args)
-    tokenizer = train_tokenizer(["The house is small.", "Das Haus ist klein."] * 5, vocab_size=60, min_frequency=1)
     config = build_model(model_args, tokenizer).config
     assert (preset, config.d_model, config.dropout, tokens) == expected
     assert args.bf16 is native and config.init_std == 0.02
@@ -294,8 +292,9 @@ def test_auto_bf16_turns_on_bf16_autocast_only_where_bf16_is_native(tmp_path, mo
     (True, [], ("small", 2048)), (False, [], ("mini", 1024)), (False, ["--auto_bf16", "false"], ("small", 2048)),
     (False, ["--float32_max_tokens_per_batch", "512", "--float32_preset", "base"], ("base", 512)),
 ])  # fmt: skip
-def test_float32_runs_take_the_float32_shape_and_batch_where_auto_bf16_finds_no_bf16(tmp_path, monkeypatch, native,
-                                                                                     extra, expected):  # fmt: skip
+def test_float32_runs_take_the_float32_shape_and_batch_where_auto_bf16_finds_no_bf16(
+    tmp_path, monkeypatch, native, extra, expected, tokenizer
+):
     monkeypatch.setattr(training, "native_bf16", lambda: native)
     argv = ["--output_dir", str(tmp_path), "--report_to", "none", "--auto_bf16", "true", "--preset", "small",
             "--max_tokens_per_batch", "2048", "--float32_max_tokens_per_batch", "1024", "--float32_preset", "mini",
@@ -304,7 +303,6 @@ def test_float32_runs_take_the_float32_shape_and_batch_where_auto_bf16_finds_no_
     resolve_precision(recipe, args)
     assert training.resolve_float32(recipe, model_args, data_args, args) == expected
     assert (model_args.preset, data_args.max_tokens_per_batch) == expected
-    tokenizer = train_tokenizer(["The house is small.", "Das Haus ist klein."] * 5, vocab_size=60, min_frequency=1)
     config = build_model(model_args, tokenizer).config
     preset = VaswaniConfig.from_preset(expected[0])
     assert (config.d_model, config.num_encoder_layers, config.d_ff) == (preset.d_model, preset.num_encoder_layers, 384)
@@ -323,7 +321,9 @@ def test_bf16_without_native_support_is_kept_but_warned_about(tmp_path, monkeypa
 
 
 @pytest.mark.parametrize(("precision", "expected"), [(["--bf16", "true"], "eager"), ([], "sdpa")])
-def test_auto_attention_is_eager_for_cpu_bf16_training_and_sdpa_otherwise(tmp_path, monkeypatch, precision, expected):
+def test_auto_attention_is_eager_for_cpu_bf16_training_and_sdpa_otherwise(
+    tmp_path, monkeypatch, precision, expected, tokenizer
+):
     monkeypatch.setattr(training, "native_bf16", lambda: True)
     argv = [
         "--output_dir",
@@ -341,7 +341,6 @@ def test_auto_attention_is_eager_for_cpu_bf16_training_and_sdpa_otherwise(tmp_pa
     assert model_args.attn_implementation == "auto"
     resolve_precision(recipe, args)
     assert resolve_attention(model_args, args) == expected == model_args.attn_implementation
-    tokenizer = train_tokenizer(["The house is small.", "Das Haus ist klein."] * 5, vocab_size=60, min_frequency=1)
     assert build_model(model_args, tokenizer).config._attn_implementation == expected
     # An explicit choice is kept; a wrong one is named.
     model_args, _, _, args = parse_args(argv + precision + ["--attn_implementation", "sdpa"])
