@@ -3,7 +3,8 @@
 
 Runs at a time budget compare at equal minutes, not equal steps. For each run this reads its loss log (the run's
 or its last checkpoint's `trainer_state.json`: `loss` and `train_minutes` every `--logging_steps` updates) and
-prints, at each mark, the mean of the losses logged within `--window` minutes of it.
+prints, at each mark, the mean of the losses logged within `--window` minutes of it; then each run's updates,
+epochs, median target tokens per second and last logged loss (`vaswani_mt.checkpoints.run_summary`).
 
     python benchmarks/loss_at_minutes.py outputs/sweep11/d128 outputs/sweep11/d96 --first 2 --every 4
 """
@@ -11,7 +12,7 @@ prints, at each mark, the mean of the losses logged within `--window` minutes of
 import argparse
 from pathlib import Path
 
-from vaswani_mt.checkpoints import log_history
+from vaswani_mt.checkpoints import log_history, run_summary
 
 
 def logged_losses(run: Path) -> list[tuple[float, float]]:
@@ -34,6 +35,17 @@ def table(runs: list[Path], marks: list[float], window: float) -> str:
     return "\n".join(lines)
 
 
+def summary(runs: list[Path]) -> str:
+    lines = ["| run | steps | epochs | median target tok/s | final train loss |", "|---|---|---|---|---|"]
+    for run in runs:
+        r = run_summary(run)
+        epochs = "" if r["epochs"] is None else f"{r['epochs']:.2f}"
+        speed = "" if r["median_target_tokens_per_second"] is None else f"{r['median_target_tokens_per_second']:,.0f}"
+        loss = "" if r["final_train_loss"] is None else f"{r['final_train_loss']:.3f}"
+        lines.append(f"| {run.name} | {r['steps']:,} | {epochs} | {speed} | {loss} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="training output folders holding checkpoint-N folders")
@@ -47,6 +59,8 @@ def main(argv=None) -> None:
         marks.append(mark)
         mark += args.every
     print(table(args.runs, marks, args.window))
+    print()
+    print(summary(args.runs))
 
 
 if __name__ == "__main__":

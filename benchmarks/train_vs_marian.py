@@ -23,7 +23,7 @@ import torch
 import transformers
 from transformers import MarianMTModel
 
-from vaswani_mt.checkpoints import log_history
+from vaswani_mt.checkpoints import run_summary
 from vaswani_mt.export import marian_config
 from vaswani_mt.training import build_model, parse_args, run_training
 
@@ -37,17 +37,6 @@ def marian_factory(model_args, tokenizer) -> MarianMTModel:
     generation.num_beams, generation.length_penalty, generation.max_new_tokens = 4, 0.6, 128
     generation.bad_words_ids = None
     return marian
-
-
-def curve(output_dir: Path) -> dict:
-    history = log_history(output_dir)
-    rows = [row for row in history if "loss" in row]
-    speeds = sorted(row["target_tokens_per_second"] for row in rows if "target_tokens_per_second" in row)
-    return {
-        "steps": max((row["step"] for row in history), default=0),
-        "final_train_loss": rows[-1]["loss"] if rows else None,
-        "median_target_tokens_per_second": speeds[len(speeds) // 2] if speeds else None,
-    }
 
 
 def main() -> None:
@@ -78,7 +67,7 @@ def main() -> None:
             "test_bleu": round(result["test"]["score"], 2),
             "test_chrf": round(result["test"]["chrf"], 2),
             "wall_minutes": round((time.monotonic() - started) / 60, 2),
-            **curve(Path(training_args.output_dir)),
+            **run_summary(training_args.output_dir),
             "signature": result["test"]["signature"],
         }
         print(json.dumps({name: results[name]}), flush=True)

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from transformers import TrainerControl, TrainerState
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration, training
-from vaswani_mt.checkpoints import average_checkpoints, last_checkpoint, list_checkpoints, log_history
+from vaswani_mt.checkpoints import average_checkpoints, last_checkpoint, list_checkpoints, log_history, run_summary
 from vaswani_mt.tokenization import train_tokenizer
 from vaswani_mt.training import (
     VaswaniTrainer,
@@ -709,6 +709,15 @@ def test_end_to_end_job_on_local_jsonl(tmp_path):
     assert rows[3] == f"| {minute:g} | {loss_at_minutes.loss_at(points, minute, 1.0):.3f} |"
     with pytest.raises(FileNotFoundError, match="no checkpoint-N folder"):
         loss_at_minutes.logged_losses(tmp_path)
+    # run_summary (printed under the table): updates, epochs, the median logged tokens per second, the last loss
+    summary = run_summary(output)
+    speeds = sorted(r["target_tokens_per_second"] for r in logged)
+    assert summary["steps"] == 8 and summary["epochs"] == history[-1]["epoch"] > 0
+    assert summary["final_train_loss"] == logged[-1]["loss"]
+    assert summary["median_target_tokens_per_second"] == speeds[len(speeds) // 2]
+    rows = loss_at_minutes.summary([output]).splitlines()
+    median, epochs = speeds[len(speeds) // 2], summary["epochs"]
+    assert rows[2] == f"| {output.name} | 8 | {epochs:.2f} | {median:,.0f} | {logged[-1]['loss']:.3f} |"
     # log_history: the run's own final state, else (a run cut off by its time budget) its last checkpoint's
     assert log_history(output) == history
     (output / "trainer_state.json").rename(tmp_path / "state.json")
