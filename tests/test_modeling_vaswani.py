@@ -95,6 +95,34 @@ def test_decoder_cannot_see_future_tokens(implementation):
     assert not torch.allclose(a[:, 4:], b[:, 4:])
 
 
+@pytest.mark.parametrize("name", ["cache", "past_key_values"])
+def test_decoding_step_by_step_with_the_cache_under_either_name_gives_the_full_logits(model, name):
+    """transformers >= 5.24 passes the KV cache to forward as `cache`, earlier versions as `past_key_values`; the
+    model takes either and returns it where the installed `generate()` reads it back."""
+    ids, mask = padded_batch()
+    target = torch.tensor([[0, 11, 12, 13, 14], [0, 21, 22, 23, 24], [0, 31, 32, 33, 34]])
+    full = model(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits
+    encoder_outputs = model.get_encoder()(ids, attention_mask=mask)
+    model_kwargs, steps = {}, []
+    for position in range(target.shape[1]):
+        outputs = model(
+            attention_mask=mask,
+            encoder_outputs=encoder_outputs,
+            decoder_input_ids=target[:, position : position + 1],
+            use_cache=True,
+            **({name: model_kwargs["cache"]} if model_kwargs else {}),
+        )
+        steps.append(outputs.logits)
+        # What generate() does between steps (GenerationMixin._update_model_kwargs_for_generation, either version).
+        model_kwargs = model._update_model_kwargs_for_generation(outputs, {}, is_encoder_decoder=True)
+        model_kwargs["cache"] = model_kwargs.pop("past_key_values", model_kwargs.get("cache"))
+        assert model_kwargs["cache"].get_seq_length() == position + 1
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="not both"):
+        cache = model_kwargs["cache"]
+        model(encoder_outputs=encoder_outputs, decoder_input_ids=target[:, :1], cache=cache, past_key_values=cache)
+
+
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
 def test_encoder_is_not_causal(implementation):
     model = make_model()

@@ -82,7 +82,8 @@ class VaswaniConfig(PreTrainedConfig):
     """
 
     model_type = "vaswani_mt"
-    keys_to_ignore_at_inference: ClassVar[list[str]] = ["past_key_values"]
+    # The KV cache is not a prediction; transformers >= 5.24 names it `cache`, earlier versions `past_key_values`.
+    keys_to_ignore_at_inference: ClassVar[list[str]] = ["cache", "past_key_values"]
     attribute_map: ClassVar[dict[str, str]] = {
         "hidden_size": "d_model",
         "num_attention_heads": "num_heads",

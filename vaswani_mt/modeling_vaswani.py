@@ -10,6 +10,7 @@ copies it as Hub remote code.
 
 from __future__ import annotations
 
+import inspect
 import math
 import weakref
 from collections.abc import Callable
@@ -24,6 +25,20 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .configuration_vaswani import VaswaniConfig
+
+# transformers 5.24 renamed the KV cache that `generate()` passes to `forward` and reads back from its output, and
+# the argument of `create_causal_mask`, from `past_key_values` to `cache`. The model takes either name and writes
+# the one the installed version reads, so that it runs (and its remote code runs) under 5.0-5.23 and 5.24+.
+_CACHE_OUTPUT_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
+_CACHE_MASK_ARG = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
+
+
+def _one_cache(cache: Cache | None, past_key_values: Cache | None) -> Cache | None:
+    """The cache passed under the new name (`cache`, transformers >= 5.24) or the old one (`past_key_values`)."""
+    if cache is not None and past_key_values is not None:
+        raise ValueError("pass the KV cache as `cache` or as `past_key_values`, not both")
+    return cache if cache is not None else past_key_values
+
 
 # The Auto classes a saved folder names, so that it loads as Hub remote code with `trust_remote_code=True`.
 _AUTO_MAP = {
@@ -173,28 +188,28 @@ class VaswaniAttention(nn.Module):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         key_value_states: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         output_attentions: bool = False,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         is_cross = key_value_states is not None
         query = self._heads(_project(self.q_proj, hidden_states), self.d_k)
 
-        cache = past_key_values
-        if isinstance(past_key_values, EncoderDecoderCache):
-            cache = past_key_values.cross_attention_cache if is_cross else past_key_values.self_attention_cache
-        if is_cross and cache is not None and past_key_values.is_updated.get(self.layer_idx):
+        layer_cache = cache
+        if isinstance(cache, EncoderDecoderCache):
+            layer_cache = cache.cross_attention_cache if is_cross else cache.self_attention_cache
+        if is_cross and layer_cache is not None and cache.is_updated.get(self.layer_idx):
             # The encoder output does not change while decoding: its keys and values are projected once.
-            key = cache.layers[self.layer_idx].keys
-            value = cache.layers[self.layer_idx].values
+            key = layer_cache.layers[self.layer_idx].keys
+            value = layer_cache.layers[self.layer_idx].values
         else:
             source = key_value_states if is_cross else hidden_states
             key = self._heads(_project(self.k_proj, source), self.d_k)
             value = self._heads(_project(self.v_proj, source), self.d_v)
-            if cache is not None:
-                key, value = cache.update(key, value, self.layer_idx)
+            if layer_cache is not None:
+                key, value = layer_cache.update(key, value, self.layer_idx)
                 if is_cross:
-                    past_key_values.is_updated[self.layer_idx] = True
+                    cache.is_updated[self.layer_idx] = True
 
         implementation = self.config._attn_implementation
         if output_attentions and implementation != "eager":
@@ -282,18 +297,18 @@ class VaswaniDecoderLayer(nn.Module):
         self_attention_mask: torch.Tensor | None,
         encoder_hidden_states: torch.Tensor,
         cross_attention_mask: torch.Tensor | None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         attended, self_weights = self.self_attn(
-            hidden_states, self_attention_mask, past_key_values=past_key_values, output_attentions=output_attentions
+            hidden_states, self_attention_mask, cache=cache, output_attentions=output_attentions
         )
         hidden_states = self.self_attn_sublayer(hidden_states, attended)
         attended, cross_weights = self.cross_attn(
             hidden_states,
             cross_attention_mask,
             key_value_states=encoder_hidden_states,
-            past_key_values=past_key_values,
+            cache=cache,
             output_attentions=output_attentions,
         )
         hidden_states = self.cross_attn_sublayer(hidden_states, attended)
@@ -430,27 +445,26 @@ class VaswaniDecoder(_VaswaniStack):
         encoder_hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         use_cache: bool = False,
         output_attentions: bool = False,
         output_hidden_states: bool = False,
     ) -> tuple:
-        if use_cache and past_key_values is None:
-            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        past_length = cache.get_seq_length() if cache is not None else 0
         hidden_states = self.embed(input_ids, past_length)
-        self_cache = (
-            past_key_values.self_attention_cache
-            if isinstance(past_key_values, EncoderDecoderCache)
-            else past_key_values
-        )
+        self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         if attention_mask is None:
             attention_mask = torch.ones(
                 input_ids.shape[0], past_length + input_ids.shape[1], dtype=torch.long, device=input_ids.device
             )
         # §3.2.3: each position attends to itself and earlier positions only.
         causal_mask = create_causal_mask(
-            config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask, past_key_values=self_cache
+            config=self.config,
+            inputs_embeds=hidden_states,
+            attention_mask=attention_mask,
+            **{_CACHE_MASK_ARG: self_cache},
         )
         cross_mask = create_bidirectional_mask(
             config=self.config,
@@ -467,7 +481,7 @@ class VaswaniDecoder(_VaswaniStack):
                 causal_mask,
                 encoder_hidden_states,
                 cross_mask,
-                past_key_values=past_key_values if use_cache else None,
+                cache=cache if use_cache else None,
                 output_attentions=output_attentions,
             )
             if output_hidden_states:
@@ -475,7 +489,7 @@ class VaswaniDecoder(_VaswaniStack):
             if output_attentions:
                 self_attentions += (self_weights,)
                 cross_attentions += (cross_weights,)
-        return hidden_states, (past_key_values if use_cache else None), all_hidden, self_attentions, cross_attentions
+        return hidden_states, (cache if use_cache else None), all_hidden, self_attentions, cross_attentions
 
 
 class VaswaniModel(VaswaniPreTrainedModel):
@@ -517,6 +531,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
+        cache: Cache | None = None,
         past_key_values: Cache | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
@@ -529,6 +544,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
         use_cache = bool(use_cache if use_cache is not None else (self.config.use_cache and not self.training))
+        cache = _one_cache(cache, past_key_values)
         if encoder_outputs is None:
             if input_ids is None:
                 raise ValueError("pass input_ids (the source sentence) or encoder_outputs")
@@ -547,14 +563,14 @@ class VaswaniModel(VaswaniPreTrainedModel):
             encoder_outputs.last_hidden_state,
             attention_mask=decoder_attention_mask,
             encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=hidden,
-            past_key_values=cache,
+            **{_CACHE_OUTPUT_FIELD: cache},
             decoder_hidden_states=dec_hidden,
             decoder_attentions=dec_attentions,
             cross_attentions=cross_attentions,
@@ -720,6 +736,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
+        cache: Cache | None = None,
         past_key_values: Cache | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -751,7 +768,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            cache=_one_cache(cache, past_key_values),
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
@@ -765,7 +782,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **{_CACHE_OUTPUT_FIELD: getattr(outputs, _CACHE_OUTPUT_FIELD)},
             decoder_hidden_states=outputs.decoder_hidden_states,
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,
@@ -843,15 +860,15 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
         )
 
-    def _reorder_cache(self, past_key_values: Cache, beam_idx: torch.Tensor) -> Cache:
+    def _reorder_cache(self, cache: Cache, beam_idx: torch.Tensor) -> Cache:
         """Beam search's reordering after each step, for self-attention only: every beam of a sentence holds the
         same encoder-decoder attention keys and values (beams only move within their sentence), so reordering
         those would copy the whole encoder cache at every step for nothing."""
-        if isinstance(past_key_values, EncoderDecoderCache):
-            past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        if isinstance(cache, EncoderDecoderCache):
+            cache.self_attention_cache.reorder_cache(beam_idx)
         else:
-            past_key_values.reorder_cache(beam_idx)
-        return past_key_values
+            cache.reorder_cache(beam_idx)
+        return cache
 
     def _update_finished_beams(self, **kwargs):
         """Scores finished hypotheses with the GNMT penalty `log P(Y|X) / ((5 + |Y|) / 6)^alpha` (§6.1) instead of
