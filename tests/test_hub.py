@@ -3,6 +3,7 @@ without vaswani_mt, the Marian variant says what it is, and upload failures say 
 
 import copy
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import yaml
 from conftest import card_values, make_model
 
 from vaswani_mt.hub import (
+    TRANSFORMERS_REQUIREMENT,
     HubUploadError,
     build_hub_folder,
     card_for_hub,
@@ -72,6 +74,10 @@ def test_card_for_the_hub_names_the_repository_and_the_marian_card_says_what_it_
     ours = card_for_hub(card, "alice/tiny-en-de")
     assert split_card(ours)[0]["model-index"][0]["name"] == "tiny-en-de" and "\n# tiny-en-de\n" in ours
     assert 'AutoModelForSeq2SeqLM.from_pretrained("alice/tiny-en-de", trust_remote_code=True)' in ours
+    # The card names the transformers versions the package requires (and is tested with).
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8")
+    assert re.findall(r'^\s*"(transformers[^"]*)",', pyproject, flags=re.MULTILINE) == [TRANSFORMERS_REQUIREMENT]
+    assert f'pip install "{TRANSFORMERS_REQUIREMENT}"' in ours
     assert "USER/" not in ours
     marian = card_for_hub(card, "alice/tiny-en-de-marian", native="marian")
     metadata, body = split_card(marian)
