@@ -14,7 +14,8 @@ Modes:
 - `step` (default): forward + loss + backward + optimizer step on one synthetic batch, `--batch` pairs of `--length`
   tokens each side, transformer-base shapes and a 37000 vocabulary unless told otherwise; sides interleaved,
   medians, ratios against `marian`, target tokens per second, and each side's peak RSS in its own process. First
-  it checks that the two models compute the same loss and gradient (dropout off).
+  it checks that the two models compute the same loss and gradient (dropout off). `--profile` then prints each
+  side's operators for one more step, by self CPU time.
 - `data`: real batches from the built-in corpus's training split, each side with its own batching (`MODEL:tokens=N`
   is our token-budget sampler, `MODEL:sentences=N` is the Trainer's default: N shuffled sentences, padded), run in
   alternating time slices; target tokens (real, not padding) per second of wall time, collation included.
@@ -102,6 +103,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True, help="step mode: peak RSS")
     parser.add_argument("--json", default=None, help="also write the record to this file")
+    parser.add_argument("--profile", action="store_true", help="step mode: top operators of one step per side")
     parser.add_argument("--only_memory", action="store_true", help="measure peak RSS only, no timing")
     parser.add_argument("--rounds", type=int, default=3, help="allocator mode: subprocesses per setting and side")
     parser.add_argument("--rss_child", default=None, help=argparse.SUPPRESS)
@@ -265,6 +267,8 @@ def run_step_mode(args, record: MachineRecord) -> dict:
         "sides": summary,
         "times_s": {name: [round(t, 4) for t in values] for name, values in times.items()},
     }
+    if args.profile:
+        result["profile_ms"] = profile_steps(steps, batch)
     rows = [{"side": name, **row} for name, row in summary.items()]
     print_table(
         f"Training step ({result['shape']}), {args.repeats} interleaved steps per side, baseline {baseline}",
@@ -279,6 +283,23 @@ def run_step_mode(args, record: MachineRecord) -> dict:
             "peak_rss_mib",
         ],
     )
+    return result
+
+
+def profile_steps(steps: dict, batch: dict, top: int = 15) -> dict:
+    """One profiled step per side (after the timed ones): the operators by self CPU time, printed, and returned as
+    {side: {operator: milliseconds}} for the top ones."""
+    from torch.profiler import profile
+
+    result = {}
+    for name, step in steps.items():
+        with profile() as prof:
+            step(batch)
+        averages = sorted(prof.key_averages(), key=lambda event: event.self_cpu_time_total, reverse=True)
+        result[name] = {event.key: round(event.self_cpu_time_total / 1000, 2) for event in averages[:top]}
+        total = sum(event.self_cpu_time_total for event in averages) / 1000
+        print(f"\n{name}: one step, {total:.0f} ms of operator self time; the top {top}:")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top))
     return result
 
 

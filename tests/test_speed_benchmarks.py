@@ -27,10 +27,13 @@ def test_training_step_benchmark_checks_the_same_function_and_prints_ratios(benc
     out = tmp_path / "train.json"
     bench("speed_train").main(
         ["--preset", "tiny", "--vocab_size", "300", "--batch", "4", "--length", "6", "--repeats", "2",
-         "--warmup", "1", "--threads", "1", "--no-memory", "--json", str(out)]
+         "--warmup", "1", "--threads", "1", "--no-memory", "--profile", "--json", str(out)]
     )  # fmt: skip
     result = json.loads(out.read_text())
     assert result["check"]["same_function"] and result["check"]["loss_rel_gap"] < 1e-5
+    # --profile: each side's step, by operator; both sides do matrix products.
+    assert set(result["profile_ms"]) == {"vaswani_mt", "vaswani_mt_bf16", "marian"}
+    assert all(any("mm" in op for op in ops) for ops in result["profile_ms"].values())
     assert set(result["sides"]) == {"vaswani_mt", "vaswani_mt_bf16", "marian"}
     for side in ("vaswani_mt", "vaswani_mt_bf16"):
         assert result["sides"][side]["ratio_of_medians"] > 0 and result["sides"][side]["median_of_ratios"] > 0
