@@ -41,8 +41,9 @@ def widget_yaml(examples: list[str]) -> str:
     return "\n".join(f"- text: {json.dumps(text, ensure_ascii=False)}" for text in examples)
 
 
-# The transformers versions the remote code is tested with: pyproject.toml's requirement (tests/test_hub.py checks
-# that they agree), printed on the card for users who load the model without installing vaswani_mt.
+# The transformers versions the remote code runs under: pyproject.toml's requirement (tests/test_hub.py checks that
+# they agree; README, "Use it", says which versions the suite passed under), printed on the card for users who
+# load the model without installing vaswani_mt.
 TRANSFORMERS_REQUIREMENT = "transformers>=5.20,<6"
 
 
@@ -65,7 +66,7 @@ print(tokenizer.batch_decode(model.generate(**batch, num_beams=4), skip_special_
 Greedy search gives the original model's tokens. Beam search here uses transformers' length penalty `|Y|^α` and
 a fixed `max_length` of 512, not the paper's GNMT penalty and input length + 50, so beam outputs can differ."""
     return f"""The architecture is this repository's own code, so loading needs `trust_remote_code=True` and
-`pip install "{TRANSFORMERS_REQUIREMENT}"` (the versions it is tested with). transformers 5 has no `translation`
+`pip install "{TRANSFORMERS_REQUIREMENT}"` (what vaswani_mt itself requires). transformers 5 has no `translation`
 pipeline task of its own; this repository brings one (`pipeline_vaswani.py`, named in `config.json`), which answers
 in the translation widget's format.
 
