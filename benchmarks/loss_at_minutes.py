@@ -4,7 +4,9 @@
 Runs at a time budget compare at equal minutes, not equal steps. For each run this reads its loss log (the run's
 or its last checkpoint's `trainer_state.json`: `loss` and `train_minutes` every `--logging_steps` updates) and
 prints, at each mark, the mean of the losses logged within `--window` minutes of it; then each run's updates,
-epochs, median target tokens per second and last logged loss (`vaswani_mt.checkpoints.run_summary`).
+epochs, median target tokens per second and last logged loss (`vaswani_mt.checkpoints.run_summary`); then, for
+each further run, at how many of the steps both it and the first run logged the two losses are equal (the same
+seed under another version or machine should train the same numbers, only at another speed).
 
     python benchmarks/loss_at_minutes.py outputs/sweep11/d128 outputs/sweep11/d96 --first 2 --every 4
 """
@@ -46,6 +48,19 @@ def summary(runs: list[Path]) -> str:
     return "\n".join(lines)
 
 
+def same_steps(first: Path, other: Path) -> dict:
+    """The training steps both runs logged a loss at, how many of those losses are equal, and the first that is not."""
+    losses = [{row["step"]: row["loss"] for row in log_history(run) if "loss" in row} for run in (first, other)]
+    common = sorted(set(losses[0]) & set(losses[1]))
+    differ = [step for step in common if losses[0][step] != losses[1][step]]
+    return {
+        "common": len(common),
+        "last_common": common[-1] if common else None,
+        "equal": len(common) - len(differ),
+        "first_different": differ[0] if differ else None,
+    }
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="training output folders holding checkpoint-N folders")
@@ -61,6 +76,12 @@ def main(argv=None) -> None:
     print(table(args.runs, marks, args.window))
     print()
     print(summary(args.runs))
+    for other in args.runs[1:]:
+        same = same_steps(args.runs[0], other)
+        print(
+            f"\n{other.name} against {args.runs[0].name}: {same['equal']} of the {same['common']} steps both logged "
+            f"(up to step {same['last_common']}) have equal losses; first different: {same['first_different']}"
+        )
 
 
 if __name__ == "__main__":

@@ -718,6 +718,21 @@ def test_end_to_end_job_on_local_jsonl(tmp_path):
     rows = loss_at_minutes.summary([output]).splitlines()
     median, epochs = speeds[len(speeds) // 2], summary["epochs"]
     assert rows[2] == f"| {output.name} | 8 | {epochs:.2f} | {median:,.0f} | {logged[-1]['loss']:.3f} |"
+    # same_steps: a run against itself has every logged loss equal; a changed loss is found at its step
+    same = loss_at_minutes.same_steps(output, output)
+    assert same == {
+        "common": len(logged),
+        "last_common": logged[-1]["step"],
+        "equal": len(logged),
+        "first_different": None,
+    }
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    edited = [dict(row, loss=row["loss"] + 1) if row.get("step") == logged[1]["step"] and "loss" in row else row
+              for row in history]  # fmt: skip
+    (changed / "trainer_state.json").write_text(json.dumps({"log_history": edited}))
+    same = loss_at_minutes.same_steps(output, changed)
+    assert (same["equal"], same["first_different"]) == (len(logged) - 1, logged[1]["step"])
     # log_history: the run's own final state, else (a run cut off by its time budget) its last checkpoint's
     assert log_history(output) == history
     (output / "trainer_state.json").rename(tmp_path / "state.json")
