@@ -28,7 +28,7 @@ from .configuration_vaswani import VaswaniConfig
 
 # transformers 5.24 renamed the KV cache that `generate()` passes to `forward` and reads back from its output, and
 # the argument of `create_causal_mask`, from `past_key_values` to `cache`. The model takes either name and writes
-# the one the installed version reads, so that it runs (and its remote code runs) under 5.0-5.23 and 5.24+.
+# the one the installed version reads, so that it runs (and its remote code runs) under 5.20-5.23 and 5.24+.
 _CACHE_OUTPUT_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
 _CACHE_MASK_ARG = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
 
