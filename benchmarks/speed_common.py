@@ -156,6 +156,21 @@ def measure_peak_rss(script: str, argv: list[str], sides: list[str]) -> dict[str
     return {side: round(run_child(script, argv, "--rss_child", side)["peak_rss_mib"], 1) for side in sides}
 
 
+def profile_operators(call: Callable[[], object], title: str, top: int = 15) -> dict[str, float]:
+    """Runs `call` once under `torch.profiler`, prints its `top` operators by self CPU time under `title` with the
+    total operator self time, and returns {operator: self milliseconds} for those."""
+    from torch.profiler import profile
+
+    with profile() as prof:
+        call()
+    averages = prof.key_averages()
+    ranked = sorted(averages, key=lambda event: event.self_cpu_time_total, reverse=True)
+    total_ms = sum(event.self_cpu_time_total for event in ranked) / 1000
+    print(f"\n{title}: {total_ms:.0f} ms of operator self time; the top {top}:")
+    print(averages.table(sort_by="self_cpu_time_total", row_limit=top))
+    return {event.key: round(event.self_cpu_time_total / 1000, 2) for event in ranked[:top]}
+
+
 def print_table(title: str, rows: list[dict], columns: list[str]) -> None:
     """A markdown table of `rows` (dicts) with the given columns."""
     print(f"\n{title}\n")

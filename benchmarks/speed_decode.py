@@ -38,7 +38,16 @@ import time
 from pathlib import Path
 
 import torch
-from speed_common import MachineRecord, child_argv, interleave, measure_peak_rss, peak_rss_mib, print_table, speedups
+from speed_common import (
+    MachineRecord,
+    child_argv,
+    interleave,
+    measure_peak_rss,
+    peak_rss_mib,
+    print_table,
+    profile_operators,
+    speedups,
+)
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_mt.export import to_marian
@@ -179,13 +188,8 @@ def run_synthetic(args) -> dict:
 
 
 def profile_calls(sides: dict, inputs: dict, kwargs: dict, title: str) -> None:
-    from torch.profiler import profile
-
     for name, model in sides.items():
-        with profile() as prof:
-            model.generate(**inputs, **kwargs)
-        print(f"\n{name}, {title}:")
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+        profile_operators(lambda m=model: m.generate(**inputs, **kwargs), f"{name}, {title}")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -64,6 +64,7 @@ from speed_common import (
     measure_peak_rss,
     peak_rss_mib,
     print_table,
+    profile_operators,
     run_child,
     speedups,
 )
@@ -268,7 +269,9 @@ def run_step_mode(args, record: MachineRecord) -> dict:
         "times_s": {name: [round(t, 4) for t in values] for name, values in times.items()},
     }
     if args.profile:
-        result["profile_ms"] = profile_steps(steps, batch)
+        result["profile_ms"] = {
+            name: profile_operators(lambda s=step: s(batch), f"{name}, one step") for name, step in steps.items()
+        }
     rows = [{"side": name, **row} for name, row in summary.items()]
     print_table(
         f"Training step ({result['shape']}), {args.repeats} interleaved steps per side, baseline {baseline}",
@@ -283,23 +286,6 @@ def run_step_mode(args, record: MachineRecord) -> dict:
             "peak_rss_mib",
         ],
     )
-    return result
-
-
-def profile_steps(steps: dict, batch: dict, top: int = 15) -> dict:
-    """One profiled step per side (after the timed ones): the operators by self CPU time, printed, and returned as
-    {side: {operator: milliseconds}} for the top ones."""
-    from torch.profiler import profile
-
-    result = {}
-    for name, step in steps.items():
-        with profile() as prof:
-            step(batch)
-        averages = sorted(prof.key_averages(), key=lambda event: event.self_cpu_time_total, reverse=True)
-        result[name] = {event.key: round(event.self_cpu_time_total / 1000, 2) for event in averages[:top]}
-        total = sum(event.self_cpu_time_total for event in averages) / 1000
-        print(f"\n{name}: one step, {total:.0f} ms of operator self time; the top {top}:")
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top))
     return result
 
 

@@ -46,12 +46,16 @@ def test_decoding_benchmark_finds_identical_tokens_and_prints_ratios(bench, tmp_
     out = tmp_path / "decode.json"
     bench("speed_decode").main(
         ["--preset", "tiny", "--vocab_size", "300", "--length", "6", "--steps", "4", "--batches", "1,3",
-         "--repeats", "1", "--threads", "1", "--no-memory", "--json", str(out)]
+         "--repeats", "1", "--threads", "1", "--no-memory", "--profile", "--json", str(out)]
     )  # fmt: skip
     cases = json.loads(out.read_text())["cases"]
     assert {(c["search"], c["batch"]) for c in cases} == {("beam4", 1), ("beam4", 3), ("greedy", 1), ("greedy", 3)}
     assert all(c["identical_tokens"] and c["ratio_of_medians"] > 0 for c in cases)
-    assert "| beam4 | 3 | True |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| beam4 | 3 | True |" in printed
+    # --profile: each side's operators for one call of each case
+    for side in ("vaswani_mt", "marian"):
+        assert f"\n{side}, beam4, batch 3: " in printed and "of operator self time" in printed
 
 
 def test_decoding_benchmark_times_the_opt_in_bf16_sides_against_marian_fp32(bench, tmp_path, capsys):
