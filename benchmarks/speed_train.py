@@ -15,7 +15,9 @@ Modes:
   tokens each side, transformer-base shapes and a 37000 vocabulary unless told otherwise; sides interleaved,
   medians, ratios against `marian`, target tokens per second, and each side's peak RSS in its own process. First
   it checks that the two models compute the same loss and gradient (dropout off). `--profile` then prints each
-  side's operators for one more step, by self CPU time.
+  side's operators for one more step, by self CPU time. A side named `..._checkpointed` (`vaswani_mt_checkpointed`,
+  `marian_checkpointed`) trains with activation checkpointing, as `--gradient_checkpointing true` does: its time
+  and peak RSS against the same side without.
 - `data`: real batches from the built-in corpus's training split, each side with its own batching (`MODEL:tokens=N`
   is our token-budget sampler, `MODEL:sentences=N` is the Trainer's default: N shuffled sentences, padded), run in
   alternating time slices; target tokens (real, not padding) per second of wall time, collation included.
@@ -36,6 +38,7 @@ Modes:
   same dropout seed per step; prints both loss curves and their largest relative gap (20-step means).
 
     python benchmarks/speed_train.py                                   # step, base shapes
+    python benchmarks/speed_train.py --sides vaswani_mt,vaswani_mt_checkpointed,marian,marian_checkpointed
     python benchmarks/speed_train.py --mode data --seconds 600
     python benchmarks/speed_train.py --mode attention --preset small --vocab_size 8000
     python benchmarks/speed_train.py --mode dropout --preset small --vocab_size 8000 --lengths 12,24
@@ -77,6 +80,8 @@ from vaswani_mt.export import hidden_permutation, to_marian
 from vaswani_mt.training import auto_attention
 
 MODELS = ("vaswani_mt", "vaswani_mt_bf16", "marian", "marian_bf16")
+# A step-mode side named with this suffix trains with activation checkpointing (`--gradient_checkpointing`).
+CHECKPOINTED = "_checkpointed"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -139,6 +144,10 @@ def build_models(config: VaswaniConfig, models: list[str], seed: int) -> list[to
             ours_used = True
         else:
             built.append(to_marian(ours))
+    for name, model in zip(models, built, strict=True):
+        if name.endswith(CHECKPOINTED):
+            # transformers 5.23 renamed gradient_checkpointing_enable (now its deprecated alias)
+            (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     return [model.train() for model in built]
 
 
@@ -162,7 +171,7 @@ def loss_of(name: str, model: torch.nn.Module, batch: dict) -> torch.Tensor:
 def make_step(name: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
     """One optimizer step as Trainer runs it: forward and loss under autocast for the *_bf16 sides, backward and
     the step outside."""
-    bf16 = name.endswith("_bf16")
+    bf16 = name.removesuffix(CHECKPOINTED).endswith("_bf16")
 
     def step(batch: dict) -> float:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):

@@ -5,10 +5,10 @@ import torch
 from conftest import make_model, one_sgd_step_arguments, padded_batch, uneven_pairs
 from safetensors import safe_open
 from torch import nn
-from transformers import AutoModel, AutoModelForSeq2SeqLM, Seq2SeqTrainer
+from transformers import AutoModel, AutoModelForSeq2SeqLM, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from vaswani_mt import VaswaniForConditionalGeneration, VaswaniModel, sinusoidal_position_encoding
-from vaswani_mt.modeling_vaswani import shift_tokens_right
+from vaswani_mt.modeling_vaswani import _CACHE_OUTPUT_FIELD, shift_tokens_right
 
 
 def test_positional_encoding_is_the_papers_interleaved_formula():
@@ -251,31 +251,34 @@ def test_output_attentions_with_eager_and_a_clear_error_otherwise():
     torch.testing.assert_close(out.cross_attentions[0].sum(-1), torch.ones(2, 4, 2))
 
 
+def _collate(features):
+    width = max(len(f["input_ids"]) for f in features)
+    target_width = max(len(f["labels"]) for f in features)
+    return {
+        "input_ids": torch.tensor([f["input_ids"] + [1] * (width - len(f["input_ids"])) for f in features]),
+        "attention_mask": torch.tensor(
+            [[1] * len(f["input_ids"]) + [0] * (width - len(f["input_ids"])) for f in features]
+        ),
+        "labels": torch.tensor([f["labels"] + [-100] * (target_width - len(f["labels"])) for f in features]),
+    }
+
+
+def _one_sgd_step(output_dir, batch_size, accumulation=1, dropout=0.0, **arguments):
+    """The tiny model after one Seq2SeqTrainer SGD step (lr 1) on `uneven_pairs()` in order."""
+    rows = uneven_pairs()
+    model = make_model(dropout=dropout)
+    args = one_sgd_step_arguments(output_dir, batch_size, accumulation)
+    for name, value in arguments.items():
+        setattr(args, name, value)
+    trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=rows, data_collator=_collate)
+    trainer._get_train_sampler = lambda *a, **k: torch.utils.data.SequentialSampler(rows)
+    trainer.train()
+    return model
+
+
 def test_gradient_accumulation_under_seq2seq_trainer_matches_one_big_batch(tmp_path):
     """Micro-batches with different token counts: the summed gradient must equal the full batch's (SGD shows it)."""
-    rows = uneven_pairs()
-
-    def collate(features):
-        width = max(len(f["input_ids"]) for f in features)
-        target_width = max(len(f["labels"]) for f in features)
-        return {
-            "input_ids": torch.tensor([f["input_ids"] + [1] * (width - len(f["input_ids"])) for f in features]),
-            "attention_mask": torch.tensor(
-                [[1] * len(f["input_ids"]) + [0] * (width - len(f["input_ids"])) for f in features]
-            ),
-            "labels": torch.tensor([f["labels"] + [-100] * (target_width - len(f["labels"])) for f in features]),
-        }
-
-    def train(batch_size, accumulation):
-        model = make_model(dropout=0.0)
-        args = one_sgd_step_arguments(tmp_path / f"run{accumulation}", batch_size, accumulation)
-        trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=rows, data_collator=collate)
-        trainer.train_dataset = rows
-        trainer._get_train_sampler = lambda *a, **k: torch.utils.data.SequentialSampler(rows)
-        trainer.train()
-        return model
-
-    one, accumulated = train(4, 1), train(2, 2)
+    one, accumulated = _one_sgd_step(tmp_path / "run1", 4, 1), _one_sgd_step(tmp_path / "run2", 2, 2)
     start = make_model(dropout=0.0)
     moved = (one.model.shared.weight - start.model.shared.weight).abs().max()
     assert moved > 1e-3
@@ -318,3 +321,73 @@ def test_training_forward_drops_and_is_reproducible_under_a_seed(model):
     model.eval()
     assert torch.equal(runs[0], runs[1])
     assert not torch.allclose(runs[0], evaluated)
+
+
+def _enable_activation_checkpointing(model) -> None:
+    # transformers 5.23 named it activation_checkpointing_enable (gradient_checkpointing_enable, the 5.20-5.22 name,
+    # is its deprecated alias since)
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
+
+
+def _loss_gradients_and_saved_bytes(model, batch: dict, seed: int):
+    """One training forward + backward: the loss, every parameter's gradient, and the bytes autograd kept for the
+    backward outside checkpointed layers (a checkpointed layer's own hooks take what is saved inside it)."""
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    model.train()
+    model.zero_grad()
+    torch.manual_seed(seed)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = model(**batch).loss
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}, sum(saved)
+
+
+def test_activation_checkpointing_gives_the_same_loss_and_gradients_and_keeps_fewer_activations():
+    """With dropout on, so the replayed layers must draw the same masks as the first pass."""
+    ids, mask = padded_batch(lengths=(30, 22, 27))
+    labels, _ = padded_batch(seed=1, lengths=(26, 30, 19), pad=-100)
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    model = make_model(dropout=0.1)
+    assert model.supports_gradient_checkpointing
+    plain_loss, plain_grads, plain_bytes = _loss_gradients_and_saved_bytes(model, batch, seed=5)
+    _enable_activation_checkpointing(model)
+    layers = [*model.model.encoder.layers, *model.model.decoder.layers]
+    assert all(layer.gradient_checkpointing for layer in layers)
+    loss, grads, kept_bytes = _loss_gradients_and_saved_bytes(model, batch, seed=5)
+    torch.testing.assert_close(loss, plain_loss, rtol=1e-6, atol=0)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, plain_grads[name], rtol=1e-5, atol=1e-7, msg=name)
+    assert kept_bytes < plain_bytes / 3, (kept_bytes, plain_bytes)
+    # A different dropout seed draws other masks: the equality above is not vacuous.
+    other_loss, _, _ = _loss_gradients_and_saved_bytes(model, batch, seed=6)
+    assert not torch.allclose(other_loss, plain_loss)
+    # Caching is off while checkpointed layers train (a replayed layer would write the cache twice)...
+    output = model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids, use_cache=True)
+    assert getattr(output, _CACHE_OUTPUT_FIELD) is None
+    # ...and inference, where nothing is checkpointed, decodes as before.
+    model.eval()
+    plain = make_model(dropout=0.1)
+    kwargs = {"max_new_tokens": 6, "min_new_tokens": 6, "num_beams": 2}
+    assert torch.equal(
+        model.generate(ids, attention_mask=mask, **kwargs), plain.generate(ids, attention_mask=mask, **kwargs)
+    )
+
+
+def test_the_trainers_activation_checkpointing_flag_trains_the_same_step(tmp_path):
+    """`scripts/train.py --gradient_checkpointing true` (or, from transformers 5.23, `--activation_checkpointing
+    true`): one SGD step with dropout gives the same weights as without (before, the Trainer raised)."""
+    fields = Seq2SeqTrainingArguments.__dataclass_fields__
+    flag = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
+    plain = _one_sgd_step(tmp_path / "plain", 4, dropout=0.1)
+    checkpointed = _one_sgd_step(tmp_path / "checkpointed", 4, dropout=0.1, **{flag: True})
+    assert checkpointed.model.decoder.layers[0].gradient_checkpointing
+    start = make_model(dropout=0.1)
+    assert (plain.model.shared.weight - start.model.shared.weight).abs().max() > 1e-3
+    for (name, a), (_, b) in zip(plain.named_parameters(), checkpointed.named_parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)

@@ -42,6 +42,32 @@ def test_training_step_benchmark_checks_the_same_function_and_prints_ratios(benc
     assert "| vaswani_mt |" in printed and "ratio_of_medians" in printed
 
 
+def test_checkpointed_step_sides_train_with_activation_checkpointing_and_the_same_losses(bench, tmp_path):
+    train = bench("speed_train")
+    args = train.parse_args(["--preset", "tiny", "--vocab_size", "300", "--dropout", "0"])
+    config = train.model_config(args)
+    names = ["vaswani_mt", "vaswani_mt_checkpointed", "marian", "marian_checkpointed"]
+    models = dict(zip(names, train.build_models(config, names, seed=0), strict=True))
+    for name, model in models.items():
+        flags = {
+            module.gradient_checkpointing for module in model.modules() if hasattr(module, "gradient_checkpointing")
+        }
+        assert flags == {name.endswith("_checkpointed")}, name
+    batch = train.synthetic_batch(config, 4, 6, seed=0)
+    losses = {}
+    for name, model in models.items():
+        step = train.make_step(name, model, train.optimizer_for(model, 1e-3))
+        losses[name] = [step(batch) for _ in range(2)]  # the second loss follows the first update
+    for name in ("vaswani_mt", "marian"):
+        assert losses[f"{name}_checkpointed"] == pytest.approx(losses[name], rel=1e-5)
+    out = tmp_path / "step.json"
+    train.main(
+        ["--preset", "tiny", "--vocab_size", "300", "--batch", "4", "--length", "6", "--repeats", "1", "--warmup",
+         "0", "--threads", "1", "--no-memory", "--sides", "vaswani_mt,vaswani_mt_checkpointed", "--json", str(out)]
+    )  # fmt: skip
+    assert json.loads(out.read_text())["sides"]["vaswani_mt_checkpointed"]["ratio_of_medians"] > 0
+
+
 def test_decoding_benchmark_finds_identical_tokens_and_prints_ratios(bench, tmp_path, capsys):
     out = tmp_path / "decode.json"
     bench("speed_decode").main(

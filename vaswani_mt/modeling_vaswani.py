@@ -21,10 +21,14 @@ from transformers import GenerationMixin, LogitsProcessor, LogitsProcessorList, 
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import logging
 
 from .configuration_vaswani import VaswaniConfig
+
+logger = logging.get_logger(__name__)
 
 # transformers 5.24 renamed the KV cache that `generate()` passes to `forward` and reads back from its output, and
 # the argument of `create_causal_mask`, from `past_key_values` to `cache`. The model takes either name and writes
@@ -260,8 +264,13 @@ class VaswaniSublayer(nn.Module):
         return self.layer_norm(residual + dropped)
 
 
-class VaswaniEncoderLayer(nn.Module):
-    """§3.1 encoder layer: self-attention, then the feed-forward network, each wrapped post-LN."""
+class VaswaniEncoderLayer(GradientCheckpointingLayer):
+    """§3.1 encoder layer: self-attention, then the feed-forward network, each wrapped post-LN.
+
+    A `GradientCheckpointingLayer`: after `model.activation_checkpointing_enable()` (or the Trainer's
+    `--activation_checkpointing` / `--gradient_checkpointing`) training keeps only each layer's input and computes
+    the layer again in the backward pass (same dropout masks: the RNG state is replayed).
+    """
 
     def __init__(self, config: VaswaniConfig):
         super().__init__()
@@ -279,8 +288,12 @@ class VaswaniEncoderLayer(nn.Module):
         return hidden_states, weights
 
 
-class VaswaniDecoderLayer(nn.Module):
-    """§3.1 decoder layer: masked self-attention, encoder-decoder attention, feed-forward; each wrapped post-LN."""
+class VaswaniDecoderLayer(GradientCheckpointingLayer):
+    """§3.1 decoder layer: masked self-attention, encoder-decoder attention, feed-forward; each wrapped post-LN.
+
+    Checkpointed like `VaswaniEncoderLayer`; the decoder then trains without a KV cache (a replayed layer would
+    write it twice).
+    """
 
     def __init__(self, config: VaswaniConfig, layer_idx: int):
         super().__init__()
@@ -323,6 +336,7 @@ class VaswaniPreTrainedModel(PreTrainedModel):
     main_input_name = "input_ids"
     _supports_sdpa = True
     _supports_attention_backend = True
+    supports_gradient_checkpointing = True
     _no_split_modules = ["VaswaniEncoderLayer", "VaswaniDecoderLayer"]
 
     def save_pretrained(self, save_directory, *args, **kwargs):
@@ -439,6 +453,9 @@ class VaswaniDecoder(_VaswaniStack):
         super().__init__(config)
         self.layers = nn.ModuleList([VaswaniDecoderLayer(config, i) for i in range(config.num_decoder_layers)])
 
+    def _checkpointing(self) -> bool:
+        return any(layer.gradient_checkpointing for layer in self.layers)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -450,6 +467,9 @@ class VaswaniDecoder(_VaswaniStack):
         output_attentions: bool = False,
         output_hidden_states: bool = False,
     ) -> tuple:
+        if use_cache and self.training and torch.is_grad_enabled() and self._checkpointing():
+            logger.warning_once("use_cache=True does not go with activation checkpointing: training without the cache")
+            use_cache, cache = False, None
         if use_cache and cache is None:
             cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         past_length = cache.get_seq_length() if cache is not None else 0
