@@ -22,9 +22,14 @@ against Marian in float32 as well, and since bf16 changes the numbers, the token
 float32 ones: the synthetic mode reports the share of float32 outputs each reproduces, the test-split mode the
 share and every side's sacreBLEU against the references.
 
+`--static_cache` adds `vaswani_mt_static` and `marian_static`: the same float32 models generating with transformers'
+preallocated KV cache (`cache_implementation="static"`, which torch.compile'd decoding needs) instead of the
+growing `DynamicCache`; the same numbers, so their tokens must equal the float32 ones.
+
     python benchmarks/speed_decode.py
     python benchmarks/speed_decode.py --mode testset --model outputs/ding-cpu
     python benchmarks/speed_decode.py --bf16 --searches beam4 --batches 16
+    python benchmarks/speed_decode.py --static_cache
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bf16", action="store_true", help="also both models with bf16 weights (opt-in numerics)")
+    parser.add_argument("--static_cache", action="store_true", help="also both models with a preallocated KV cache")
     parser.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--profile", action="store_true", help="synthetic: top operators of one call per side")
     parser.add_argument("--json", default=None)
@@ -87,11 +93,35 @@ def synthetic_models(args):
     return ours, to_marian(ours).eval()
 
 
-def make_sides(ours, marian, bf16: bool) -> dict:
+class StaticCache:
+    """`model.generate()` with transformers' preallocated KV cache (`cache_implementation="static"`)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def generate(self, **kwargs):
+        return self.model.generate(**kwargs, cache_implementation="static")
+
+
+# The opt-in variants of a float32 side, as suffixes of its name.
+VARIANTS = ("_bf16", "_static")
+
+
+def float32_side(name: str) -> str:
+    """The float32 side a variant is of: `vaswani_mt_bf16` -> `vaswani_mt`."""
+    for suffix in VARIANTS:
+        name = name.removesuffix(suffix)
+    return name
+
+
+def make_sides(ours, marian, bf16: bool, static_cache: bool = False) -> dict:
     sides = {"vaswani_mt": ours, "marian": marian}
     if bf16:
         sides["vaswani_mt_bf16"] = copy.deepcopy(ours).to(torch.bfloat16)
         sides["marian_bf16"] = copy.deepcopy(marian).to(torch.bfloat16)
+    if static_cache:
+        sides["vaswani_mt_static"] = StaticCache(ours)
+        sides["marian_static"] = StaticCache(marian)
     return sides
 
 
@@ -119,7 +149,7 @@ def forced_kwargs(search: str, steps: int) -> dict:
 
 def run_synthetic(args) -> dict:
     ours, marian = synthetic_models(args)
-    sides = make_sides(ours, marian, args.bf16)
+    sides = make_sides(ours, marian, args.bf16, args.static_cache)
     if args.rss_child:
         inputs = synthetic_source(ours.config, 16, args.length, args.seed)
         for _ in range(2):
@@ -178,9 +208,9 @@ def run_synthetic(args) -> dict:
         }
         for c in cases
     ]
-    if args.bf16:
-        for row, c in zip(rows, cases, strict=True):
-            for name in ("vaswani_mt_bf16", "marian_bf16"):
+    for row, c in zip(rows, cases, strict=True):
+        for name in sides:
+            if name != float32_side(name):
                 row[f"{name} x"] = c["ratios_of_medians"][name]
                 row[f"{name} = fp32"] = f"{c['share_equal_to_marian_fp32'][name]:.0%}"
     print_table(f"Decoding ({result['shape']}), {args.repeats} interleaved calls per side", rows, list(rows[0]))
@@ -207,7 +237,7 @@ def run_testset(args) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     ours = VaswaniForConditionalGeneration.from_pretrained(args.model).eval()
     marian = to_marian(ours).eval()
-    sides = make_sides(ours, marian, args.bf16)
+    sides = make_sides(ours, marian, args.bf16, args.static_cache)
     sources, references = source_target(load_corpus("ding")["test"], "en", "de")
     if args.max_sentences:
         sources, references = sources[: args.max_sentences], references[: args.max_sentences]
@@ -240,7 +270,7 @@ def run_testset(args) -> dict:
                 if setting is not None
                 else dict(num_beams=4, length_penalty=0.6, max_new_tokens=budget),
             }
-            kwargs = {name: own[name.removesuffix("_bf16")] for name in sides}
+            kwargs = {name: own[float32_side(name)] for name in sides}
             names = list(sides) if index % 2 == 0 else list(sides)[::-1]
             outputs = {}
             for name in names:
@@ -250,8 +280,8 @@ def run_testset(args) -> dict:
             texts = {name: tokenizer.batch_decode(out, skip_special_tokens=True) for name, out in outputs.items()}
             for name, text in texts.items():
                 translations[name] += [t.strip() for t in text]
-                # float32 vaswani_mt and Marian against each other; the bf16 sides against their float32 selves
-                twin = "marian" if name == "vaswani_mt" else name.removesuffix("_bf16")
+                # float32 vaswani_mt and Marian against each other; the variants against their float32 selves
+                twin = "marian" if name == "vaswani_mt" else float32_side(name)
                 if twin != name:
                     same[name] += sum(a == b for a, b in zip(text, texts[twin], strict=True))
             for name, out in outputs.items():
@@ -267,8 +297,9 @@ def run_testset(args) -> dict:
             "ratios": {name: seconds["marian"] / s for name, s in seconds.items()},
             "bleu": {name: bleu(texts, in_order)["score"] for name, texts in translations.items()},
         }
-        if args.bf16:
-            case["bf16_equal_to_own_fp32_share"] = {n: same[n] / len(sources) for n in sides if n.endswith("_bf16")}
+        variants = [name for name in sides if name != float32_side(name)]
+        if variants:
+            case["equal_to_own_fp32_share"] = {name: same[name] / len(sources) for name in variants}
         cases.append(case)
         print(json.dumps(case), flush=True)
     rows = [
@@ -282,11 +313,10 @@ def run_testset(args) -> dict:
         }
         for c in cases
     ]
-    if args.bf16:
-        for row, c in zip(rows, cases, strict=True):
-            for name in ("vaswani_mt_bf16", "marian_bf16"):
-                row[f"{name} x"] = c["ratios"][name]
-                row[f"{name} = fp32, BLEU"] = f"{c['bf16_equal_to_own_fp32_share'][name]:.0%}, {c['bleu'][name]:.2f}"
+    for row, c in zip(rows, cases, strict=True):
+        for name in c.get("equal_to_own_fp32_share", {}):
+            row[f"{name} x"] = c["ratios"][name]
+            row[f"{name} = fp32, BLEU"] = f"{c['equal_to_own_fp32_share'][name]:.0%}, {c['bleu'][name]:.2f}"
     print_table(
         f"Test split ({len(sources)} sentences, batches of {args.batch} by length, model {args.model})",
         rows,

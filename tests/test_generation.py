@@ -73,15 +73,19 @@ def test_explicit_lengths_override_the_per_sentence_rule(model):
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
-def test_cache_on_and_off_give_identical_outputs(num_beams):
+def test_cache_on_off_and_static_give_identical_outputs(num_beams):
     model = make_model(seed=5)
     ids, mask = padded_batch(seed=2, lengths=(6, 4, 5))
     kwargs = dict(input_ids=ids, attention_mask=mask, num_beams=num_beams, max_len_b=8)
     with_cache = model.generate(**kwargs, use_cache=True, output_scores=True, return_dict_in_generate=True)
     without = model.generate(**kwargs, use_cache=False, output_scores=True, return_dict_in_generate=True)
+    # transformers' preallocated cache (`cache_implementation="static"`, what torch.compile'd decoding uses)
+    static = model.generate(**kwargs, cache_implementation="static", output_scores=True, return_dict_in_generate=True)
     assert torch.equal(with_cache.sequences, without.sequences)
+    assert torch.equal(static.sequences, without.sequences)
     if num_beams > 1:
         torch.testing.assert_close(with_cache.sequences_scores, without.sequences_scores, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(static.sequences_scores, without.sequences_scores, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])

@@ -99,6 +99,18 @@ def test_decoding_benchmark_times_the_opt_in_bf16_sides_against_marian_fp32(benc
     assert "vaswani_mt_bf16 x" in capsys.readouterr().out
 
 
+def test_decoding_benchmark_times_the_static_cache_sides_with_the_same_tokens(bench, tmp_path, capsys):
+    out = tmp_path / "decode.json"
+    bench("speed_decode").main(
+        ["--preset", "tiny", "--vocab_size", "300", "--length", "6", "--steps", "4", "--batches", "3",
+         "--static_cache", "--repeats", "1", "--threads", "1", "--no-memory", "--json", str(out)]
+    )  # fmt: skip
+    for case in json.loads(out.read_text())["cases"]:
+        assert set(case["ratios_of_medians"]) == {"vaswani_mt", "marian", "vaswani_mt_static", "marian_static"}
+        assert set(case["share_equal_to_marian_fp32"].values()) == {1.0}  # a preallocated cache changes no token
+    assert "vaswani_mt_static x" in capsys.readouterr().out
+
+
 def test_peak_memory_is_measured_in_a_separate_process(bench):
     common = bench("speed_common")
     peaks = common.measure_peak_rss(
