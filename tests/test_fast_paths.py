@@ -130,3 +130,22 @@ def test_beam_search_leaves_the_encoder_attention_cache_in_place_and_matches_mar
     model._reorder_cache(cache, torch.tensor([1, 1, 0, 3]))
     assert cache.self_attention_cache.layers[0].keys.flatten().tolist() == [1, 1, 0, 3]
     assert cache.cross_attention_cache.layers[0].keys.flatten().tolist() == [0, 1, 2, 3]
+
+
+def test_generate_compiled_with_a_static_cache_on_cpu_gives_the_eager_tokens():
+    """torch.compile'd decoding (`cache_implementation="static"` + a `CompileConfig`): inductor cannot lower the
+    packed MKL GEMM of `_project`, which raised inside the compiled forward; compiled code takes `linear` instead."""
+    from transformers import CompileConfig
+
+    model = make_model(seed=3)
+    ids, mask = padded_batch(seed=1, lengths=(6, 4))
+    kwargs = {"input_ids": ids, "attention_mask": mask, "max_new_tokens": 5, "min_new_tokens": 5, "num_beams": 1}
+    config = CompileConfig(mode="default")
+    config._compile_all_devices = True  # transformers compiles on accelerators only unless told (CPU: for tests)
+    eager = model.generate(**kwargs)
+    torch._dynamo.reset()
+    try:
+        compiled = model.generate(**kwargs, cache_implementation="static", compile_config=config)
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(compiled, eager)
