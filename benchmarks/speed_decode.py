@@ -24,12 +24,15 @@ share and every side's sacreBLEU against the references.
 
 `--static_cache` adds `vaswani_mt_static` and `marian_static`: the same float32 models generating with transformers'
 preallocated KV cache (`cache_implementation="static"`, which torch.compile'd decoding needs) instead of the
-growing `DynamicCache`; the same numbers, so their tokens must equal the float32 ones.
+growing `DynamicCache`; the same numbers, so their tokens must equal the float32 ones. `--compile` adds
+`vaswani_mt_compiled` and `marian_compiled`: the static cache plus transformers' automatic `torch.compile` of the
+forward (a `CompileConfig`, told to compile on a CPU too); the first call of each case compiles (its seconds are
+reported as `compile_s`), the timed calls reuse the compiled code.
 
     python benchmarks/speed_decode.py
     python benchmarks/speed_decode.py --mode testset --model outputs/ding-cpu
     python benchmarks/speed_decode.py --bf16 --searches beam4 --batches 16
-    python benchmarks/speed_decode.py --static_cache
+    python benchmarks/speed_decode.py --static_cache --compile
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bf16", action="store_true", help="also both models with bf16 weights (opt-in numerics)")
     parser.add_argument("--static_cache", action="store_true", help="also both models with a preallocated KV cache")
+    parser.add_argument("--compile", action="store_true", help="also both models compiled, with the static cache")
     parser.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--profile", action="store_true", help="synthetic: top operators of one call per side")
     parser.add_argument("--json", default=None)
@@ -103,8 +107,22 @@ class StaticCache:
         return self.model.generate(**kwargs, cache_implementation="static")
 
 
+class Compiled(StaticCache):
+    """`model.generate()` with the static cache and transformers' automatic `torch.compile` of the forward."""
+
+    def __init__(self, model):
+        from transformers import CompileConfig
+
+        super().__init__(model)
+        self.compile_config = CompileConfig(mode="default")
+        self.compile_config._compile_all_devices = True  # transformers compiles on accelerators only unless told
+
+    def generate(self, **kwargs):
+        return super().generate(**kwargs, compile_config=self.compile_config)
+
+
 # The opt-in variants of a float32 side, as suffixes of its name.
-VARIANTS = ("_bf16", "_static")
+VARIANTS = ("_bf16", "_static", "_compiled")
 
 
 def float32_side(name: str) -> str:
@@ -114,7 +132,7 @@ def float32_side(name: str) -> str:
     return name
 
 
-def make_sides(ours, marian, bf16: bool, static_cache: bool = False) -> dict:
+def make_sides(ours, marian, bf16: bool, static_cache: bool = False, compiled: bool = False) -> dict:
     sides = {"vaswani_mt": ours, "marian": marian}
     if bf16:
         sides["vaswani_mt_bf16"] = copy.deepcopy(ours).to(torch.bfloat16)
@@ -122,6 +140,9 @@ def make_sides(ours, marian, bf16: bool, static_cache: bool = False) -> dict:
     if static_cache:
         sides["vaswani_mt_static"] = StaticCache(ours)
         sides["marian_static"] = StaticCache(marian)
+    if compiled:
+        sides["vaswani_mt_compiled"] = Compiled(ours)
+        sides["marian_compiled"] = Compiled(marian)
     return sides
 
 
@@ -149,7 +170,7 @@ def forced_kwargs(search: str, steps: int) -> dict:
 
 def run_synthetic(args) -> dict:
     ours, marian = synthetic_models(args)
-    sides = make_sides(ours, marian, args.bf16, args.static_cache)
+    sides = make_sides(ours, marian, args.bf16, args.static_cache, args.compile)
     if args.rss_child:
         inputs = synthetic_source(ours.config, 16, args.length, args.seed)
         for _ in range(2):
@@ -167,7 +188,11 @@ def run_synthetic(args) -> dict:
         inputs = synthetic_source(ours.config, batch, args.length, args.seed)
         for search in args.searches.split(","):
             kwargs = forced_kwargs(search, args.steps)
-            outputs = {name: model.generate(**inputs, **kwargs) for name, model in sides.items()}
+            outputs, first_call_s = {}, {}
+            for name, model in sides.items():  # the warm-up; for the compiled sides, the compilation
+                start = time.perf_counter()
+                outputs[name] = model.generate(**inputs, **kwargs)
+                first_call_s[name] = time.perf_counter() - start
             identical = torch.equal(outputs["vaswani_mt"], outputs["marian"])
             times = interleave(
                 {name: (lambda m=model, i=inputs, k=kwargs: m.generate(**i, **k)) for name, model in sides.items()},
@@ -187,6 +212,8 @@ def run_synthetic(args) -> dict:
                 "median_s": {name: row["median_s"] for name, row in summary.items()},
                 "min_s": {name: row["min_s"] for name, row in summary.items()},
             }
+            if args.compile:
+                case["compile_s"] = {n: first_call_s[n] - case["median_s"][n] for n in sides if n.endswith("_compiled")}
             cases.append(case)
             print(json.dumps(case), flush=True)
             if args.profile:
@@ -237,7 +264,7 @@ def run_testset(args) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     ours = VaswaniForConditionalGeneration.from_pretrained(args.model).eval()
     marian = to_marian(ours).eval()
-    sides = make_sides(ours, marian, args.bf16, args.static_cache)
+    sides = make_sides(ours, marian, args.bf16, args.static_cache, args.compile)
     sources, references = source_target(load_corpus("ding")["test"], "en", "de")
     if args.max_sentences:
         sources, references = sources[: args.max_sentences], references[: args.max_sentences]

@@ -99,16 +99,25 @@ def test_decoding_benchmark_times_the_opt_in_bf16_sides_against_marian_fp32(benc
     assert "vaswani_mt_bf16 x" in capsys.readouterr().out
 
 
-def test_decoding_benchmark_times_the_static_cache_sides_with_the_same_tokens(bench, tmp_path, capsys):
+def test_decoding_benchmark_times_the_static_cache_and_compiled_sides_with_the_same_tokens(bench, tmp_path, capsys):
     out = tmp_path / "decode.json"
-    bench("speed_decode").main(
-        ["--preset", "tiny", "--vocab_size", "300", "--length", "6", "--steps", "4", "--batches", "3",
-         "--static_cache", "--repeats", "1", "--threads", "1", "--no-memory", "--json", str(out)]
-    )  # fmt: skip
-    for case in json.loads(out.read_text())["cases"]:
-        assert set(case["ratios_of_medians"]) == {"vaswani_mt", "marian", "vaswani_mt_static", "marian_static"}
-        assert set(case["share_equal_to_marian_fp32"].values()) == {1.0}  # a preallocated cache changes no token
-    assert "vaswani_mt_static x" in capsys.readouterr().out
+    torch._dynamo.reset()
+    try:
+        bench("speed_decode").main(
+            ["--preset", "tiny", "--vocab_size", "300", "--length", "6", "--steps", "4", "--batches", "3",
+             "--searches", "greedy", "--static_cache", "--compile", "--repeats", "1", "--threads", "1",
+             "--no-memory", "--json", str(out)]
+        )  # fmt: skip
+    finally:
+        torch._dynamo.reset()
+    (case,) = json.loads(out.read_text())["cases"]
+    variants = {f"{model}_{variant}" for model in ("vaswani_mt", "marian") for variant in ("static", "compiled")}
+    assert set(case["ratios_of_medians"]) == {"vaswani_mt", "marian", *variants}
+    assert set(case["share_equal_to_marian_fp32"].values()) == {1.0}  # neither changes a token
+    assert set(case["compile_s"]) == {"vaswani_mt_compiled", "marian_compiled"}
+    assert all(seconds > 0 for seconds in case["compile_s"].values())
+    printed = capsys.readouterr().out
+    assert "vaswani_mt_static x" in printed and "vaswani_mt_compiled x" in printed
 
 
 def test_peak_memory_is_measured_in_a_separate_process(bench):
