@@ -23,6 +23,9 @@ Modes:
   alternating time slices; target tokens (real, not padding) per second of wall time, collation included.
 - `gemm`: float32 vs bfloat16 matrix products at the step's shapes (FFN and output layer, forward and both
   backward products), interleaved, in GFLOP/s, with the CPU's AMX / AVX-512 BF16 flags: what bf16 can gain here.
+- `projections`: self-attention's Q, K and V projections as three products (the model's way) against one fused
+  product of the concatenated weights, forward and backward, at the step's rows and at `--rows`: what fusing them
+  would gain.
 - `attention`: our training step with `sdpa` against `eager` attention (same weights), in float32 and under bf16
   autocast, at each of `--lengths` tokens per sentence with about `--batch_tokens` tokens per batch; interleaved
   medians and the ratio: what `--attn_implementation auto` of scripts/train.py chooses from.
@@ -87,7 +90,9 @@ CHECKPOINTED = "_checkpointed"
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--mode", choices=["step", "data", "curve", "gemm", "attention", "dropout", "allocator"], default="step"
+        "--mode",
+        choices=["step", "data", "curve", "gemm", "projections", "attention", "dropout", "allocator"],
+        default="step",
     )
     parser.add_argument("--preset", default="base")
     parser.add_argument("--vocab_size", type=int, default=37000, help="step mode; data modes train a BPE of this size")
@@ -95,6 +100,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=32, help="step mode: pairs per batch")
     parser.add_argument("--length", type=int, default=30, help="step mode: tokens per sentence, each side")
     parser.add_argument("--lengths", default="4,12,24,48", help="attention mode: tokens per sentence, each side")
+    parser.add_argument("--rows", default="64", help="projections mode: more row counts (64: beam 4 x batch 16)")
     parser.add_argument("--batch_tokens", type=int, default=1920, help="attention mode: tokens per batch, each side")
     parser.add_argument("--repeats", type=int, default=10, help="step mode: timed steps per side")
     parser.add_argument("--warmup", type=int, default=2)
@@ -122,6 +128,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             "data": "vaswani_mt:tokens=4096,marian:sentences=8",
             "curve": "vaswani_mt:tokens=4096,vaswani_mt_bf16:tokens=4096",
             "gemm": "",
+            "projections": "",
             "attention": "",
             "dropout": "",
             "allocator": "vaswani_mt_bf16",
@@ -530,6 +537,57 @@ def run_gemm_mode(args, record: MachineRecord) -> dict:
     return {"mode": "gemm", "cpu_flags": cpu, "products": rows_out}
 
 
+def run_projections_mode(args, record: MachineRecord) -> dict:
+    """Self-attention's Q, K and V projections as three products against one fused product (the three weights
+    concatenated, the output split), forward and backward, in float32, at `--batch` x `--length` rows and at each of
+    `--rows`; interleaved medians and the ratio (> 1: fused is faster)."""
+    config = model_config(args)
+    d_in, widths = config.d_model, [config.num_heads * config.d_k] * 2 + [config.num_heads * config.d_v]
+    rows_out = []
+    for rows in [args.batch * args.length] + [int(r) for r in args.rows.split(",") if r]:
+        states = torch.randn(rows, d_in, requires_grad=True)
+        weights = [torch.randn(width, d_in, requires_grad=True) for width in widths]
+        grads = [torch.randn(rows, width) for width in widths]
+
+        def separate(states=states, weights=weights, grads=grads):
+            outputs = [torch.nn.functional.linear(states, weight) for weight in weights]
+            torch.autograd.backward(outputs, grads)
+
+        def fused(states=states, weights=weights, grads=grads):
+            outputs = torch.nn.functional.linear(states, torch.cat(weights)).split(widths, dim=-1)
+            torch.autograd.backward(list(outputs), grads)
+
+        gradients = {}
+        for name, run in (("separate", separate), ("fused", fused)):  # both ways compute the same gradients
+            run()
+            gradients[name] = [t.grad.clone() for t in (states, *weights)]
+            for t in (states, *weights):
+                t.grad = None
+        same = all(
+            torch.allclose(a, b, rtol=1e-4, atol=1e-4)
+            for a, b in zip(gradients["separate"], gradients["fused"], strict=True)
+        )
+        times = interleave({"separate": separate, "fused": fused}, args.repeats, args.warmup)
+        for t in (states, *weights):
+            t.grad = None
+        summary = speedups(times, "separate")
+        rows_out.append(
+            {
+                "rows": rows,
+                "same gradients": same,
+                "separate ms": 1000 * summary["separate"]["median_s"],
+                "fused ms": 1000 * summary["fused"]["median_s"],
+                "ratio_of_medians": summary["fused"]["ratio_of_medians"],
+                "median_of_ratios": summary["fused"]["median_of_ratios"],
+            }
+        )
+    title = (
+        f"Q/K/V projections ({args.preset}: {d_in} -> {widths}), forward + backward, {args.repeats} interleaved runs"
+    )
+    print_table(title, rows_out, list(rows_out[0]))
+    return {"mode": "projections", "preset": args.preset, "products": rows_out}
+
+
 def compare_two_ways(args, names: tuple[str, str], setup, title: str, mode: str) -> dict:
     """Median ms per training step of two variants of ours (`setup(name, model, precision)` gives each variant's
     step function of a batch), float32 and bf16 autocast, per length, interleaved."""
@@ -664,6 +722,7 @@ def main(argv=None) -> None:
         "data": run_data_mode,
         "curve": run_curve_mode,
         "gemm": run_gemm_mode,
+        "projections": run_projections_mode,
         "attention": run_attention_mode,
         "dropout": run_dropout_mode,
         "allocator": run_allocator_mode,

@@ -120,6 +120,17 @@ def test_decoding_benchmark_times_the_static_cache_and_compiled_sides_with_the_s
     assert "vaswani_mt_static x" in printed and "vaswani_mt_compiled x" in printed
 
 
+def test_projections_mode_times_separate_and_fused_qkv_with_the_same_gradients(bench, tmp_path):
+    out = tmp_path / "qkv.json"
+    bench("speed_train").main(
+        ["--mode", "projections", "--preset", "tiny", "--batch", "4", "--length", "6", "--rows", "3",
+         "--repeats", "2", "--warmup", "1", "--threads", "1", "--json", str(out)]
+    )  # fmt: skip
+    products = json.loads(out.read_text())["products"]
+    assert [p["rows"] for p in products] == [24, 3]
+    assert all(p["same gradients"] and p["ratio_of_medians"] > 0 for p in products)
+
+
 def test_peak_memory_is_measured_in_a_separate_process(bench):
     common = bench("speed_common")
     peaks = common.measure_peak_rss(
