@@ -269,9 +269,9 @@ class VaswaniSublayer(nn.Module):
 class VaswaniEncoderLayer(GradientCheckpointingLayer):
     """§3.1 encoder layer: self-attention, then the feed-forward network, each wrapped post-LN.
 
-    A `GradientCheckpointingLayer`: after `model.activation_checkpointing_enable()` (or the Trainer's
-    `--activation_checkpointing` / `--gradient_checkpointing`) training keeps only each layer's input and computes
-    the layer again in the backward pass (same dropout masks: the RNG state is replayed).
+    A `GradientCheckpointingLayer`: after `model.activation_checkpointing_enable()` (`gradient_checkpointing_enable()`
+    before transformers 5.23), or the Trainer's `--gradient_checkpointing true`, training keeps only each layer's
+    input and computes the layer again in the backward pass (same dropout masks: the RNG state is replayed).
     """
 
     def __init__(self, config: VaswaniConfig):
