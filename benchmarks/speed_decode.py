@@ -98,7 +98,7 @@ def synthetic_models(args):
     return ours, to_marian(ours).eval()
 
 
-class StaticCache:
+class WithStaticCache:
     """`model.generate()` with transformers' preallocated KV cache (`cache_implementation="static"`)."""
 
     def __init__(self, model):
@@ -108,7 +108,7 @@ class StaticCache:
         return self.model.generate(**kwargs, cache_implementation="static")
 
 
-class Compiled(StaticCache):
+class Compiled(WithStaticCache):
     """`model.generate()` with the static cache and transformers' automatic `torch.compile` of the forward."""
 
     def __init__(self, model):
@@ -139,8 +139,8 @@ def make_sides(ours, marian, bf16: bool, static_cache: bool = False, compiled: b
         sides["vaswani_mt_bf16"] = copy.deepcopy(ours).to(torch.bfloat16)
         sides["marian_bf16"] = copy.deepcopy(marian).to(torch.bfloat16)
     if static_cache:
-        sides["vaswani_mt_static"] = StaticCache(ours)
-        sides["marian_static"] = StaticCache(marian)
+        sides["vaswani_mt_static"] = WithStaticCache(ours)
+        sides["marian_static"] = WithStaticCache(marian)
     if compiled:
         sides["vaswani_mt_compiled"] = Compiled(ours)
         sides["marian_compiled"] = Compiled(marian)
