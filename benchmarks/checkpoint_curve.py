@@ -45,6 +45,24 @@ def checkpoint_minutes(run: Path, step: int) -> float | None:
     return None
 
 
+def run_labels(runs: list[Path]) -> list[str]:
+    """Each run's name in the results: its folder name, or as many trailing folders as make it unique among `runs`.
+
+    `a/marian` and `b/marian` are `a/marian` and `b/marian`; `s2` beside them stays `s2`. Two runs under one name
+    would overwrite each other's points in the JSON file.
+    """
+    parts = [Path(run).resolve().parts for run in runs]
+    if len(set(parts)) < len(parts):
+        raise SystemExit("checkpoint_curve: a run is named twice")
+    labels = []
+    for own in parts:
+        depth = 1
+        while any(other != own and other[-depth:] == own[-depth:] for other in parts):
+            depth += 1
+        labels.append("/".join(own[-depth:]))
+    return labels
+
+
 def score(folder: Path, sources, references, batch_size: int, train=None) -> dict:
     """BLEU and chrF with the model's own search, and the per-token NLL of the references (and of `train`
     pairs, the same number of training pairs, to show the generalisation gap)."""
@@ -79,7 +97,7 @@ def main() -> None:
     train_sources, train_references = source_target(corpus["train"], "en", "de")
     train = (train_sources[: len(sources)], train_references[: len(sources)])
     results = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).is_file() else {}
-    for run in map(Path, args.runs):
+    for run, label in zip(map(Path, args.runs), run_labels(args.runs), strict=True):
         points = []
         checkpoints = list_checkpoints(run)
         for index, checkpoint in enumerate(checkpoints):
@@ -95,9 +113,9 @@ def main() -> None:
                     averaged = average_checkpoints(staging, args.average_last, Path(tmp) / "averaged")
                     averaged_score = score(averaged, sources, references, args.batch_size)
                 point.update({f"avg{args.average_last}_{k}": v for k, v in averaged_score.items()})
-            print(run.name, json.dumps(point), flush=True)
+            print(label, json.dumps(point), flush=True)
             points.append(point)
-        results[f"{run.name}:{args.split}"] = points
+        results[f"{label}:{args.split}"] = points
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     if args.plot:

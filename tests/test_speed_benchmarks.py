@@ -19,7 +19,7 @@ def bench(monkeypatch):
     threads = torch.get_num_threads()
     yield lambda name: importlib.import_module(name)
     torch.set_num_threads(threads)
-    for name in ("speed_common", "speed_train", "speed_decode"):
+    for name in ("speed_common", "speed_train", "speed_decode", "checkpoint_curve"):
         sys.modules.pop(name, None)
 
 
@@ -223,3 +223,12 @@ def test_allocator_mode_counts_the_page_faults_that_retained_memory_avoids(bench
     assert rows["glibc_default"]["speedup"] == 1.0 and rows["retain_freed_memory"]["speedup"] > 0
     assert rows["glibc_default"]["page_faults_per_step"] > 10_000  # 48 MB mapped and zero-filled at every step
     assert rows["retain_freed_memory"]["page_faults_per_step"] < 1_000
+
+
+def test_checkpoint_curve_names_runs_of_one_folder_name_apart(bench, tmp_path):
+    run_labels = bench("checkpoint_curve").run_labels
+    runs = [tmp_path / "marian_s2" / "marian", tmp_path / "s2", tmp_path / "marian_s3" / "marian"]
+    assert run_labels(runs) == ["marian_s2/marian", "s2", "marian_s3/marian"]
+    assert run_labels([tmp_path / "a", tmp_path / "b"]) == ["a", "b"]
+    with pytest.raises(SystemExit, match="named twice"):
+        run_labels([tmp_path / "a", tmp_path / "x" / ".." / "a"])
