@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from conftest import make_model, padded_batch
 
+import vaswani_mt.fast_paths_vaswani as fast_paths
 import vaswani_mt.modeling_vaswani as modeling
 from vaswani_mt import sinusoidal_position_encoding
 from vaswani_mt.export import to_marian
@@ -33,7 +34,7 @@ def gradients(model):
 @pytest.mark.parametrize("chunk_elements", [2**26, 3 * 200])  # one chunk; chunks of 3 rows (the loop and its seams)
 @pytest.mark.parametrize("num_items", [None, 40])
 def test_training_loss_without_logits_equals_cross_entropy_on_logits_in_float64(monkeypatch, chunk_elements, num_items):
-    monkeypatch.setattr(modeling, "_LOSS_CHUNK_ELEMENTS", chunk_elements)
+    monkeypatch.setattr(fast_paths, "_LOSS_CHUNK_ELEMENTS", chunk_elements)
     model = make_model(seed=1, dropout=0.0).double().train()
     ids, mask = padded_batch(seed=2, lengths=(7, 4, 5))
     out = model(input_ids=ids, attention_mask=mask, labels=LABELS, num_items_in_batch=num_items)
@@ -83,23 +84,23 @@ def test_bf16_autocast_training_follows_float32():
         assert cosine > 0.98, name
 
 
-@pytest.mark.skipif(not modeling._MKL_PACKED_GEMM, reason="this torch build has no MKL packed GEMM")
+@pytest.mark.skipif(not fast_paths._MKL_PACKED_GEMM, reason="this torch build has no MKL packed GEMM")
 def test_packed_inference_gemms_equal_the_linear_layers_and_follow_weight_updates(monkeypatch):
     model = make_model(seed=5)
     ids, mask = padded_batch(seed=4, lengths=(7, 4, 5))
     target = torch.tensor([[0, 5, 6], [0, 7, 8], [0, 9, 10]])
     with torch.no_grad():
         packed = model(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits
-        assert modeling._PACKED_WEIGHTS.get(model.lm_head) is not None  # the packed path was taken
-        monkeypatch.setattr(modeling, "_MKL_PACKED_GEMM", False)
+        assert fast_paths._PACKED_WEIGHTS.get(model.lm_head) is not None  # the packed path was taken
+        monkeypatch.setattr(fast_paths, "_MKL_PACKED_GEMM", False)
         plain = model(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits
         torch.testing.assert_close(packed, plain, atol=1e-5, rtol=1e-5)
-        monkeypatch.setattr(modeling, "_MKL_PACKED_GEMM", True)
+        monkeypatch.setattr(fast_paths, "_MKL_PACKED_GEMM", True)
         # An in-place update (what an optimizer step does) must reach the next packed call.
         model.model.decoder.layers[0].ffn.fc2.weight.mul_(2.0)
         model.lm_head.weight.add_(0.01)
         updated = model(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits
-        monkeypatch.setattr(modeling, "_MKL_PACKED_GEMM", False)
+        monkeypatch.setattr(fast_paths, "_MKL_PACKED_GEMM", False)
         torch.testing.assert_close(
             updated, model(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits, atol=1e-5, rtol=1e-5
         )

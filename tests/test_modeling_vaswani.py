@@ -288,7 +288,7 @@ def test_gradient_accumulation_under_seq2seq_trainer_matches_one_big_batch(tmp_p
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dropout_keeps_1_minus_p_scales_by_its_inverse_and_passes_the_same_mask_back(dtype):
-    from vaswani_mt.modeling_vaswani import apply_dropout
+    from vaswani_mt.fast_paths_vaswani import apply_dropout
 
     x = (torch.rand(400, 2500) + 0.5).to(dtype).requires_grad_()
     torch.manual_seed(0)

@@ -206,9 +206,9 @@ def build_hub_folder(
     training, with its README.md card) and returns `(output, model, tokenizer)` (the loaded model, for checks).
 
     `native="vaswani"`: safetensors, config.json with `auto_map` and `custom_pipelines`, the code files
-    (configuration, modeling, pipeline), tokenizer, generation config, README.md. `native="marian"`: the exact
-    `MarianMTModel` conversion with the tokenizer and its own card. An `output` folder that is not empty is an
-    error unless `overwrite`, which empties it first.
+    (configuration, modeling, its fast paths, pipeline), tokenizer, generation config, README.md.
+    `native="marian"`: the exact `MarianMTModel` conversion with the tokenizer and its own card. An `output` folder
+    that is not empty is an error unless `overwrite`, which empties it first.
     """
     from .evaluation import load_for_inference
     from .export import save_marian

@@ -4,15 +4,18 @@ Reads top to bottom like Figure 1: positional encoding (§3.5), attention (§3.2
 post-LN encoder and decoder layers (§3.1), the two stacks, the encoder-decoder, and the model with the tied
 pre-softmax projection (§3.4), its label-smoothed loss (§5.4) and the paper's beam search (§6.1).
 
-Self-contained (torch, transformers and the sibling configuration file only) so that `save_pretrained`
-copies it as Hub remote code.
+The speed machinery lives next door in fast_paths_vaswani.py: dropout with a faster CPU mask (`apply_dropout`),
+MKL's packed GEMM for few-row CPU inference (`_project`) and the training loss fused with the projection
+(`projected_label_smoothed_cross_entropy`). Where this file calls them, a comment gives the plain computation.
+
+Self-contained (torch, transformers and the sibling files configuration_vaswani.py, fast_paths_vaswani.py and
+pipeline_vaswani.py only) so that `save_pretrained` copies it, with them, as Hub remote code.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
-import weakref
 from collections.abc import Callable
 
 import torch
@@ -27,6 +30,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 
 from .configuration_vaswani import VaswaniConfig
+from .fast_paths_vaswani import _project, apply_dropout, projected_label_smoothed_cross_entropy
+from .pipeline_vaswani import CUSTOM_PIPELINES
 
 logger = logging.get_logger(__name__)
 
@@ -50,11 +55,6 @@ _AUTO_MAP = {
     "AutoModel": "modeling_vaswani.VaswaniModel",
     "AutoModelForSeq2SeqLM": "modeling_vaswani.VaswaniForConditionalGeneration",
 }
-# The translation pipeline a saved folder names (transformers 5 has no `translation` task of its own), so that
-# `pipeline("translation", model=folder, trust_remote_code=True)` loads `pipeline_vaswani.py` from the folder.
-_CUSTOM_PIPELINES = {
-    "translation": {"impl": "pipeline_vaswani.TranslationPipeline", "pt": ["AutoModelForSeq2SeqLM"], "type": "text"}
-}
 
 
 def sinusoidal_position_encoding(positions: torch.Tensor, d_model: int, dtype: torch.dtype) -> torch.Tensor:
@@ -67,79 +67,6 @@ def sinusoidal_position_encoding(positions: torch.Tensor, d_model: int, dtype: t
     angles = positions.to(torch.float64).unsqueeze(-1) / torch.pow(10000.0, two_i / d_model)
     pe = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)[..., :d_model]
     return pe.to(dtype)
-
-
-class _CpuDropout(torch.autograd.Function):
-    """Dropout whose keep mask comes from `torch.rand` (float32, then `>= p`) instead of `bernoulli_`.
-
-    Same distribution as `nn.functional.dropout` (each element kept with probability 1 - p and scaled by
-    1 / (1 - p)), but on a CPU `bernoulli_` draws its numbers about 2.5x slower than `torch.rand`, and under bf16
-    `nn.functional.dropout` takes a path about 4x slower than this one (benchmarks/RESULTS.md). The mask is saved
-    as one byte per element for the backward pass.
-    """
-
-    @staticmethod
-    def forward(ctx, hidden_states: torch.Tensor, p: float) -> torch.Tensor:
-        keep = torch.rand(hidden_states.shape, device=hidden_states.device) >= p
-        ctx.save_for_backward(keep)
-        ctx.scale = 1.0 / (1.0 - p)
-        return hidden_states.mul(keep).mul_(ctx.scale)
-
-    @staticmethod
-    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
-        (keep,) = ctx.saved_tensors
-        return grad_output.mul(keep).mul_(ctx.scale), None
-
-
-def apply_dropout(hidden_states: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """`nn.functional.dropout`, with a faster mask on CPU (`_CpuDropout`); other devices use torch's own kernel."""
-    if not training or p == 0.0:
-        return hidden_states
-    if hidden_states.device.type != "cpu" or not 0.0 < p < 1.0:
-        return nn.functional.dropout(hidden_states, p=p, training=True)
-    return _CpuDropout.apply(hidden_states, p)
-
-
-# MKL's prepacked GEMM, the op torch's own compiler uses for CPU inference; absent builds fall back to F.linear.
-_MKL_PACKED_GEMM = torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
-# Above this many rows a GEMM is efficient unpacked, and packing again for each new batch shape would cost more.
-_PACKED_GEMM_MAX_ROWS = 256
-# Packed weights live here, not on the modules: they are opaque MKL tensors that cannot be copied or saved.
-_PACKED_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _project(linear: nn.Linear, states: torch.Tensor) -> torch.Tensor:
-    """`linear(states)`, in CPU float32 inference through a copy of the weight packed once for MKL's GEMM.
-
-    Decoding multiplies a few rows (batch x beams) by every weight at each step, and an ordinary GEMM packs the
-    weight into its internal layout at every call, which for a few rows costs more than the arithmetic. Packed
-    once, the linear layers of a base-model decoding step run about 2x faster at 64 rows, 1.7x at 16 and 1.35x
-    at 4 (1 row is a memory-bound GEMV either way). The packed copy is rebuilt when the weight changes (its
-    version counter) or the number of rows does. Results equal `linear(states)` to float32 round-off, not always
-    bit for bit. Training, autograd, torch.compile, other dtypes and devices, and wrapped or hooked layers take
-    `linear(states)`.
-    """
-    rows = states.numel() // states.shape[-1] if states.numel() else 0
-    if not (
-        _MKL_PACKED_GEMM
-        and 0 < rows <= _PACKED_GEMM_MAX_ROWS
-        and not torch.is_grad_enabled()
-        and not torch.compiler.is_compiling()  # inductor cannot lower MKL's packed GEMM; it plans its own
-        and states.device.type == "cpu"
-        and states.dtype == torch.float32 == linear.weight.dtype
-        and type(linear) is nn.Linear
-        and not (linear._forward_hooks or linear._forward_pre_hooks or "forward" in linear.__dict__)
-    ):
-        if linear.training and _PACKED_WEIGHTS:
-            _PACKED_WEIGHTS.pop(linear, None)  # back to training after generating: drop the stale copy
-        return linear(states)
-    weight = linear.weight
-    key = (rows, id(weight), weight.data_ptr(), weight._version, tuple(weight.shape))
-    entry = _PACKED_WEIGHTS.get(linear)
-    if entry is None or entry[0] != key or entry[1]() is not weight:
-        entry = (key, weakref.ref(weight), torch.ops.mkl._mkl_reorder_linear_weight(weight, rows))
-        _PACKED_WEIGHTS[linear] = entry
-    return torch.ops.mkl._mkl_linear(states, entry[2], weight, linear.bias, rows)
 
 
 def eager_attention_forward(
@@ -157,7 +84,7 @@ def eager_attention_forward(
     if attention_mask is not None:
         scores = scores + attention_mask
     weights = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    weights = apply_dropout(weights, dropout, module.training)
+    weights = apply_dropout(weights, dropout, module.training)  # = nn.functional.dropout(weights, dropout, ...)
     output = torch.matmul(weights, value).transpose(1, 2).contiguous()
     return output, weights
 
@@ -199,6 +126,7 @@ class VaswaniAttention(nn.Module):
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         is_cross = key_value_states is not None
+        # `_project(linear, x)` is `linear(x)`; few-row CPU inference runs it through a packed GEMM.
         query = self._heads(_project(self.q_proj, hidden_states), self.d_k)
 
         layer_cache = cache
@@ -248,6 +176,7 @@ class VaswaniFeedForward(nn.Module):
         self.activation_dropout = config.activation_dropout
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        # = self.fc2(F.dropout(relu(self.fc1(x)))), through the fast paths `_project` and `apply_dropout`.
         hidden_states = nn.functional.relu(_project(self.fc1, hidden_states))
         hidden_states = apply_dropout(hidden_states, self.activation_dropout, self.training)
         return _project(self.fc2, hidden_states)
@@ -262,7 +191,7 @@ class VaswaniSublayer(nn.Module):
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
     def forward(self, residual: torch.Tensor, sublayer_output: torch.Tensor) -> torch.Tensor:
-        dropped = apply_dropout(sublayer_output, self.dropout, self.training)
+        dropped = apply_dropout(sublayer_output, self.dropout, self.training)  # = nn.functional.dropout(...)
         return self.layer_norm(residual + dropped)
 
 
@@ -343,19 +272,13 @@ class VaswaniPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """Saves as a Hub-ready folder: safetensors weights (the shared matrix once), config.json whose `auto_map`
-        names AutoConfig, AutoModel and AutoModelForSeq2SeqLM, these code files and generation_config.json; and the
-        translation pipeline's file, named in `custom_pipelines`, when it sits next to this one."""
-        import os
-        import shutil
-
+        names AutoConfig, AutoModel and AutoModelForSeq2SeqLM and whose `custom_pipelines` names the translation
+        pipeline, generation_config.json, and the code files: this one and those it imports relatively
+        (configuration_vaswani.py, fast_paths_vaswani.py, pipeline_vaswani.py), which transformers'
+        `custom_object_save` copies."""
         self.config.auto_map = dict(_AUTO_MAP)
-        pipeline_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_vaswani.py")
-        if os.path.isfile(pipeline_file):
-            self.config.custom_pipelines = {task: dict(info) for task, info in _CUSTOM_PIPELINES.items()}
-        result = super().save_pretrained(save_directory, *args, **kwargs)
-        if os.path.isfile(pipeline_file) and kwargs.get("is_main_process", True):
-            shutil.copy(pipeline_file, os.path.join(save_directory, "pipeline_vaswani.py"))
-        return result
+        self.config.custom_pipelines = {task: dict(info) for task, info in CUSTOM_PIPELINES.items()}
+        return super().save_pretrained(save_directory, *args, **kwargs)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -415,7 +338,7 @@ class _VaswaniStack(nn.Module):
             embeddings = embeddings + self.embed_positions(positions)
         else:
             embeddings = embeddings + self._sinusoids(past_length, length, embeddings)
-        return apply_dropout(embeddings, self.dropout, self.training)
+        return apply_dropout(embeddings, self.dropout, self.training)  # = nn.functional.dropout(embeddings, ...)
 
 
 class VaswaniEncoder(_VaswaniStack):
@@ -645,67 +568,6 @@ class PerSentenceMaxLength(LogitsProcessor):
         return scores
 
 
-# Vocabulary-sized work of the training loss is done in chunks of at most this many logits (256 MB in float32).
-_LOSS_CHUNK_ELEMENTS = 2**26
-
-
-class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
-    """§3.4 + §5.4 for training: the pre-softmax projection and the label-smoothed cross-entropy in one pass.
-
-    Returns `scale * sum_rows CE_ls(hidden @ weight^T, labels)` for rows that are all real target tokens (the caller
-    drops padding first, so the projection is computed for real tokens only). Per chunk of rows the logits are
-    computed once, turned in place into log-probabilities and then into the gradient of the loss with respect to
-    them, `softmax - (1 - eps) one_hot - eps / V`, which is multiplied back through the projection at once. So
-    the only vocabulary-sized tensor is that chunk (`F.cross_entropy` keeps the logits, the log-probabilities and
-    two more tensors of that size for backward), and backward only scales the two gradients it stored.
-
-    Under autocast the matrix products run in the autocast dtype (bf16 for `--bf16` on CPU); the softmax, the loss
-    and the weight gradient stay in float32 (or float64).
-    """
-
-    @staticmethod
-    def forward(ctx, hidden, weight, labels, label_smoothing: float, scale: float, chunk_rows: int):
-        device_type = hidden.device.type
-        compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
-        with torch.autocast(device_type, enabled=False):
-            compute_dtype = compute_dtype or hidden.dtype
-            softmax_dtype = torch.promote_types(weight.dtype, torch.float32)
-            h_all, w = hidden.to(compute_dtype), weight.to(compute_dtype)
-            vocab = weight.shape[0]
-            total = torch.zeros((), dtype=softmax_dtype, device=hidden.device)
-            grad_hidden = torch.empty_like(h_all)
-            grad_weight = None
-            for start in range(0, hidden.shape[0], chunk_rows):
-                h, target = h_all[start : start + chunk_rows], labels[start : start + chunk_rows]
-                rows = torch.arange(target.shape[0], device=target.device)
-                logits = (h @ w.T).to(softmax_dtype)
-                # In place: the chunk is this function's own buffer; a fresh one of its size (142 MB for 960 tokens
-                # and 37000 types) takes a third longer to allocate and fill than reusing it.
-                log_probs = torch._log_softmax(logits, -1, False, out=logits)
-                # CE_ls = (1 - eps) * -log p(y) + eps * mean_v(-log p(v))
-                total += (1 - label_smoothing) * -log_probs[rows, target].sum()
-                total += label_smoothing / vocab * -log_probs.sum()
-                grad_logits = log_probs.exp_()  # the same memory from here on
-                grad_logits.sub_(label_smoothing / vocab)
-                grad_logits[rows, target] -= 1 - label_smoothing
-                grad_logits = grad_logits.to(compute_dtype)
-                torch.mm(grad_logits, w, out=grad_hidden[start : start + chunk_rows]).mul_(scale)
-                # beta=0: the zero is never read; alpha scales inside the matrix product, not in another pass.
-                part = torch.addmm(grad_logits.new_zeros(()), grad_logits.T, h, beta=0, alpha=scale)
-                grad_weight = part.to(weight.dtype) if grad_weight is None else grad_weight.add_(part)
-        if grad_weight is None:  # no real target token in the batch
-            grad_weight = torch.zeros_like(weight)
-        ctx.save_for_backward(grad_hidden.to(hidden.dtype), grad_weight)
-        return total * scale
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        grad_hidden, grad_weight = ctx.saved_tensors
-        if grad_output.item() != 1.0:  # Trainer's loss is used as is; only scaled losses pay for another pass
-            grad_hidden, grad_weight = grad_hidden * grad_output, grad_weight * grad_output
-        return grad_hidden, grad_weight, None, None, None, None
-
-
 class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
     """The Transformer for translation: the encoder-decoder plus the pre-softmax projection tied to the shared
     embedding (§3.4), with the label-smoothed loss (§5.4) and the paper's beam search from `generate()` (§6.1)."""
@@ -800,7 +662,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             # Training needs the loss only: it is computed on real target tokens without keeping the logits.
             logits, loss = None, self._training_loss(outputs.last_hidden_state, labels, num_items_in_batch)
         else:
-            logits = _project(self.lm_head, outputs.last_hidden_state)
+            logits = _project(self.lm_head, outputs.last_hidden_state)  # = self.lm_head(last_hidden_state)
             loss = self.loss(logits, labels, num_items_in_batch) if labels is not None else None
         return Seq2SeqLMOutput(
             loss=loss,
@@ -839,19 +701,18 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         self, hidden_states: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None
     ) -> torch.Tensor:
         """The same value as `loss(lm_head(hidden_states), labels, num_items_in_batch)`, computed only for real target
-        tokens and without vocabulary-sized tensors beyond one chunk (`_ProjectedLabelSmoothedCrossEntropy`)."""
+        tokens and without vocabulary-sized tensors beyond one chunk (`projected_label_smoothed_cross_entropy`)."""
         labels = labels.to(hidden_states.device).masked_fill(labels == self.config.pad_token_id, -100)
         real = labels.ne(-100)
         if num_items_in_batch is None:
             num_items_in_batch = real.sum().clamp(min=1)
-        chunk_rows = max(1, _LOSS_CHUNK_ELEMENTS // self.config.vocab_size)
-        return _ProjectedLabelSmoothedCrossEntropy.apply(
+        # = self.loss(self.lm_head(hidden_states), labels, num_items_in_batch), without keeping the logits
+        return projected_label_smoothed_cross_entropy(
             hidden_states[real],
             self.lm_head.weight,
             labels[real],
             float(self.config.label_smoothing),
             1.0 / float(num_items_in_batch),
-            chunk_rows,
         )
 
     # ----- Generation: the paper's beam search (§6.1) -----

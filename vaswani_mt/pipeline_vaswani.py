@@ -2,7 +2,8 @@
 
 transformers 5 removed its `translation` task. A folder saved by vaswani_mt names this file in its config.json
 (`custom_pipelines`, as `Pipeline.save_pretrained` writes it), and `save_pretrained` copies the file next to the
-model code, so `pipeline("translation", model=folder, trust_remote_code=True)` and
+model code (modeling_vaswani.py imports `CUSTOM_PIPELINES` from it), so
+`pipeline("translation", model=folder, trust_remote_code=True)` and
 `pipeline(model=folder, trust_remote_code=True)` load it as remote code. It answers in the schema of the Hub's
 translation widget: `[{"translation_text": ...}]` per input.
 
@@ -26,7 +27,7 @@ from transformers.utils import logging
 logger = logging.get_logger(__name__)
 
 # How `config.json` names this pipeline (`custom_pipelines`): the task, the class in this file and the Auto class
-# that loads the model for it.
+# that loads the model for it. The model's `save_pretrained` (modeling_vaswani.py) writes this dict.
 CUSTOM_PIPELINES = {
     "translation": {
         "impl": "pipeline_vaswani.TranslationPipeline",

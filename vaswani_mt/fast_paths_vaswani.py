@@ -1,0 +1,167 @@
+"""The speed paths of modeling_vaswani.py: what the paper's plain operations compute, computed faster.
+
+- `apply_dropout`: `nn.functional.dropout`, with a keep mask drawn by `torch.rand` on a CPU (`_CpuDropout`).
+- `_project`: `linear(states)`, in CPU float32 inference through a weight packed once for MKL's GEMM.
+- `projected_label_smoothed_cross_entropy`: the training loss, the pre-softmax projection and the label-smoothed
+  cross-entropy in one pass over chunks of rows, without keeping the logits
+  (`_ProjectedLabelSmoothedCrossEntropy`).
+
+Each one's docstring says what it saves, as measured (benchmarks/RESULTS.md); tests/test_fast_paths.py and
+tests/test_modeling_vaswani.py check that each computes what the plain operation does.
+
+Self-contained (torch only): modeling_vaswani.py imports it relatively, so `save_pretrained` copies it next to the
+model code and a saved folder loads it as Hub remote code.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import nn
+
+
+class _CpuDropout(torch.autograd.Function):
+    """Dropout whose keep mask comes from `torch.rand` (float32, then `>= p`) instead of `bernoulli_`.
+
+    Same distribution as `nn.functional.dropout` (each element kept with probability 1 - p and scaled by
+    1 / (1 - p)), but on a CPU `bernoulli_` draws its numbers about 2.5x slower than `torch.rand`, and under bf16
+    `nn.functional.dropout` takes a path about 4x slower than this one (benchmarks/RESULTS.md). The mask is saved
+    as one byte per element for the backward pass.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden_states: torch.Tensor, p: float) -> torch.Tensor:
+        keep = torch.rand(hidden_states.shape, device=hidden_states.device) >= p
+        ctx.save_for_backward(keep)
+        ctx.scale = 1.0 / (1.0 - p)
+        return hidden_states.mul(keep).mul_(ctx.scale)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (keep,) = ctx.saved_tensors
+        return grad_output.mul(keep).mul_(ctx.scale), None
+
+
+def apply_dropout(hidden_states: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """`nn.functional.dropout`, with a faster mask on CPU (`_CpuDropout`); other devices use torch's own kernel."""
+    if not training or p == 0.0:
+        return hidden_states
+    if hidden_states.device.type != "cpu" or not 0.0 < p < 1.0:
+        return nn.functional.dropout(hidden_states, p=p, training=True)
+    return _CpuDropout.apply(hidden_states, p)
+
+
+# MKL's prepacked GEMM, the op torch's own compiler uses for CPU inference; absent builds fall back to F.linear.
+_MKL_PACKED_GEMM = torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+# Above this many rows a GEMM is efficient unpacked, and packing again for each new batch shape would cost more.
+_PACKED_GEMM_MAX_ROWS = 256
+# Packed weights live here, not on the modules: they are opaque MKL tensors that cannot be copied or saved.
+_PACKED_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _project(linear: nn.Linear, states: torch.Tensor) -> torch.Tensor:
+    """`linear(states)`, in CPU float32 inference through a copy of the weight packed once for MKL's GEMM.
+
+    Decoding multiplies a few rows (batch x beams) by every weight at each step, and an ordinary GEMM packs the
+    weight into its internal layout at every call, which for a few rows costs more than the arithmetic. Packed
+    once, the linear layers of a base-model decoding step run about 2x faster at 64 rows, 1.7x at 16 and 1.35x
+    at 4 (1 row is a memory-bound GEMV either way). The packed copy is rebuilt when the weight changes (its
+    version counter) or the number of rows does. Results equal `linear(states)` to float32 round-off, not always
+    bit for bit. Training, autograd, torch.compile, other dtypes and devices, and wrapped or hooked layers take
+    `linear(states)`.
+    """
+    rows = states.numel() // states.shape[-1] if states.numel() else 0
+    if not (
+        _MKL_PACKED_GEMM
+        and 0 < rows <= _PACKED_GEMM_MAX_ROWS
+        and not torch.is_grad_enabled()
+        and not torch.compiler.is_compiling()  # inductor cannot lower MKL's packed GEMM; it plans its own
+        and states.device.type == "cpu"
+        and states.dtype == torch.float32 == linear.weight.dtype
+        and type(linear) is nn.Linear
+        and not (linear._forward_hooks or linear._forward_pre_hooks or "forward" in linear.__dict__)
+    ):
+        if linear.training and _PACKED_WEIGHTS:
+            _PACKED_WEIGHTS.pop(linear, None)  # back to training after generating: drop the stale copy
+        return linear(states)
+    weight = linear.weight
+    key = (rows, id(weight), weight.data_ptr(), weight._version, tuple(weight.shape))
+    entry = _PACKED_WEIGHTS.get(linear)
+    if entry is None or entry[0] != key or entry[1]() is not weight:
+        entry = (key, weakref.ref(weight), torch.ops.mkl._mkl_reorder_linear_weight(weight, rows))
+        _PACKED_WEIGHTS[linear] = entry
+    return torch.ops.mkl._mkl_linear(states, entry[2], weight, linear.bias, rows)
+
+
+# Vocabulary-sized work of the training loss is done in chunks of at most this many logits (256 MB in float32).
+_LOSS_CHUNK_ELEMENTS = 2**26
+
+
+class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
+    """§3.4 + §5.4 for training: the pre-softmax projection and the label-smoothed cross-entropy in one pass.
+
+    Returns `scale * sum_rows CE_ls(hidden @ weight^T, labels)` for rows that are all real target tokens (the caller
+    drops padding first, so the projection is computed for real tokens only). Per chunk of rows the logits are
+    computed once, turned in place into log-probabilities and then into the gradient of the loss with respect to
+    them, `softmax - (1 - eps) one_hot - eps / V`, which is multiplied back through the projection at once. So
+    the only vocabulary-sized tensor is that chunk (`F.cross_entropy` keeps the logits, the log-probabilities and
+    two more tensors of that size for backward), and backward only scales the two gradients it stored.
+
+    Under autocast the matrix products run in the autocast dtype (bf16 for `--bf16` on CPU); the softmax, the loss
+    and the weight gradient stay in float32 (or float64).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, label_smoothing: float, scale: float, chunk_rows: int):
+        device_type = hidden.device.type
+        compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+        with torch.autocast(device_type, enabled=False):
+            compute_dtype = compute_dtype or hidden.dtype
+            softmax_dtype = torch.promote_types(weight.dtype, torch.float32)
+            h_all, w = hidden.to(compute_dtype), weight.to(compute_dtype)
+            vocab = weight.shape[0]
+            total = torch.zeros((), dtype=softmax_dtype, device=hidden.device)
+            grad_hidden = torch.empty_like(h_all)
+            grad_weight = None
+            for start in range(0, hidden.shape[0], chunk_rows):
+                h, target = h_all[start : start + chunk_rows], labels[start : start + chunk_rows]
+                rows = torch.arange(target.shape[0], device=target.device)
+                logits = (h @ w.T).to(softmax_dtype)
+                # In place: the chunk is this function's own buffer; a fresh one of its size (142 MB for 960 tokens
+                # and 37000 types) takes a third longer to allocate and fill than reusing it.
+                log_probs = torch._log_softmax(logits, -1, False, out=logits)
+                # CE_ls = (1 - eps) * -log p(y) + eps * mean_v(-log p(v))
+                total += (1 - label_smoothing) * -log_probs[rows, target].sum()
+                total += label_smoothing / vocab * -log_probs.sum()
+                grad_logits = log_probs.exp_()  # the same memory from here on
+                grad_logits.sub_(label_smoothing / vocab)
+                grad_logits[rows, target] -= 1 - label_smoothing
+                grad_logits = grad_logits.to(compute_dtype)
+                torch.mm(grad_logits, w, out=grad_hidden[start : start + chunk_rows]).mul_(scale)
+                # beta=0: the zero is never read; alpha scales inside the matrix product, not in another pass.
+                part = torch.addmm(grad_logits.new_zeros(()), grad_logits.T, h, beta=0, alpha=scale)
+                grad_weight = part.to(weight.dtype) if grad_weight is None else grad_weight.add_(part)
+        if grad_weight is None:  # no real target token in the batch
+            grad_weight = torch.zeros_like(weight)
+        ctx.save_for_backward(grad_hidden.to(hidden.dtype), grad_weight)
+        return total * scale
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        if grad_output.item() != 1.0:  # Trainer's loss is used as is; only scaled losses pay for another pass
+            grad_hidden, grad_weight = grad_hidden * grad_output, grad_weight * grad_output
+        return grad_hidden, grad_weight, None, None, None, None
+
+
+def projected_label_smoothed_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, label_smoothing: float, scale: float
+) -> torch.Tensor:
+    """`scale * sum_rows CE_ls(hidden @ weight^T, labels)` for rows that are all real target tokens, with gradients,
+    through `_ProjectedLabelSmoothedCrossEntropy` in chunks of at most `_LOSS_CHUNK_ELEMENTS` logits."""
+    chunk_rows = max(1, _LOSS_CHUNK_ELEMENTS // weight.shape[0])
+    return _ProjectedLabelSmoothedCrossEntropy.apply(hidden, weight, labels, label_smoothing, scale, chunk_rows)
+
+
+__all__ = ["apply_dropout", "projected_label_smoothed_cross_entropy"]
