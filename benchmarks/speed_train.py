@@ -21,31 +21,15 @@ Modes:
 - `data`: real batches from the built-in corpus's training split, each side with its own batching (`MODEL:tokens=N`
   is our token-budget sampler, `MODEL:sentences=N` is the Trainer's default: N shuffled sentences, padded), run in
   alternating time slices; target tokens (real, not padding) per second of wall time, collation included.
-- `gemm`: float32 vs bfloat16 matrix products at the step's shapes (FFN and output layer, forward and both
-  backward products), interleaved, in GFLOP/s, with the CPU's AMX / AVX-512 BF16 flags: what bf16 can gain here.
-- `projections`: self-attention's Q, K and V projections as three products (the model's way) against one fused
-  product of the concatenated weights, forward and backward, at the step's rows and at `--rows`: what fusing them
-  would gain.
-- `attention`: our training step with `sdpa` against `eager` attention (same weights), in float32 and under bf16
-  autocast, at each of `--lengths` tokens per sentence with about `--batch_tokens` tokens per batch; interleaved
-  medians and the ratio: what `--attn_implementation auto` of scripts/train.py chooses from.
-- `dropout`: our training step with torch's `nn.functional.dropout` against the model's own (`apply_dropout`: on a
-  CPU a `torch.rand` mask), same weights, float32 and bf16 autocast, each with the attention `auto` picks, at each
-  of `--lengths`; interleaved medians and the ratio.
-- `allocator`: our training step (each of `--sides`, default `vaswani_mt_bf16` with the attention `auto` picks) on
-  synthetic batches of each of `--lengths` in turn (about `--batch_tokens` tokens each), with glibc's default
-  malloc against `vaswani_mt.allocator.retain_freed_memory()` (what `scripts/train.py` applies), each in fresh
-  subprocesses (the setting is process-wide), the two alternated over `--rounds`; median ms per step, minor page
-  faults per step, peak RSS.
 - `curve`: `vaswani_mt` and `vaswani_mt_bf16` in lockstep on the same real batches from the same weights, with the
   same dropout seed per step; prints both loss curves and their largest relative gap (20-step means).
+
+The investigation modes `gemm`, `projections`, `attention`, `dropout` and `allocator` were removed once
+benchmarks/RESULTS.md had recorded their answers; git history keeps them.
 
     python benchmarks/speed_train.py                                   # step, base shapes
     python benchmarks/speed_train.py --sides vaswani_mt,vaswani_mt_checkpointed,marian,marian_checkpointed
     python benchmarks/speed_train.py --mode data --seconds 600
-    python benchmarks/speed_train.py --mode attention --preset small --vocab_size 8000
-    python benchmarks/speed_train.py --mode dropout --preset small --vocab_size 8000 --lengths 12,24
-    python benchmarks/speed_train.py --mode allocator --preset small --vocab_size 8000 --lengths 12,24,48
     python benchmarks/speed_train.py --mode curve --steps 300 --sides vaswani_mt:tokens=1024,vaswani_mt_bf16:tokens=1024
 """
 
@@ -53,10 +37,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import functools
 import json
 import os
-import resource
 import statistics
 import sys
 import time
@@ -71,16 +53,14 @@ from speed_common import (
     peak_rss_mib,
     print_table,
     profile_operators,
-    run_child,
     speedups,
 )
 from transformers import DataCollatorForSeq2Seq
 from transformers.trainer_pt_utils import LabelSmoother
 
-from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration, modeling_vaswani
-from vaswani_mt.allocator import retain_freed_memory
+from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_mt.export import hidden_permutation, to_marian
-from vaswani_mt.training import auto_attention
+from vaswani_mt.tokenization import config_token_ids
 
 MODELS = ("vaswani_mt", "vaswani_mt_bf16", "marian", "marian_bf16")
 # A step-mode side named with this suffix trains with activation checkpointing (`--gradient_checkpointing`).
@@ -89,19 +69,12 @@ CHECKPOINTED = "_checkpointed"
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--mode",
-        choices=["step", "data", "curve", "gemm", "projections", "attention", "dropout", "allocator"],
-        default="step",
-    )
+    parser.add_argument("--mode", choices=["step", "data", "curve"], default="step")
     parser.add_argument("--preset", default="base")
     parser.add_argument("--vocab_size", type=int, default=37000, help="step mode; data modes train a BPE of this size")
     parser.add_argument("--dropout", type=float, default=None, help="default: the preset's")
     parser.add_argument("--batch", type=int, default=32, help="step mode: pairs per batch")
     parser.add_argument("--length", type=int, default=30, help="step mode: tokens per sentence, each side")
-    parser.add_argument("--lengths", default="4,12,24,48", help="attention mode: tokens per sentence, each side")
-    parser.add_argument("--rows", default="64", help="projections mode: more row counts (64: beam 4 x batch 16)")
-    parser.add_argument("--batch_tokens", type=int, default=1920, help="attention mode: tokens per batch, each side")
     parser.add_argument("--repeats", type=int, default=10, help="step mode: timed steps per side")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--sides", default=None, help="comma-separated; step: models, data/curve: MODEL:BATCHING")
@@ -117,9 +90,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--json", default=None, help="also write the record to this file")
     parser.add_argument("--profile", action="store_true", help="step mode: top operators of one step per side")
     parser.add_argument("--only_memory", action="store_true", help="measure peak RSS only, no timing")
-    parser.add_argument("--rounds", type=int, default=3, help="allocator mode: subprocesses per setting and side")
     parser.add_argument("--rss_child", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--allocator_child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.sides is None:
@@ -127,11 +98,6 @@ def parse_args(argv=None) -> argparse.Namespace:
             "step": "vaswani_mt,vaswani_mt_bf16,marian",
             "data": "vaswani_mt:tokens=4096,marian:sentences=8",
             "curve": "vaswani_mt:tokens=4096,vaswani_mt_bf16:tokens=4096",
-            "gemm": "",
-            "projections": "",
-            "attention": "",
-            "dropout": "",
-            "allocator": "vaswani_mt_bf16",
         }[args.mode]
     return args
 
@@ -322,9 +288,10 @@ def load_training_rows(args):
     """The built-in corpus's training split, tokenized with a BPE trained on it (kept in --work_dir for reuse)."""
     from transformers import AutoTokenizer
 
+    from vaswani_mt.arguments import DataArguments
     from vaswani_mt.data import load_corpus, source_target
     from vaswani_mt.tokenization import train_tokenizer
-    from vaswani_mt.training import DataArguments, tokenize_corpus
+    from vaswani_mt.training import tokenize_corpus
 
     corpus = load_corpus("ding")
     train = corpus["train"]
@@ -408,13 +375,7 @@ class DataSide:
 def build_data_sides(args):
     tokenizer, rows, source_lengths, target_lengths = load_training_rows(args)
     specs = args.sides.split(",")
-    overrides = {
-        "vocab_size": len(tokenizer),
-        "pad_token_id": tokenizer.pad_token_id,
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-        "decoder_start_token_id": tokenizer.bos_token_id,
-    }
+    overrides = config_token_ids(tokenizer)
     if args.dropout is not None:
         overrides["dropout"] = args.dropout
     config = VaswaniConfig.from_preset(args.preset, **overrides)
@@ -501,218 +462,6 @@ def run_curve_mode(args, record: MachineRecord) -> dict:
     }
 
 
-def run_gemm_mode(args, record: MachineRecord) -> dict:
-    """float32 vs bfloat16 GEMMs of a training step (`--batch` x `--length` rows), interleaved; GFLOP/s."""
-    config = model_config(args)
-    rows, d, d_ff, vocab = args.batch * args.length, config.d_model, config.d_ff, config.vocab_size
-    shapes = {  # (m, k, n, transposes) of x @ w.T, g @ w and g.T @ x
-        "FFN forward": (rows, d, d_ff, "nt"),
-        "FFN input grad": (rows, d_ff, d, "nn"),
-        "FFN weight grad": (d_ff, rows, d, "tn"),
-        "output layer forward": (rows, d, vocab, "nt"),
-        "output layer input grad": (rows, vocab, d, "nn"),
-        "output layer weight grad": (vocab, rows, d, "tn"),
-    }
-    flags = set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
-    except (OSError, StopIteration):
-        pass
-    rows_out = []
-    for name, (m, k, n, layout) in shapes.items():
-        runs = {}
-        for dtype in (torch.float32, torch.bfloat16):
-            a = torch.randn(k, m, dtype=dtype).T if layout[0] == "t" else torch.randn(m, k, dtype=dtype)
-            b = torch.randn(n, k, dtype=dtype).T if layout[1] == "t" else torch.randn(k, n, dtype=dtype)
-            runs[str(dtype).removeprefix("torch.")] = lambda a=a, b=b: torch.mm(a, b)
-        times = interleave(runs, args.repeats, args.warmup)
-        row = {"product": f"{name} ({m}x{k} @ {k}x{n})"}
-        for dtype, values in times.items():
-            row[f"{dtype} GFLOP/s"] = 2 * m * k * n / statistics.median(values) / 1e9
-        row["bf16 / fp32"] = row["bfloat16 GFLOP/s"] / row["float32 GFLOP/s"]
-        rows_out.append(row)
-    cpu = {flag: flag in flags for flag in ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f")}
-    print_table(f"Matrix products, {args.repeats} interleaved runs each; CPU flags {cpu}", rows_out, list(rows_out[0]))
-    return {"mode": "gemm", "cpu_flags": cpu, "products": rows_out}
-
-
-def run_projections_mode(args, record: MachineRecord) -> dict:
-    """Self-attention's Q, K and V projections as three products against one fused product (the three weights
-    concatenated, the output split), forward and backward, in float32, at `--batch` x `--length` rows and at each of
-    `--rows`; interleaved medians and the ratio (> 1: fused is faster)."""
-    config = model_config(args)
-    d_in, widths = config.d_model, [config.num_heads * config.d_k] * 2 + [config.num_heads * config.d_v]
-    rows_out = []
-    for rows in [args.batch * args.length] + [int(r) for r in args.rows.split(",") if r]:
-        states = torch.randn(rows, d_in, requires_grad=True)
-        weights = [torch.randn(width, d_in, requires_grad=True) for width in widths]
-        grads = [torch.randn(rows, width) for width in widths]
-
-        def separate(states=states, weights=weights, grads=grads):
-            outputs = [torch.nn.functional.linear(states, weight) for weight in weights]
-            torch.autograd.backward(outputs, grads)
-
-        def fused(states=states, weights=weights, grads=grads):
-            outputs = torch.nn.functional.linear(states, torch.cat(weights)).split(widths, dim=-1)
-            torch.autograd.backward(list(outputs), grads)
-
-        gradients = {}
-        for name, run in (("separate", separate), ("fused", fused)):  # both ways compute the same gradients
-            run()
-            gradients[name] = [t.grad.clone() for t in (states, *weights)]
-            for t in (states, *weights):
-                t.grad = None
-        same = all(
-            torch.allclose(a, b, rtol=1e-4, atol=1e-4)
-            for a, b in zip(gradients["separate"], gradients["fused"], strict=True)
-        )
-        times = interleave({"separate": separate, "fused": fused}, args.repeats, args.warmup)
-        for t in (states, *weights):
-            t.grad = None
-        summary = speedups(times, "separate")
-        rows_out.append(
-            {
-                "rows": rows,
-                "same gradients": same,
-                "separate ms": 1000 * summary["separate"]["median_s"],
-                "fused ms": 1000 * summary["fused"]["median_s"],
-                "ratio_of_medians": summary["fused"]["ratio_of_medians"],
-                "median_of_ratios": summary["fused"]["median_of_ratios"],
-            }
-        )
-    title = (
-        f"Q/K/V projections ({args.preset}: {d_in} -> {widths}), forward + backward, {args.repeats} interleaved runs"
-    )
-    print_table(title, rows_out, list(rows_out[0]))
-    return {"mode": "projections", "preset": args.preset, "products": rows_out}
-
-
-def compare_two_ways(args, names: tuple[str, str], setup, title: str, mode: str) -> dict:
-    """Median ms per training step of two variants of ours (`setup(name, model, precision)` gives each variant's
-    step function of a batch), float32 and bf16 autocast, per length, interleaved."""
-    config = model_config(args)
-    rows_out = []
-    for length in (int(value) for value in args.lengths.split(",")):
-        batch = synthetic_batch(config, max(1, args.batch_tokens // length), length, args.seed)
-        for precision in ("vaswani_mt", "vaswani_mt_bf16"):
-            models = build_models(config, [precision] * 2, args.seed)
-            runs = {
-                name: functools.partial(setup(name, model, precision), batch)
-                for name, model in zip(names, models, strict=True)
-            }
-            times = interleave(runs, args.repeats, args.warmup)
-            first, second = (statistics.median(times[name]) for name in names)
-            rows_out.append({
-                "precision": "bf16 autocast" if precision.endswith("_bf16") else "float32",
-                "length": length,
-                "pairs": batch["input_ids"].shape[0],
-                f"{names[0]}_ms": first * 1e3,
-                f"{names[1]}_ms": second * 1e3,
-                f"{names[0]} / {names[1]}": first / second,
-            })  # fmt: skip
-    shape = f"{args.preset}, vocab {config.vocab_size}, ~{args.batch_tokens} tokens per batch, dropout {config.dropout}"
-    print_table(f"Training step, {title} ({shape}), {args.repeats} interleaved steps each", rows_out,
-                list(rows_out[0]))  # fmt: skip
-    return {"mode": mode, "shape": shape, "rows": rows_out}
-
-
-def run_attention_mode(args, record: MachineRecord) -> dict:
-    """Seconds per training step of ours with sdpa vs eager attention, float32 and bf16 autocast, per length."""
-
-    def setup(implementation, model, precision):
-        model.set_attn_implementation(implementation)
-        return make_step(precision, model, optimizer_for(model, args.lr))
-
-    return compare_two_ways(args, ("sdpa", "eager"), setup, "sdpa vs eager attention", "attention")
-
-
-def torch_dropout(hidden_states: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    return torch.nn.functional.dropout(hidden_states, p=p, training=training)
-
-
-def with_dropout(function, step, batch: dict) -> float:
-    """One step with `modeling_vaswani.apply_dropout` replaced by `function` (the modules look it up per call)."""
-    own = modeling_vaswani.apply_dropout
-    modeling_vaswani.apply_dropout = function
-    try:
-        return step(batch)
-    finally:
-        modeling_vaswani.apply_dropout = own
-
-
-def run_dropout_mode(args, record: MachineRecord) -> dict:
-    """Seconds per training step of ours with torch's dropout vs the model's own, float32 and bf16, per length."""
-    if model_config(args).dropout == 0.0:
-        raise SystemExit("--mode dropout compares dropout implementations: give a --dropout above 0")
-    functions = {"torch_dropout": torch_dropout, "ours": modeling_vaswani.apply_dropout}
-
-    def setup(name, model, precision):
-        model.set_attn_implementation(auto_attention("cpu", precision.endswith("_bf16")))
-        step = make_step(precision, model, optimizer_for(model, args.lr))
-        return functools.partial(with_dropout, functions[name], step)
-
-    return compare_two_ways(args, tuple(functions), setup, "torch's dropout vs ours", "dropout")
-
-
-ALLOCATORS = ("glibc_default", "retain_freed_memory")
-
-
-def _allocator_child(args) -> dict:
-    """One side, one malloc setting, a fresh process: median seconds per step and minor page faults per step."""
-    side, allocator_name = args.allocator_child.split(":")
-    if allocator_name == "retain_freed_memory" and not retain_freed_memory():
-        raise SystemExit("retain_freed_memory() does not apply here (glibc on Linux only)")
-    config = model_config(args)
-    (model,) = build_models(config, [side], args.seed)
-    if side.startswith("vaswani_mt"):
-        model.set_attn_implementation(auto_attention("cpu", side.endswith("_bf16")))
-    step = make_step(side, model, optimizer_for(model, args.lr))
-    lengths = [int(value) for value in args.lengths.split(",")]
-    batches = [synthetic_batch(config, max(1, args.batch_tokens // n), n, args.seed + n) for n in lengths]
-    for index in range(args.warmup * len(batches)):
-        step(batches[index % len(batches)])
-    seconds, faults_before = [], resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for index in range(args.repeats * len(batches)):
-        started = time.perf_counter()
-        step(batches[index % len(batches)])
-        seconds.append(time.perf_counter() - started)
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before
-    return {"seconds": statistics.median(seconds), "faults": faults / len(seconds), "peak_rss_mib": peak_rss_mib()}
-
-
-def run_allocator_mode(args, record: MachineRecord) -> dict:
-    """Seconds per step with glibc's default malloc vs `retain_freed_memory()`, fresh processes, alternated."""
-    if args.allocator_child:
-        print(json.dumps(_allocator_child(args)))
-        return {}
-    runs: dict[tuple[str, str], list[dict]] = {}
-    argv = child_argv(args.argv)
-    for round_index in range(args.rounds):
-        order = ALLOCATORS if round_index % 2 == 0 else ALLOCATORS[::-1]
-        for side in args.sides.split(","):
-            for allocator_name in order:
-                child = run_child(__file__, argv, "--allocator_child", f"{side}:{allocator_name}")
-                runs.setdefault((side, allocator_name), []).append(child)
-    rows_out = []
-    for side in args.sides.split(","):
-        medians = {name: statistics.median(r["seconds"] for r in runs[side, name]) for name in ALLOCATORS}
-        for name in ALLOCATORS:
-            rows_out.append({
-                "side": side,
-                "malloc": name,
-                "ms_per_step": medians[name] * 1e3,
-                "per_process_ms": [round(r["seconds"] * 1e3, 1) for r in runs[side, name]],
-                "page_faults_per_step": statistics.median(r["faults"] for r in runs[side, name]),
-                "peak_rss_mib": max(r["peak_rss_mib"] for r in runs[side, name]),
-                "speedup": medians["glibc_default"] / medians[name],
-            })  # fmt: skip
-    shape = f"{args.preset}, vocab {args.vocab_size}, lengths {args.lengths}, ~{args.batch_tokens} tokens per batch"
-    print_table(f"Training step, glibc malloc vs retain_freed_memory ({shape}), {args.rounds} processes each, "
-                f"{args.repeats} steps per length in each", rows_out, list(rows_out[0]))  # fmt: skip
-    return {"mode": "allocator", "shape": shape, "rows": rows_out}
-
-
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -721,14 +470,9 @@ def main(argv=None) -> None:
         "step": run_step_mode,
         "data": run_data_mode,
         "curve": run_curve_mode,
-        "gemm": run_gemm_mode,
-        "projections": run_projections_mode,
-        "attention": run_attention_mode,
-        "dropout": run_dropout_mode,
-        "allocator": run_allocator_mode,
     }
     result = modes[args.mode](args, record)
-    if args.rss_child or args.allocator_child:
+    if args.rss_child:
         return
     result["record"] = record.finish()
     print("\n" + json.dumps(result, indent=2))

@@ -23,9 +23,10 @@ import torch
 import transformers
 from transformers import MarianMTModel
 
+from vaswani_mt.arguments import parse_args
 from vaswani_mt.checkpoints import run_summary
 from vaswani_mt.export import marian_config
-from vaswani_mt.training import build_model, parse_args, run_training
+from vaswani_mt.training import build_model, run_training
 
 
 def marian_factory(model_args, tokenizer) -> MarianMTModel:

@@ -4,12 +4,6 @@
 python scripts/average_checkpoints.py --checkpoint_dir outputs/run --last 5 --output outputs/run-avg5
 """
 
-import os
-import sys
-
-# This folder holds evaluate.py, which would shadow the `evaluate` package that vaswani_mt imports.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
-
 import argparse
 import logging
 

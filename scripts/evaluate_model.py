@@ -1,16 +1,10 @@
 #!/usr/bin/env python
 """sacreBLEU of a model on a test set, with the paper's search (beam 4, GNMT alpha 0.6, input + 50).
 
-python scripts/evaluate.py --model outputs/run                       # built-in corpus, test split
-python scripts/evaluate.py --model DIR --dataset wmt14 --dataset_config de-en --source_lang en --target_lang de
-python scripts/evaluate.py --model DIR --source_file test.en --reference_file test.de
+python scripts/evaluate_model.py --model outputs/run                       # built-in corpus, test split
+python scripts/evaluate_model.py --model DIR --dataset wmt14 --dataset_config de-en --source_lang en --target_lang de
+python scripts/evaluate_model.py --model DIR --source_file test.en --reference_file test.de
 """
-
-import os
-import sys
-
-# This folder holds evaluate.py, which would shadow the `evaluate` package that vaswani_mt imports.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
 import argparse
 import json

@@ -10,13 +10,8 @@ ctranslate2: that Marian folder through CTranslate2's converter (float32 unless 
 tokenizer.json beside it; see README.md for translating with it.
 """
 
-import os
-import sys
-
-# This folder holds evaluate.py, which would shadow the `evaluate` package that vaswani_mt imports.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
-
 import argparse
+import sys
 
 from vaswani_mt.export import export_model
 

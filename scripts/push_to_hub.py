@@ -12,13 +12,8 @@ without vaswani_mt; --dry_run stops there. --native marian publishes the exact M
 which hosted inference can serve without remote code. A failed upload says why, and the folder is kept.
 """
 
-import os
-import sys
-
-# This folder holds evaluate.py, which would shadow the `evaluate` package that vaswani_mt imports.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
-
 import argparse
+import sys
 
 from vaswani_mt.hub import HubUploadError, publish
 

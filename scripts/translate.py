@@ -5,13 +5,8 @@ echo "The house is small." | python scripts/translate.py --model outputs/run
 python scripts/translate.py --model outputs/run --input text.en > text.de
 """
 
-import os
-import sys
-
-# This folder holds evaluate.py, which would shadow the `evaluate` package that vaswani_mt imports.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
-
 import argparse
+import sys
 
 from vaswani_mt.evaluation import load_for_inference, translate
 

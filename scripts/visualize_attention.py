@@ -5,13 +5,8 @@ self-attention and encoder-decoder attention, one PNG per kind and layer with a 
 python scripts/visualize_attention.py --model outputs/ding-cpu --text "The house is small." --output_dir attention
 """
 
-import os
-import sys
-
-# This folder holds evaluate.py, which would shadow the `evaluate` package that vaswani_mt imports.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
-
 import argparse
+import sys
 
 from vaswani_mt.attention_plots import visualize
 

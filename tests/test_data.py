@@ -1,16 +1,11 @@
 """Corpora: the built-in Ding extraction, every local format, Hub datasets, and each bad-data error."""
 
 import json
-import sys
-from functools import partial
-from pathlib import Path
 
 import datasets
 import pytest
 
 from vaswani_mt.data import (
-    EXTRA_DATA_TAG,
-    REVERSE_TAG,
     DataError,
     _cached_extraction,
     extract_ding_pairs,
@@ -100,31 +95,6 @@ def test_builtin_corpus_with_phrases_adds_training_phrases_of_training_entries_o
     assert len(held_out) > 1000 and held_out.isdisjoint((p["en"], p["de"]) for p in phrases)
 
 
-def test_builtin_corpus_with_dictionary_adds_single_words_and_phrases_of_training_entries_only():
-    plain, phrases, dictionary = load_ding("en", "de"), load_corpus("ding+phrases"), load_corpus("ding+dictionary")
-    for split in ("validation", "test"):
-        assert dictionary[split]["translation"] == plain[split]["translation"]
-    sentences = len(plain["train"])
-    extra = dictionary["train"]["translation"][sentences:]
-    assert dictionary["train"]["translation"][:sentences] == plain["train"]["translation"]
-    assert 300_000 < len(extra) < 400_000
-    assert {"en": "to resign from a union", "de": "aus einer Gewerkschaft austreten"} in extra
-    assert {"en": "Eel", "de": "Aal"} in extra  # a single-word pair, absent from ding+phrases
-    assert {"en": "Eel", "de": "Aal"} not in phrases["train"]["translation"][sentences:]
-    words = sum(1 for pair in extra if " " not in pair["en"] or " " not in pair["de"])
-    assert words > 250_000  # what the phrases lack
-    rows = _cached_extraction("dictionary", partial(extract_ding_phrases, min_words=1))
-    buckets = split_by_group([str(row["entry"]) for row in rows])
-    assert len(extra) == len(buckets["train"])
-    held_out = {(rows[i]["en"], rows[i]["de"]) for i in buckets["validation"] + buckets["test"]}
-    # no pair of a held-out entry (the same pair can belong to a training entry too: "Aal" in two entries)
-    train_pairs = {(rows[i]["en"], rows[i]["de"]) for i in buckets["train"]}
-    assert len(held_out - train_pairs) > 5000
-    assert (held_out - train_pairs).isdisjoint((p["en"], p["de"]) for p in extra)
-    twice = load_corpus("ding+dictionary", upsample_primary=2)["train"]["translation"]
-    assert len(twice) == len(extra) + 2 * sentences and twice[sentences : 2 * sentences] == twice[:sentences]
-
-
 def test_upsample_primary_repeats_the_training_sentences_against_the_phrases(tmp_path):
     once, twice = load_corpus("ding+phrases"), load_corpus("ding+phrases", upsample_primary=2)
     sentences = len(load_ding("en", "de")["train"])
@@ -145,45 +115,6 @@ def _jsonl(path, rows):
 
 
 PAIRS = [(f"Sentence number {i}.", f"Satz Nummer {i}.") for i in range(200)]
-
-
-def test_tag_extra_marks_the_extra_pairs_sources_and_nothing_else(tmp_path):
-    plain = load_corpus("ding+phrases", upsample_primary=2)
-    tagged = load_corpus("ding+phrases", upsample_primary=2, tag_extra=True)
-    sentences = 2 * len(load_ding("en", "de")["train"])
-    for split in ("validation", "test"):
-        assert tagged[split]["translation"] == plain[split]["translation"]
-    before, after = plain["train"]["translation"], tagged["train"]["translation"]
-    assert after[:sentences] == before[:sentences]  # the sentences as they were
-    assert len(after) == len(before)
-    for new, old in zip(after[sentences:], before[sentences:], strict=True):  # each phrase's source tagged, once
-        assert new == {"en": f"{EXTRA_DATA_TAG} {old['en']}", "de": old["de"]}
-    reverse = load_corpus("ding+phrases", source_lang="de", target_lang="en", tag_extra=True)["train"]["translation"]
-    assert reverse[-1]["de"].startswith(f"{EXTRA_DATA_TAG} ") and not reverse[-1]["en"].startswith("<")
-    with pytest.raises(DataError, match="tag_extra"):
-        load_corpus("ding", tag_extra=True)  # nothing to tag
-    with pytest.raises(DataError, match="tag_extra"):
-        load_corpus(str(_jsonl(tmp_path / "pairs.jsonl", [{"en": "A b.", "de": "A b."}])), tag_extra=True)
-
-
-def test_add_reverse_adds_each_training_sentence_turned_round_and_tagged(tmp_path):
-    plain = load_corpus("ding+phrases", upsample_primary=2)
-    both = load_corpus("ding+phrases", upsample_primary=2, add_reverse=True)
-    sentences = load_ding("en", "de")["train"]["translation"]
-    n = len(sentences)
-    for split in ("validation", "test"):  # scored one-way, untagged
-        assert both[split]["translation"] == plain[split]["translation"]
-    before, after = plain["train"]["translation"], both["train"]["translation"]
-    assert len(after) == len(before) + n
-    assert after[: 2 * n] == before[: 2 * n]  # the forward sentences, twice
-    assert after[2 * n : 3 * n] == [{"en": f"{REVERSE_TAG} {p['de']}", "de": p["en"]} for p in sentences]
-    assert after[3 * n :] == before[2 * n :]  # the phrases, one-way
-    pairs = _jsonl(tmp_path / "p.jsonl", [{"translation": {"en": f"A b {i}.", "de": f"C d {i}."}} for i in range(100)])
-    local = load_corpus(str(pairs), add_reverse=True)
-    train = local["train"]["translation"]
-    half = len(train) // 2
-    assert train[half:] == [{"en": f"{REVERSE_TAG} {p['de']}", "de": p["en"]} for p in train[:half]]
-    assert not any(row["en"].startswith("<") for row in local["test"]["translation"])
 
 
 def test_jsonl_tsv_and_plain_text_give_the_same_corpus(tmp_path):
@@ -260,19 +191,3 @@ def test_unknown_file_format_is_refused(tmp_path):
     path.write_text("en,de\n")
     with pytest.raises(DataError, match="unknown format"):
         load_corpus(str(path))
-
-
-def test_vocabulary_coverage_counts_the_test_words_training_never_shows(tmp_path):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    try:
-        import vocabulary_coverage
-    finally:
-        sys.path.pop(0)
-    rows = [{"translation": {"en": f"House word{i}.", "de": f"Haus wort{i}."}} for i in range(400)]  # 1 in 2 unique
-    table = tmp_path / "coverage.json"
-    vocabulary_coverage.main(["--datasets", str(_jsonl(tmp_path / "pairs.jsonl", rows)), "--json", str(table)])
-    en, de = json.loads(table.read_text())
-    assert (en["language"], de["language"]) == ("en", "de") and en["training pairs"] < 400
-    for row in (en, de):
-        assert row["test tokens"] > 0 and row["test tokens"] % 2 == 0  # two words per sentence
-        assert row["unseen %"] == row["seen < 3x %"] == 50.0

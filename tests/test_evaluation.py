@@ -64,15 +64,16 @@ def test_evaluate_script_prints_the_signature(tokenizer, tmp_path):
     (tmp_path / "src.en").write_text("The girl ate an apple.\nHow are you today?\n")
     (tmp_path / "ref.de").write_text("Das Mädchen hat einen Apfel gegessen.\nWie geht es Ihnen heute?\n")
     result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "evaluate.py"), "--model", str(tmp_path / "m"),
+        [sys.executable, str(ROOT / "scripts" / "evaluate_model.py"), "--model", str(tmp_path / "m"),
          "--source_file", str(tmp_path / "src.en"), "--reference_file", str(tmp_path / "ref.de")],
         capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert "sacreBLEU = " in result.stdout and "signature: nrefs:1|case:mixed|eff:no|tok:13a" in result.stdout
     explicit = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "evaluate.py"), "--model", str(tmp_path / "m"), "--length_penalty",
-         "0.6", "--source_file", str(tmp_path / "src.en"), "--reference_file", str(tmp_path / "ref.de")],
+        [sys.executable, str(ROOT / "scripts" / "evaluate_model.py"), "--model", str(tmp_path / "m"),
+         "--length_penalty", "0.6", "--source_file", str(tmp_path / "src.en"),
+         "--reference_file", str(tmp_path / "ref.de")],
         capture_output=True, text=True,
     )  # fmt: skip
     assert explicit.stdout == result.stdout  # alpha 0.6 is the model's own (the paper's)

@@ -8,8 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from vaswani_mt import allocator
-
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -120,17 +118,6 @@ def test_decoding_benchmark_times_the_static_cache_and_compiled_sides_with_the_s
     assert "vaswani_mt_static x" in printed and "vaswani_mt_compiled x" in printed
 
 
-def test_projections_mode_times_separate_and_fused_qkv_with_the_same_gradients(bench, tmp_path):
-    out = tmp_path / "qkv.json"
-    bench("speed_train").main(
-        ["--mode", "projections", "--preset", "tiny", "--batch", "4", "--length", "6", "--rows", "3",
-         "--repeats", "2", "--warmup", "1", "--threads", "1", "--json", str(out)]
-    )  # fmt: skip
-    products = json.loads(out.read_text())["products"]
-    assert [p["rows"] for p in products] == [24, 3]
-    assert all(p["same gradients"] and p["ratio_of_medians"] > 0 for p in products)
-
-
 def test_peak_memory_is_measured_in_a_separate_process(bench):
     common = bench("speed_common")
     peaks = common.measure_peak_rss(
@@ -172,57 +159,6 @@ def _rows(pairs):
         for ids, mask, labels in zip(encoded["input_ids"], encoded["attention_mask"], encoded["labels"], strict=True)
     ]
     return tokenizer, rows, [len(r["input_ids"]) for r in rows], [len(r["labels"]) for r in rows]
-
-
-def test_gemm_mode_times_both_precisions_at_the_steps_shapes(bench, tmp_path):
-    out = tmp_path / "gemm.json"
-    bench("speed_train").main(
-        ["--mode", "gemm", "--preset", "tiny", "--vocab_size", "300", "--batch", "4", "--length", "6",
-         "--repeats", "2", "--warmup", "1", "--threads", "1", "--json", str(out)]
-    )  # fmt: skip
-    result = json.loads(out.read_text())
-    products = {row["product"].split(" (")[0]: row for row in result["products"]}
-    assert set(products) == {
-        f"{part} {kind}" for part in ("FFN", "output layer") for kind in ("forward", "input grad", "weight grad")
-    }
-    assert "output layer forward (24x32 @ 32x300)" in [row["product"] for row in result["products"]]
-    assert all(row["float32 GFLOP/s"] > 0 and row["bf16 / fp32"] > 0 for row in products.values())
-    assert set(result["cpu_flags"]) == {"amx_bf16", "amx_tile", "avx512_bf16", "avx512f"}
-
-
-@pytest.mark.parametrize(("mode", "names"), [("attention", ("sdpa", "eager")), ("dropout", ("torch_dropout", "ours"))])
-def test_two_way_step_modes_time_both_variants_per_precision_and_length(bench, tmp_path, mode, names):
-    out = tmp_path / f"{mode}.json"
-    bench("speed_train").main(
-        ["--mode", mode, "--preset", "tiny", "--vocab_size", "300", "--lengths", "4,8", "--batch_tokens", "32",
-         "--dropout", "0.1", "--repeats", "2", "--warmup", "1", "--threads", "1", "--json", str(out)]
-    )  # fmt: skip
-    rows = json.loads(out.read_text())["rows"]
-    assert [(row["precision"], row["length"], row["pairs"]) for row in rows] == [
-        ("float32", 4, 8), ("bf16 autocast", 4, 8), ("float32", 8, 4), ("bf16 autocast", 8, 4)
-    ]  # fmt: skip
-    first, second = names
-    for row in rows:
-        assert row[f"{first}_ms"] > 0 and row[f"{second}_ms"] > 0
-        assert row[f"{first} / {second}"] == pytest.approx(row[f"{first}_ms"] / row[f"{second}_ms"])
-
-
-@pytest.mark.skipif(allocator._glibc() is None, reason="mallopt parameters are glibc's")
-def test_allocator_mode_counts_the_page_faults_that_retained_memory_avoids(bench, tmp_path):
-    out = tmp_path / "allocator.json"
-    # 300 target tokens x 40,000 types: the loss's float32 logits (48 MB, 11,719 pages) are above glibc's largest
-    # mmap threshold. Ten warmup steps let the retained heap settle: after three, a CI run still faulted 1,955 pages
-    # per step (a freed hole can be a few bytes short of the next request until the heap has grown once more).
-    bench("speed_train").main(
-        ["--mode", "allocator", "--sides", "vaswani_mt", "--preset", "tiny", "--vocab_size", "40000", "--lengths",
-         "10", "--batch_tokens", "300", "--rounds", "1", "--repeats", "3", "--warmup", "10", "--threads", "1",
-         "--json", str(out)]
-    )  # fmt: skip
-    rows = {row["malloc"]: row for row in json.loads(out.read_text())["rows"]}
-    assert set(rows) == {"glibc_default", "retain_freed_memory"}
-    assert rows["glibc_default"]["speedup"] == 1.0 and rows["retain_freed_memory"]["speedup"] > 0
-    assert rows["glibc_default"]["page_faults_per_step"] > 10_000  # 48 MB mapped and zero-filled at every step
-    assert rows["retain_freed_memory"]["page_faults_per_step"] < 1_000
 
 
 def test_checkpoint_curve_names_runs_of_one_folder_name_apart(bench, tmp_path):

@@ -8,16 +8,6 @@ Every corpus comes out in the Hub's translation convention, splits "train", "val
   cached; the extracted text is never part of this repository. Split by dictionary entry, never by pair.
   `"ding+phrases"`: the same splits, plus the dictionary's multi-word phrases (`to resign from a union`) of the
   training entries in the training split: five times the data for a model that has memorised the sentences.
-  `"ding+dictionary"`: the same again, plus the single-word pairs of the training entries (`Aal` :: `eel`): every
-  non-sentence pair of the training entries, for the words of the test sentences the other two never show.
-  With `tag_extra=True` each extra pair's source starts with the tag `<extra>` (`EXTRA_DATA_TAG`), so the model
-  can tell dictionary fragments from the sentences it is tested on (tagged back-translation's device, Caswell et
-  al., 2019); untagged input, all a user ever sends, asks for a sentence.
-  With `add_reverse=True` (any corpus) each training pair also goes in reversed, target -> source, its new source
-  started with the tag `<reverse>` (`REVERSE_TAG`): one model learns both directions from the same pairs
-  (Johnson et al., 2017's target-language tag, with the untagged direction the default), so the shared
-  embedding and both stacks see every sentence from both sides. For the built-in corpus only the sentences are
-  reversed (once), not the phrases.
 - A local file: JSONL rows `{"translation": {...}}`, a TSV whose header names the languages, or a path prefix `P`
   with two aligned plain-text files `P.<src>` and `P.<tgt>`. Split deterministically by line.
 - A directory saved with `DatasetDict.save_to_disk`.
@@ -47,19 +37,10 @@ logger = logging.getLogger(__name__)
 
 BUILTIN_CORPUS = "ding"
 BUILTIN_CORPUS_WITH_PHRASES = "ding+phrases"  # the same, plus dictionary phrases in the training split
-BUILTIN_CORPUS_WITH_DICTIONARY = "ding+dictionary"  # the same, plus phrases and single words in the training split
 # Each built-in corpus and the extra training data it adds to the sentences (see load_ding).
-BUILTIN_CORPORA = {
-    BUILTIN_CORPUS: None,
-    BUILTIN_CORPUS_WITH_PHRASES: "phrases",
-    BUILTIN_CORPUS_WITH_DICTIONARY: "dictionary",
-}
-# Starts the source of each extra (non-sentence) training pair with tag_extra=True; a special token of the tokenizer.
-EXTRA_DATA_TAG = "<extra>"
-# Starts the source of each reversed (target -> source) training pair with add_reverse=True; a special token too.
-REVERSE_TAG = "<reverse>"
+BUILTIN_CORPORA = {BUILTIN_CORPUS: None, BUILTIN_CORPUS_WITH_PHRASES: "phrases"}
 # Extra training data: the non-sentence pairs of extract_ding_phrases with at least this many words on each side.
-_EXTRA_MIN_WORDS = {"phrases": 2, "dictionary": 1}
+_EXTRA_MIN_WORDS = {"phrases": 2}
 DING_PACKAGE = "trans-de-en"
 DING_PATH_IN_PACKAGE = "usr/share/trans/de-en"
 SPLITS = ("train", "validation", "test")
@@ -223,29 +204,12 @@ def _cached_extraction(name: str, extract) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-def reversed_pairs(pairs: datasets.Dataset, source_lang: str, target_lang: str) -> datasets.Dataset:
-    """Each pair turned round: the target text, started with `REVERSE_TAG`, as the source; the source as target."""
-
-    def turn(batch):
-        rows = batch["translation"]
-        return {
-            "translation": [
-                {**row, source_lang: f"{REVERSE_TAG} {row[target_lang]}", target_lang: row[source_lang]} for row in rows
-            ]
-        }
-
-    # map, not a Python list: a Hub corpus of millions of pairs stays on disk (Arrow), as it came
-    return pairs.map(turn, batched=True, features=pairs.features, desc="reversing pairs")
-
-
 def load_ding(
     source_lang: str = "en",
     target_lang: str = "de",
     seed: int = 0,
     extra: str | None = None,
     upsample_primary: int = 1,
-    tag_extra: bool = False,
-    add_reverse: bool = False,
 ) -> datasets.DatasetDict:
     """The built-in en-de corpus (about 19,200 sentence pairs), split by dictionary entry; cached after extraction.
 
@@ -253,35 +217,23 @@ def load_ding(
     84,000 of 88,500, `extract_ding_phrases`) to the training split only: validation and test stay the same
     sentences, and no phrase comes from a held-out entry. `upsample_primary=N` then puts each training sentence in
     the split N times against each phrase once (fairseq's `--upsample-primary`): the test split is sentences.
-    `extra="dictionary"` (`--dataset ding+dictionary`) adds the single-word pairs of the training entries as well (about
-    270,000 more, `extract_ding_phrases(min_words=1)`), under the same rules. `tag_extra=True` starts each extra
-    pair's source with `EXTRA_DATA_TAG` (`<extra> to resign from a union`); the sentences stay as they are.
-    `add_reverse=True` puts each training sentence in once more, reversed (`reversed_pairs`), after the
-    forward copies: `{"en": "<reverse> Das Haus ist klein.", "de": "The house is small."}`. The phrases stay
-    one-way.
     """
     if extra is not None and extra not in _EXTRA_MIN_WORDS:
         raise DataError(f"extra must be one of {sorted(_EXTRA_MIN_WORDS)} or None, got {extra!r}")
-    if tag_extra and extra is None:
-        raise DataError("tag_extra needs extra data to tag (ding+phrases, ding+dictionary)")
     if upsample_primary < 1 or (upsample_primary > 1 and extra is None):
         raise DataError(
-            "upsample_primary must be >= 1, and > 1 only with extra data (ding+phrases, ding+dictionary); "
-            f"got {upsample_primary}"
+            f"upsample_primary must be >= 1, and > 1 only with extra data (ding+phrases); got {upsample_primary}"
         )
     if {source_lang, target_lang} != {"en", "de"}:
         raise DataError(f"the built-in corpus is German-English; got languages {source_lang!r} and {target_lang!r}")
     rows = _cached_extraction("pairs", extract_ding_pairs)
     pairs = [(row[source_lang], row[target_lang]) for row in rows]
     corpus = _to_dataset_dict(pairs, [str(row["entry"]) for row in rows], source_lang, target_lang, seed)
-    sentences = corpus["train"]
-    reverse = [reversed_pairs(sentences, source_lang, target_lang)] if add_reverse else []
-    corpus["train"] = datasets.concatenate_datasets([sentences] * upsample_primary + reverse)
+    corpus["train"] = datasets.concatenate_datasets([corpus["train"]] * upsample_primary)
     if extra is not None:
         extracted = _cached_extraction(extra, partial(extract_ding_phrases, min_words=_EXTRA_MIN_WORDS[extra]))
         train = split_by_group([str(row["entry"]) for row in extracted], seed)["train"]
-        tag = f"{EXTRA_DATA_TAG} " if tag_extra else ""
-        rows = [{source_lang: tag + extracted[i][source_lang], target_lang: extracted[i][target_lang]} for i in train]
+        rows = [{source_lang: extracted[i][source_lang], target_lang: extracted[i][target_lang]} for i in train]
         added = datasets.Dataset.from_dict({"translation": rows}, features=corpus["train"].features)
         corpus["train"] = datasets.concatenate_datasets([corpus["train"], added])
     return corpus
@@ -389,24 +341,18 @@ def load_corpus(
     target_lang: str = "de",
     seed: int = 0,
     upsample_primary: int = 1,
-    tag_extra: bool = False,
-    add_reverse: bool = False,
 ) -> datasets.DatasetDict:
     """Loads `dataset` (see the module docstring) as train/validation/test in the translation convention.
 
-    `upsample_primary` (> 1 only for `ding+phrases` and `ding+dictionary`): each training sentence that many
-    times per epoch; `tag_extra` (the same two only) starts each extra pair's source with `EXTRA_DATA_TAG`;
-    `add_reverse` adds each training pair (of the built-in corpora: each sentence) reversed, tagged `REVERSE_TAG`.
-    Validation and test always stay one-way and untagged.
+    `upsample_primary` (> 1 only for `ding+phrases`): each training sentence that many times per epoch.
     """
     if source_lang == target_lang:
         raise DataError(f"source and target language are both {source_lang!r}")
     if dataset in BUILTIN_CORPORA:
         extra = BUILTIN_CORPORA[dataset]
-        return load_ding(source_lang, target_lang, seed, extra, upsample_primary, tag_extra, add_reverse)
-    for name, value in (("upsample_primary", upsample_primary != 1), ("tag_extra", tag_extra)):
-        if value:
-            raise DataError(f"--{name} needs a corpus with extra data (ding+phrases, ding+dictionary), not {dataset!r}")
+        return load_ding(source_lang, target_lang, seed, extra, upsample_primary)
+    if upsample_primary != 1:
+        raise DataError(f"upsample_primary needs a corpus with extra data (ding+phrases), not {dataset!r}")
     pairs = _local_pairs(dataset, source_lang, target_lang)
     if pairs is not None:
         if not pairs:
@@ -418,9 +364,6 @@ def load_corpus(
         else:
             corpus = datasets.load_dataset(dataset, dataset_config)  # a Hub id, or a local dataset folder
         corpus = _normalise_hub_corpus(corpus, dataset, source_lang, target_lang, seed)
-    if add_reverse:
-        reverse = reversed_pairs(corpus["train"], source_lang, target_lang)
-        corpus["train"] = datasets.concatenate_datasets([corpus["train"], reverse])
     return corpus
 
 
@@ -458,10 +401,7 @@ def source_target(corpus: datasets.Dataset, source_lang: str, target_lang: str) 
 __all__ = [
     "BUILTIN_CORPORA",
     "BUILTIN_CORPUS",
-    "BUILTIN_CORPUS_WITH_DICTIONARY",
     "BUILTIN_CORPUS_WITH_PHRASES",
-    "EXTRA_DATA_TAG",
-    "REVERSE_TAG",
     "DataError",
     "extract_ding_pairs",
     "extract_ding_phrases",
@@ -470,7 +410,6 @@ __all__ = [
     "read_jsonl",
     "read_parallel_text",
     "read_tsv",
-    "reversed_pairs",
     "source_target",
     "split_by_group",
 ]

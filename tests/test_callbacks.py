@@ -1,0 +1,45 @@
+"""The recipe's callbacks: the wall clock and its budget across a resume, the progress bar in minutes, the curves."""
+
+from transformers import TrainerControl, TrainerState
+
+from vaswani_mt.arguments import parse_args
+from vaswani_mt.callbacks import BudgetProgressCallback, WallClockCallback, plot_curves, trained_seconds
+
+
+def test_the_clock_counts_on_after_a_resume_and_stops_at_the_budget():
+    clock = WallClockCallback(checkpoint_minutes=1.5, budget_minutes=10)
+    clock.elapsed = 590.0
+    resumed = WallClockCallback(checkpoint_minutes=1.5, budget_minutes=10)
+    resumed.on_train_begin(None, TrainerState(stateful_callbacks=[clock]), TrainerControl())
+    assert resumed.elapsed == 590.0 and trained_seconds(TrainerState()) == 0.0
+    assert not resumed.on_step_end(None, TrainerState(), TrainerControl()).should_training_stop
+    resumed.start -= 10.0  # ten more seconds: the budget's 600 are spent
+    control = resumed.on_step_end(None, TrainerState(), TrainerControl())
+    assert control.should_training_stop and control.should_save  # the last weights are saved
+
+
+def test_progress_bar_counts_minutes_of_the_budget_not_max_steps(tmp_path):
+    args = parse_args(["--output_dir", str(tmp_path), "--report_to", "none"])[3]
+    clock = WallClockCallback(budget_minutes=27)
+    bar = BudgetProgressCallback(clock)
+    state = TrainerState(max_steps=100_000, is_world_process_zero=True)
+    bar.on_train_begin(args, state, TrainerControl())
+    assert (bar.training_bar.total, bar.training_bar.n, bar.training_bar.unit) == (27, 0, "min")
+    clock.elapsed, state.global_step = 13.5 * 60, 2000
+    bar.on_step_end(args, state, TrainerControl())
+    assert bar.training_bar.n == 13.5 and "step 2000" in str(bar.training_bar)
+    assert "13.5/27.0 min" in str(bar.training_bar) and "100000" not in str(bar.training_bar)
+    bar.on_train_end(args, state, TrainerControl())
+    # Without a budget: transformers' bar over max_steps.
+    plain = BudgetProgressCallback(WallClockCallback())
+    plain.on_train_begin(args, TrainerState(max_steps=40, is_world_process_zero=True), TrainerControl())
+    assert plain.training_bar.total == 40
+    plain.on_train_end(args, state, TrainerControl())
+
+
+def test_plot_has_a_panel_per_logged_curve(tmp_path):
+    history = [
+        {"step": s, "loss": 5 - s / 10, "learning_rate": 1e-3, "target_tokens_per_second": 900} for s in range(5)
+    ]
+    path = plot_curves(history, tmp_path / "curves.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,280 @@
+"""The training command line: `scripts/train.py`'s options, their defaults (the paper's recipe, §5), and config files.
+
+Every `Seq2SeqTrainingArguments` flag works, plus the three dataclasses below. `parse_args` reads them with
+`HfArgumentParser`; a YAML or JSON file (`--config FILE`, or the file as the first argument) sets any option, and
+the command line wins over it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import dataclass, field, fields
+
+import torch
+from transformers import HfArgumentParser, Seq2SeqTrainingArguments
+
+from .configuration_vaswani import PRESETS
+from .data import BUILTIN_CORPUS
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelArguments:
+    preset: str = field(default="base", metadata={"help": f"model shape: one of {sorted(PRESETS)}"})
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "start from a saved vaswani_mt model (folder or Hub id) instead of a preset"}
+    )
+    tokenizer: str | None = field(
+        default=None, metadata={"help": "reuse a saved tokenizer (folder or Hub id); default: train one"}
+    )
+    vocab_size: int = field(default=37000, metadata={"help": "size of the joint BPE vocabulary to train (§5.1)"})
+    dropout: float | None = field(default=None, metadata={"help": "P_drop; default: the preset's"})
+    label_smoothing: float | None = field(default=None, metadata={"help": "eps_ls; default: the preset's (0.1)"})
+    init_std: float | None = field(
+        default=None,
+        metadata={"help": "every weight from N(0, init_std) (MarianMTModel: 0.02); default: the preset's"},
+    )
+    attn_implementation: str = field(
+        default="auto",
+        metadata={
+            "help": "sdpa or eager; auto: eager when training on a CPU under bf16 autocast (1.15-1.54x the steps of "
+            "sdpa there, whose CPU backward is slow for short sentences: RESULTS.md), sdpa elsewhere"
+        },
+    )
+    d_model: int | None = field(default=None, metadata={"help": "model width; default: the preset's"})
+    d_ff: int | None = field(default=None, metadata={"help": "inner FFN width; default: the preset's"})
+    num_heads: int | None = field(default=None, metadata={"help": "attention heads h; default: the preset's"})
+    num_encoder_layers: int | None = field(default=None, metadata={"help": "encoder layers N; default: the preset's"})
+    num_decoder_layers: int | None = field(default=None, metadata={"help": "decoder layers N; default: the preset's"})
+
+
+@dataclass
+class DataArguments:
+    dataset: str = field(
+        default=BUILTIN_CORPUS,
+        metadata={
+            "help": "'ding' (built-in en-de), 'ding+phrases' (the same, plus dictionary phrases in training), "
+            "a .jsonl/.tsv file, a PREFIX of PREFIX.<lang> files, a save_to_disk folder, or a Hub id"
+        },
+    )
+    dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset config, e.g. de-en for wmt14"})
+    source_lang: str = field(default="en")
+    target_lang: str = field(default="de")
+    max_tokens_per_batch: int | None = field(
+        default=4096,
+        metadata={"help": "token budget per batch and device, each side (padded); 0 = Trainer's fixed batch size"},
+    )
+    max_source_length: int = field(default=256, metadata={"help": "longer pairs are dropped (counted in the log)"})
+    max_target_length: int = field(default=256)
+    upsample_primary: int = field(
+        default=1, metadata={"help": "ding+phrases: each training sentence N times per epoch (fairseq's)"}
+    )
+    max_train_samples: int | None = field(default=None, metadata={"help": "use only the first N training pairs"})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "use only the first N dev/test pairs"})
+
+
+@dataclass
+class RecipeArguments:
+    lr_schedule: str = field(
+        default="paper",
+        metadata={"help": "'paper' (Eq. 3 times --lr_scale) or 'trainer' (--learning_rate and --lr_scheduler_type)"},
+    )
+    lr_scale: float = field(
+        default=1.0,
+        metadata={
+            "help": "multiplier of Eq. (3): lr = lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5); "
+            "the paper's is 1 (this option was --learning_rate before 0.2)"
+        },
+    )
+    checkpoint_minutes: float | None = field(
+        default=None, metadata={"help": "also save a checkpoint every M minutes of wall time (the paper: 10)"}
+    )
+    time_budget_minutes: float | None = field(
+        default=None, metadata={"help": "stop training (with a checkpoint) after M minutes of wall time"}
+    )
+    average_last: int = field(
+        default=5, metadata={"help": "publish the mean of the last K checkpoints (§6.1; 1 = the final weights)"}
+    )
+    length_penalty: float | None = field(
+        default=None,
+        metadata={
+            "help": "GNMT length penalty alpha saved in the model's generation_config.json: the test BLEU and every "
+            "later generate() (translate, evaluate, pipeline, Hub) search with it; default: the paper's 0.6 (§6.1)"
+        },
+    )
+    eval_bleu: bool = field(default=False, metadata={"help": "dev-set BLEU at each evaluation during training"})
+    test_bleu: bool = field(default=True, metadata={"help": "sacreBLEU on the test split at the end"})
+    show_translations: int = field(default=5, metadata={"help": "test sentences printed with their translations"})
+    auto_bf16: bool = field(
+        default=False,
+        metadata={
+            "help": "train with --bf16 where the hardware multiplies bf16 natively (a CUDA GPU with bf16, a CPU with "
+            "AVX512-BF16 or AMX), in float32 elsewhere; --auto_bf16 false keeps float32 under a config that sets it"
+        },
+    )
+    float32_overrides: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "with --auto_bf16, where the hardware has no native bf16 (so training runs in float32): options "
+            'that replace their values there, as JSON (\'{"preset": "mini", "max_tokens_per_batch": 1024}\') or a '
+            "mapping in the config file; a float32 step is several times slower, so a smaller model and batch keep "
+            "enough updates in a time budget (RESULTS.md). An option given on the command line is not replaced"
+        },
+    )
+    retain_freed_memory: bool = field(
+        default=True,
+        metadata={
+            "help": "on Linux (glibc): malloc keeps freed memory for the next step instead of unmapping it, so the "
+            "step's large buffers are not page-faulted again at every step (vaswani_mt.allocator); false: as is"
+        },
+    )
+    config: str | None = field(default=None, metadata={"help": "a YAML or JSON file with any of these options"})
+
+    def __post_init__(self):
+        # Which options the config file set, and which the command line gave: `parse_args` fills them in, so
+        # that a message can say where a value came from.
+        self.from_config_file: frozenset[str] = frozenset()
+        self.from_command_line: frozenset[str] = frozenset()
+
+
+# The recipe's defaults for Seq2SeqTrainingArguments: §5.3 Adam without weight decay or clipping.
+TRAINING_DEFAULTS = dict(
+    warmup_steps=4000,
+    adam_beta1=0.9,
+    adam_beta2=0.98,
+    adam_epsilon=1e-9,
+    weight_decay=0.0,
+    optim="adamw_torch_fused",
+    max_grad_norm=0.0,
+    logging_steps=50,
+    save_steps=1000,
+    save_total_limit=5,
+    report_to=["tensorboard"],
+    output_dir="outputs/run",
+    per_device_train_batch_size=64,
+    per_device_eval_batch_size=64,
+    dataloader_drop_last=False,
+    remove_unused_columns=True,
+    predict_with_generate=False,
+    ddp_find_unused_parameters=False,
+)
+
+ARGUMENT_CLASSES = (ModelArguments, DataArguments, RecipeArguments, Seq2SeqTrainingArguments)
+# The options a float32 override may replace: the model's shape and the data's batching, not the Trainer's.
+FLOAT32_OVERRIDABLE = (ModelArguments, DataArguments)
+
+
+def _option_names(argv: list[str]) -> frozenset[str]:
+    """The options a command line names (`--name value`, `--name=value`)."""
+    return frozenset(arg[2:].split("=", 1)[0].replace("-", "_") for arg in argv if arg.startswith("--"))
+
+
+def _read_config_file(path: str) -> dict:
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        values = yaml.safe_load(f) if path.endswith((".yaml", ".yml")) else json.load(f)
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a mapping of option names to values")
+    return values
+
+
+def parse_args(argv: list[str] | None = None):
+    """Parses `scripts/train.py`'s command line: every Seq2SeqTrainingArguments flag plus ours, with the recipe's
+    defaults. `--config FILE` (YAML or JSON; also as the first argument) sets any of them; the command line wins.
+    Returns `(model_args, data_args, recipe, training_args)`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = HfArgumentParser(ARGUMENT_CLASSES)
+    parser.set_defaults(**TRAINING_DEFAULTS)
+    # Without a GPU, say so up front: transformers refuses --bf16 (CPU autocast, AMX) unless use_cpu is set.
+    parser.set_defaults(use_cpu=not (torch.cuda.is_available() or torch.backends.mps.is_available()))
+    config_file = None
+    if "--config" in argv:
+        at = argv.index("--config")
+        if at + 1 >= len(argv):
+            raise ValueError("--config needs a file")
+        config_file = argv[at + 1]
+        del argv[at : at + 2]
+    elif argv and argv[0].endswith((".yaml", ".yml", ".json")):
+        config_file = argv.pop(0)
+    values = _read_config_file(config_file) if config_file else {}
+    known = {action.dest for action in parser._actions}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{config_file}: unknown options {unknown}")
+    parser.set_defaults(**values)
+    model_args, data_args, recipe, training_args = parser.parse_args_into_dataclasses(args=argv)
+    recipe.config = config_file
+    recipe.from_config_file = frozenset(values)
+    recipe.from_command_line = _option_names(argv)
+    if "learning_rate" in recipe.from_config_file | recipe.from_command_line and recipe.lr_schedule == "paper":
+        where = "the command line" if "learning_rate" in recipe.from_command_line else config_file
+        raise ValueError(
+            f"--learning_rate (from {where}) is the Trainer's initial learning rate, which the paper's schedule does "
+            "not use: Eq. (3)'s multiplier is --lr_scale (named --learning_rate before 0.2); for a schedule of "
+            "the Trainer's, add --lr_schedule trainer"
+        )
+    recipe.float32_overrides = float32_overrides(recipe)
+    return model_args, data_args, recipe, training_args
+
+
+def float32_overrides(recipe: RecipeArguments) -> dict:
+    """`--float32_overrides` as a mapping, checked: each key an option of the model or the data (not one the
+    command line gave, which keeps its value), each value of that option's type."""
+    overrides = recipe.float32_overrides
+    if overrides in (None, ""):
+        return {}
+    if isinstance(overrides, str):
+        try:
+            overrides = json.loads(overrides)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"--float32_overrides: not JSON ({error.msg}): {overrides!r}") from None
+    if not isinstance(overrides, dict):
+        raise ValueError(f"--float32_overrides: expected a mapping of option names to values, got {overrides!r}")
+    allowed = {f.name: f for cls in FLOAT32_OVERRIDABLE for f in fields(cls)}
+    unknown = sorted(set(overrides) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"--float32_overrides: {unknown} are not options of the model or the data; choose from {sorted(allowed)}"
+        )
+    if "preset" in overrides and overrides["preset"] not in PRESETS:
+        preset = overrides["preset"]
+        raise ValueError(f"--float32_overrides: unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    for name, value in overrides.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            raise ValueError(f"--float32_overrides: {name} must not be negative, got {value}")
+    kept = sorted(set(overrides) & recipe.from_command_line)
+    if kept:
+        logger.info("--float32_overrides: %s given on the command line, not replaced", kept)
+    return {name: value for name, value in overrides.items() if name not in recipe.from_command_line}
+
+
+def check_dataset_options(data_args: DataArguments, recipe: RecipeArguments) -> None:
+    """Raises, naming where each value came from, when an option does not apply to the chosen dataset."""
+    from .data import BUILTIN_CORPORA
+
+    extra = BUILTIN_CORPORA.get(data_args.dataset)
+    if data_args.upsample_primary != 1 and extra is None:
+        source = "the command line"
+        if "upsample_primary" in recipe.from_config_file and "upsample_primary" not in recipe.from_command_line:
+            source = recipe.config
+        given = "given on the command line" if "dataset" in recipe.from_command_line else f"from {recipe.config}"
+        raise ValueError(
+            f"upsample_primary: {data_args.upsample_primary} (from {source}) applies only to ding+phrases, not to "
+            f"--dataset {data_args.dataset} ({given}); add --upsample_primary 1 to the command line"
+        )
+
+
+__all__ = [
+    "ARGUMENT_CLASSES",
+    "TRAINING_DEFAULTS",
+    "DataArguments",
+    "ModelArguments",
+    "RecipeArguments",
+    "check_dataset_options",
+    "float32_overrides",
+    "parse_args",
+]

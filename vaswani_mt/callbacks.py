@@ -1,0 +1,183 @@
+"""Trainer callbacks of the recipe: checkpoints on the clock and a time budget (§6.1), the token sampler's epoch,
+a progress bar in minutes of the budget, and the training curves as a picture."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import TrainerCallback, TrainerState
+from transformers.trainer_callback import ExportableState, ProgressCallback
+
+logger = logging.getLogger(__name__)
+
+
+class WallClockCallback(TrainerCallback, ExportableState):
+    """Saves a checkpoint every `checkpoint_minutes` (the paper: 10) and stops, with a checkpoint, once
+    `budget_minutes` have passed. All processes take the same decision (rank 0's clock).
+
+    Each checkpoint's trainer_state.json records the seconds trained so far (`state()`), and a resumed run counts
+    on from there: a crashed run finishes the budget it had left, not a new one (`trained_seconds`).
+    """
+
+    def __init__(self, checkpoint_minutes: float | None = None, budget_minutes: float | None = None):
+        for name, value in (("checkpoint_minutes", checkpoint_minutes), ("budget_minutes", budget_minutes)):
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be above 0, got {value}")
+        self.checkpoint_seconds = checkpoint_minutes * 60 if checkpoint_minutes else None
+        self.budget_seconds = budget_minutes * 60 if budget_minutes else None
+        self.start = self.last_save = time.monotonic()
+        self.elapsed = 0.0  # seconds of training on rank 0's clock at the last step
+
+    def state(self) -> dict:
+        return {
+            "args": {
+                "checkpoint_minutes": self.checkpoint_seconds / 60 if self.checkpoint_seconds else None,
+                "budget_minutes": self.budget_seconds / 60 if self.budget_seconds else None,
+            },
+            "attributes": {"trained_seconds": round(self.elapsed, 3)},
+        }
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.elapsed = trained_seconds(state)  # 0 unless resumed from a checkpoint that recorded it
+        self.start = time.monotonic() - self.elapsed
+        self.last_save = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now = time.monotonic()
+        self.elapsed = now - self.start
+        save = bool(self.checkpoint_seconds and now - self.last_save >= self.checkpoint_seconds)
+        stop = bool(self.budget_seconds and self.elapsed >= self.budget_seconds)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            flags = torch.tensor([int(save), int(stop), round(self.elapsed * 1000)], device=args.device)
+            torch.distributed.broadcast(flags, src=0)
+            save, stop, self.elapsed = bool(flags[0]), bool(flags[1]), int(flags[2]) / 1000
+        if stop:
+            control.should_training_stop = True
+            save = True
+        if save:
+            control.should_save = True
+            self.last_save = now
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        self.last_save = time.monotonic()
+
+
+def trained_seconds(state: TrainerState | None) -> float:
+    """Seconds of training a (resumed) TrainerState records, on WallClockCallback's clock; 0 when it has none."""
+    saved = (getattr(state, "stateful_callbacks", None) or {}).get(WallClockCallback.__name__)
+    if isinstance(saved, list):
+        saved = saved[-1] if saved else None
+    return float(((saved or {}).get("attributes") or {}).get("trained_seconds") or 0.0)
+
+
+class BudgetProgressCallback(ProgressCallback):
+    """The training progress bar in minutes of the time budget (`WallClockCallback`), with the step beside it:
+    under a budget the run ends on the clock, so `max_steps` (often a placeholder such as 100,000) says nothing
+    about when. Without a budget it is transformers' bar over `max_steps`."""
+
+    def __init__(self, clock: WallClockCallback):
+        super().__init__()
+        self.clock = clock
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not self.clock.budget_seconds:
+            return super().on_train_begin(args, state, control, **kwargs)
+        self.current_step = 0
+        if state.is_world_process_zero:
+            budget = self.clock.budget_seconds / 60
+            self.training_bar = tqdm(
+                total=budget,
+                initial=min(self.clock.elapsed / 60, budget),
+                unit="min",
+                dynamic_ncols=True,
+                bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} min [{elapsed}<{remaining}{postfix}]",
+            )
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if not self.clock.budget_seconds:
+            return super().on_step_end(args, state, control, **kwargs)
+        if state.is_world_process_zero and self.training_bar is not None:
+            self.training_bar.n = min(self.clock.elapsed / 60, self.training_bar.total)
+            self.training_bar.set_postfix_str(f"step {state.global_step}", refresh=False)
+            self.training_bar.refresh()
+        self.current_step = state.global_step
+
+
+class SamplerEpochCallback(TrainerCallback):
+    """Tells the token sampler the epoch before each epoch's batches are drawn, also in a resumed run, where
+    transformers fast-forwards through a wrapper that does not pass `set_epoch` on."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        if self.trainer.token_sampler is not None:
+            self.trainer.token_sampler.set_epoch(math.floor(state.epoch + 1e-6) if state.epoch else 0)
+
+
+class CurvesCallback(TrainerCallback):
+    """Keeps the logged curves and draws them to `training_curves.png` in the output folder."""
+
+    def __init__(self):
+        self.history: list[dict] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs:
+            self.history.append({"step": state.global_step, **logs})
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            plot_curves(self.history, Path(args.output_dir) / "training_curves.png")
+
+    on_train_end = on_save
+
+
+def plot_curves(history: list[dict], path: Path) -> Path | None:
+    """Loss, dev loss, learning rate, tokens/s and dev BLEU against the step, in one PNG."""
+    panels = [
+        ("loss", ["loss", "eval_loss"]),
+        ("learning rate", ["learning_rate"]),
+        ("target tokens / s", ["target_tokens_per_second"]),
+        ("dev BLEU", ["eval_bleu"]),
+    ]
+    panels = [(title, keys) for title, keys in panels if any(k in row for row in history for k in keys)]
+    if not panels:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.5), squeeze=False)
+    for axis, (title, keys) in zip(axes[0], panels, strict=True):
+        for key in keys:
+            points = [(row["step"], row[key]) for row in history if key in row]
+            if points:
+                axis.plot(*zip(*points, strict=True), marker="." if len(points) < 30 else None, label=key)
+        axis.set_title(title)
+        axis.set_xlabel("step")
+        axis.legend(fontsize="small")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.png")
+    figure.savefig(tmp, dpi=100)
+    plt.close(figure)
+    os.replace(tmp, path)
+    return path
+
+
+__all__ = [
+    "BudgetProgressCallback",
+    "CurvesCallback",
+    "SamplerEpochCallback",
+    "WallClockCallback",
+    "plot_curves",
+    "trained_seconds",
+]

@@ -1,0 +1,135 @@
+"""What the hardware decides: native bf16, the precision and attention kernel trained with, the float32 fallback,
+and the process-wide settings (malloc, threads), each applied in one visible place.
+
+None of it changes what the model computes, only how fast (`--attn_implementation`, the allocator) or in which
+precision (`--bf16`, `--auto_bf16`); `--auto_bf16`'s float32 fallback (`--float32_overrides`) also trains another
+shape or batch where bf16 would be emulated, because a float32 step is several times slower.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+from transformers import Seq2SeqTrainingArguments
+
+from .allocator import retain_freed_memory
+from .arguments import DataArguments, ModelArguments, RecipeArguments
+
+logger = logging.getLogger(__name__)
+
+ATTENTION_IMPLEMENTATIONS = ("auto", "sdpa", "eager")
+
+
+def native_bf16() -> bool:
+    """Whether this machine multiplies bf16 natively: a CUDA GPU that supports it, or a CPU with AVX512-BF16 or AMX.
+
+    Elsewhere torch emulates bf16 products on the CPU, slower than float32, so `--auto_bf16` leaves them off.
+    """
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    checks = (getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    return any(check() for check in checks if check is not None)
+
+
+def resolve_precision(recipe: RecipeArguments, training_args: Seq2SeqTrainingArguments) -> None:
+    """Applies `--auto_bf16`, and warns when `--bf16` is asked for on a CPU that would emulate it."""
+    if training_args.fp16:
+        return
+    native = native_bf16()
+    if recipe.auto_bf16 and not training_args.bf16:
+        if native:  # what TrainingArguments.__post_init__ derives from --bf16, which has already run
+            training_args.bf16, training_args.mixed_precision = True, "bf16"
+        logger.info("--auto_bf16: %s", "bf16 autocast (native bf16 here)" if native else "float32 (no native bf16)")
+    elif training_args.bf16 and not native:
+        logger.warning(
+            "--bf16 on hardware without native bf16 (no AVX512-BF16 or AMX on this CPU): the products are emulated "
+            "and likely slower than float32; --bf16 false or --auto_bf16 true avoids that"
+        )
+
+
+def apply_float32_overrides(
+    recipe: RecipeArguments, model_args: ModelArguments, data_args: DataArguments, training_args
+) -> dict:
+    """Where `--auto_bf16` found no native bf16 (after `resolve_precision`), sets each option of
+    `recipe.float32_overrides` (checked by `arguments.float32_overrides`) on the model or data arguments.
+    Returns what it replaced, `{option: (before, after)}`; nothing where training runs in bf16 or fp16."""
+    if not recipe.auto_bf16 or training_args.bf16 or training_args.fp16:
+        return {}
+    replaced = {}
+    for name, value in (recipe.float32_overrides or {}).items():
+        if name == "preset" and model_args.model_name_or_path:
+            continue  # a saved model keeps its shape
+        target = model_args if hasattr(model_args, name) else data_args
+        replaced[name] = (getattr(target, name), value)
+        setattr(target, name, value)
+    if replaced:
+        logger.info("--float32_overrides (float32 here): %s",
+                    ", ".join(f"{k} {old} -> {new}" for k, (old, new) in replaced.items()))  # fmt: skip
+    return replaced
+
+
+def auto_attention(device_type: str, bf16: bool) -> str:
+    """What `--attn_implementation auto` picks for training: eager on a CPU under bf16 autocast, sdpa elsewhere."""
+    return "eager" if device_type == "cpu" and bf16 else "sdpa"
+
+
+def resolve_attention(model_args: ModelArguments, training_args: Seq2SeqTrainingArguments) -> str:
+    """Applies `--attn_implementation auto` (after `resolve_precision`) and returns the implementation trained with.
+
+    Measured on a 2-core AVX-512 BF16 CPU, small preset, 1920-token batches: under bf16 autocast eager attention
+    takes 1.15-1.54x fewer seconds per training step than torch's CPU flash-attention kernel, whose backward pass
+    dominates at 4-48 tokens per sentence; in float32 the two are within 7% (`benchmarks/RESULTS.md`). On a GPU,
+    sdpa (flash or memory-efficient kernels) is the one to use. Both compute Eq. (1) and give equal outputs
+    (tests/test_modeling_vaswani.py), so the choice changes speed only.
+    """
+    choice = model_args.attn_implementation
+    if choice not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"--attn_implementation must be one of {', '.join(ATTENTION_IMPLEMENTATIONS)}, got {choice!r}")
+    if choice == "auto":
+        choice = auto_attention(training_args.device.type, training_args.bf16)
+        logger.info("--attn_implementation auto: %s", choice)
+    model_args.attn_implementation = choice
+    return choice
+
+
+def configure_process(recipe: RecipeArguments) -> None:
+    """The process-wide settings training makes, in one place: malloc keeps freed memory (`--retain_freed_memory`,
+    `vaswani_mt.allocator`). Threads: torch's default (one per core); see `use_every_core`."""
+    if recipe.retain_freed_memory:
+        retain_freed_memory()
+
+
+def use_every_core(training_args: Seq2SeqTrainingArguments) -> None:
+    """After DDP training on a CPU, the other ranks are gone: the averaging and the test translation on rank 0 take
+    every core (each CPU rank ran one thread, which is what makes DDP faster there than one process)."""
+    if training_args.world_size > 1 and training_args.device.type == "cpu":
+        torch.set_num_threads(os.cpu_count() or 1)
+
+
+def precision_name(training_args: Seq2SeqTrainingArguments) -> str:
+    if training_args.bf16:
+        return "bf16 autocast (float32 weights, optimizer and loss)"
+    if training_args.fp16:
+        return "fp16 mixed precision"
+    return "float32"
+
+
+def hardware_name() -> str:
+    if torch.cuda.is_available():
+        return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    return f"CPU ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+
+
+__all__ = [
+    "apply_float32_overrides",
+    "auto_attention",
+    "configure_process",
+    "hardware_name",
+    "native_bf16",
+    "precision_name",
+    "resolve_attention",
+    "resolve_precision",
+    "use_every_core",
+]
