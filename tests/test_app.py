@@ -31,6 +31,23 @@ def test_demo_answers_blank_and_over_long_input_with_a_message(fitted_folder):
     assert translation and figure is not None and "cut to the first 32" in notes
 
 
+def test_search_controls_start_from_the_models_own_generation_config(fitted_folder, tmp_path):
+    pytest.importorskip("gradio")
+    from transformers import GenerationConfig
+
+    from vaswani_mt.demo import build_demo
+
+    folder = tmp_path / "alpha"
+    shutil.copytree(fitted_folder, folder)
+    config = GenerationConfig.from_pretrained(folder)
+    config.length_penalty, config.num_beams, config.max_len_b = 1.2, 5, 30  # as the main job saves its alpha 1.2
+    config.save_pretrained(folder)
+    demo = build_demo(str(folder))
+    sliders = {block.label: block.value for block in demo.blocks.values() if type(block).__name__ == "Slider"}
+    assert sliders["Length penalty α (GNMT)"] == 1.2  # not the paper's 0.6
+    assert sliders["Beam size"] == 5 and sliders["Maximum length: input length + b, b ="] == 30
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -49,6 +49,10 @@ def build_demo(model_id: str, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS):
 
     model, tokenizer = load_for_inference(model_id, attn_implementation="eager")
     layers = model.config.num_decoder_layers
+    search = model.generation_config  # the controls start from the model's own search (its saved alpha, say)
+    beams = int(getattr(search, "num_beams", None) or 4)
+    alpha = float(getattr(search, "length_penalty", None) or 0.0)
+    extra_tokens = int(getattr(search, "max_len_b", None) or 50)
     card = f"Model: `{model_id}` ({model.config.num_encoder_layers}+{layers} layers, d_model {model.config.d_model})"
 
     def run(text, num_beams, alpha, extra_tokens, layer):
@@ -64,9 +68,11 @@ def build_demo(model_id: str, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS):
             with gr.Column():
                 source = gr.Textbox(label="Source text", lines=3, elem_id="source")
                 with gr.Accordion("Search options", open=True):
-                    num_beams = gr.Slider(1, 8, value=4, step=1, label="Beam size", elem_id="num_beams")
-                    alpha = gr.Slider(0.0, 2.0, value=0.6, step=0.1, label="Length penalty α (GNMT)")
-                    extra = gr.Slider(1, 200, value=50, step=1, label="Maximum length: input length + b, b =")
+                    num_beams = gr.Slider(1, 8, value=min(beams, 8), step=1, label="Beam size", elem_id="num_beams")
+                    alpha = gr.Slider(0.0, 2.0, value=min(alpha, 2.0), step=0.1, label="Length penalty α (GNMT)",
+                                      elem_id="alpha")  # fmt: skip
+                    extra = gr.Slider(1, 200, value=min(max(extra_tokens, 1), 200), step=1,
+                                      label="Maximum length: input length + b, b =")  # fmt: skip
                     layer = gr.Slider(1, layers, value=layers, step=1, label="Decoder layer of the heatmap")
                 button = gr.Button("Translate", variant="primary", elem_id="translate")
             with gr.Column():
