@@ -52,6 +52,12 @@ def test_shape_options_override_the_preset(tmp_path, tokenizer):
     assert config.d_model == 256 and config.dropout == 0.1  # the rest stays the preset's
     assert len(model.model.encoder.layers) == 6 and len(model.model.decoder.layers) == 5
     assert build_model(parse_args(argv[:4])[0], tokenizer).config.num_encoder_layers == 3
+    # Table 3's other axes: d_k and d_v apart from d_model / h (rows A, B), learned positions (row E)
+    table3 = parse_args([*argv[:4], "--d_k", "16", "--d_v", "32", "--position_encoding", "learned"])[0]
+    model = build_model(table3, tokenizer)
+    assert (model.config.d_k, model.config.d_v, model.config.position_encoding) == (16, 32, "learned")
+    assert model.model.encoder.layers[0].self_attn.q_proj.weight.shape == (4 * 16, 256)  # h x d_k rows
+    assert model.model.encoder.layers[0].self_attn.v_proj.weight.shape == (4 * 32, 256)
 
 
 def test_the_main_jobs_config_parses_and_keeps_the_30_minute_budget():

@@ -49,6 +49,11 @@ class ModelArguments:
     num_heads: int | None = field(default=None, metadata={"help": "attention heads h; default: the preset's"})
     num_encoder_layers: int | None = field(default=None, metadata={"help": "encoder layers N; default: the preset's"})
     num_decoder_layers: int | None = field(default=None, metadata={"help": "decoder layers N; default: the preset's"})
+    d_k: int | None = field(default=None, metadata={"help": "key size per head (Table 3 A, B); default d_model / h"})
+    d_v: int | None = field(default=None, metadata={"help": "value size per head (Table 3 A); default d_model/h"})
+    position_encoding: str | None = field(
+        default=None, metadata={"help": "sinusoidal (§3.5) or learned (Table 3 row E); default: the preset's"}
+    )
 
 
 @dataclass

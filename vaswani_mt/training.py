@@ -265,7 +265,7 @@ def build_model(model_args: ModelArguments, tokenizer) -> VaswaniForConditionalG
         )
     overrides = config_token_ids(tokenizer)
     for name in ("dropout", "label_smoothing", "init_std", "d_model", "d_ff", "num_heads", "num_encoder_layers",
-                 "num_decoder_layers"):  # fmt: skip
+                 "num_decoder_layers", "d_k", "d_v", "position_encoding"):  # fmt: skip
         if getattr(model_args, name) is not None:
             overrides[name] = getattr(model_args, name)
     config = VaswaniConfig.from_preset(model_args.preset, **overrides)
