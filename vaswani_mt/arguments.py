@@ -31,6 +31,13 @@ class ModelArguments:
         default=None, metadata={"help": "reuse a saved tokenizer (folder or Hub id); default: train one"}
     )
     vocab_size: int = field(default=37000, metadata={"help": "size of the joint BPE vocabulary to train (§5.1)"})
+    tokenizer_sample: int = field(
+        default=0,
+        metadata={
+            "help": "learn the BPE from a random sample of this many training pairs (both sides), read as a stream; "
+            "0: all of them (the WMT recipes: 1,000,000 of 4.5M)"
+        },
+    )
     dropout: float | None = field(default=None, metadata={"help": "P_drop; default: the preset's"})
     label_smoothing: float | None = field(default=None, metadata={"help": "eps_ls; default: the preset's (0.1)"})
     init_std: float | None = field(
@@ -73,6 +80,10 @@ class DataArguments:
         metadata={"help": "token budget per batch and device, each side (padded); 0 = Trainer's fixed batch size"},
     )
     max_source_length: int = field(default=256, metadata={"help": "longer pairs are dropped (counted in the log)"})
+    preprocessing_num_workers: int | None = field(
+        default=None,
+        metadata={"help": "processes that tokenize the corpus (datasets.map, cached beside a corpus read from disk)"},
+    )
     max_target_length: int = field(default=256)
     upsample_primary: int = field(
         default=1, metadata={"help": "ding+phrases: each training sentence N times per epoch (fairseq's)"}

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
@@ -36,7 +37,7 @@ from transformers import (
 from transformers.trainer_callback import ProgressCallback
 
 from .arguments import DataArguments, ModelArguments, RecipeArguments, check_dataset_options
-from .batching import TokenBudgetBatchSampler
+from .batching import TokenBudgetBatchSampler, length_array
 from .callbacks import BudgetProgressCallback, CurvesCallback, SamplerEpochCallback, WallClockCallback, trained_seconds
 from .checkpoints import average_checkpoints, last_checkpoint, list_checkpoints
 from .configuration_vaswani import VaswaniConfig
@@ -113,8 +114,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
             return super().get_train_dataloader()
         dataset = self.train_dataset
         sampler = TokenBudgetBatchSampler(
-            dataset["source_length"],
-            dataset["target_length"],
+            length_array(dataset, "source_length"),
+            length_array(dataset, "target_length"),
             self.max_tokens_per_batch,
             shuffle=True,
             seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed,
@@ -214,18 +215,34 @@ def build_tokenizer(model_args: ModelArguments, corpus, data_args: DataArguments
     if (saved / "tokenizer.json").is_file():
         logger.info("reusing this run's tokenizer from %s", saved)
         return AutoTokenizer.from_pretrained(saved)
-    sources, targets = source_target(corpus["train"], data_args.source_lang, data_args.target_lang)
-    tokenizer = train_tokenizer(sources + targets, vocab_size=model_args.vocab_size)
+    train = corpus["train"]
+    if 0 < model_args.tokenizer_sample < len(train):
+        rows = np.random.default_rng(0).choice(len(train), model_args.tokenizer_sample, replace=False)
+        train = train.select(np.sort(rows))
+    tokenizer = train_tokenizer(
+        _side_texts(train, (data_args.source_lang, data_args.target_lang)), vocab_size=model_args.vocab_size
+    )
     tmp = output_dir / "tokenizer.tmp"
     tokenizer.save_pretrained(tmp)
     os.replace(tmp, saved)  # whole or not at all: a resumed run must find the very same vocabulary
-    logger.info("trained a %d-token BPE vocabulary on %d sentences", len(tokenizer), len(sources) * 2)
+    logger.info("trained a %d-token BPE vocabulary on %d sentences", len(tokenizer), len(train) * 2)
     return tokenizer
 
 
+def _side_texts(pairs, languages: tuple[str, ...], batch_size: int = 10_000):
+    """Every sentence of `pairs` on each side in turn (all sources, then all targets), streamed in batches: a
+    corpus of millions of pairs is never a Python list."""
+    for lang in languages:
+        for batch in pairs.iter(batch_size=batch_size):
+            yield from (row[lang] for row in batch["translation"])
+
+
 def tokenize_corpus(corpus, tokenizer, data_args: DataArguments):
-    """Adds input_ids / labels (both ending in EOS) and their lengths; drops over-long pairs, with a count."""
+    """Adds input_ids / labels (both ending in EOS) and their lengths with `datasets.map` (in
+    `--preprocessing_num_workers` processes; cached next to a corpus read from disk, so a rerun reuses it); drops
+    over-long training pairs, with a count."""
     src, tgt = data_args.source_lang, data_args.target_lang
+    max_source, max_target = data_args.max_source_length, data_args.max_target_length
 
     def encode(batch):
         sources = [row[src] for row in batch["translation"]]
@@ -235,22 +252,25 @@ def tokenize_corpus(corpus, tokenizer, data_args: DataArguments):
         encoded["target_length"] = [len(ids) for ids in encoded["labels"]]
         return encoded
 
+    def short_enough(source_lengths, target_lengths):
+        return [s <= max_source and t <= max_target for s, t in zip(source_lengths, target_lengths, strict=True)]
+
+    workers = data_args.preprocessing_num_workers
     out = {}
     for split, dataset in corpus.items():
-        dataset = dataset.map(encode, batched=True, remove_columns=dataset.column_names, desc=f"tokenizing {split}")
+        dataset = dataset.map(encode, batched=True, remove_columns=dataset.column_names, num_proc=workers,
+                              desc=f"tokenizing {split}")  # fmt: skip
         if split == "train":
             before = len(dataset)
-            dataset = dataset.filter(
-                lambda s, t: s <= data_args.max_source_length and t <= data_args.max_target_length,
-                input_columns=["source_length", "target_length"],
-            )
+            dataset = dataset.filter(short_enough, input_columns=["source_length", "target_length"], batched=True,
+                                     batch_size=10_000, num_proc=workers)  # fmt: skip
             if len(dataset) < before:
                 logger.warning(
                     "dropped %d of %d training pairs longer than %d source / %d target tokens",
                     before - len(dataset),
                     before,
-                    data_args.max_source_length,
-                    data_args.max_target_length,
+                    max_source,
+                    max_target,
                 )
         out[split] = dataset
     return out
