@@ -8,15 +8,19 @@ import sys
 import time
 from pathlib import Path
 
+import datasets
 import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import TrainerState
 
-from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration, training
 from vaswani_mt.arguments import parse_args
+from vaswani_mt.batching import length_array
 from vaswani_mt.callbacks import trained_seconds
 from vaswani_mt.checkpoints import average_checkpoints, last_checkpoint, list_checkpoints, log_history, run_summary
+from vaswani_mt.data import SPLITS
+from vaswani_mt.tokenization import train_tokenizer
 from vaswani_mt.training import VaswaniTrainer, paper_learning_rate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -415,3 +419,52 @@ def test_marian_benchmark_runs_both_models_through_the_same_pipeline(tmp_path):
         assert all(0 <= p["bleu"] <= 100 and p["nll"] > 0 and p["train_nll"] > 0 for p in points[name])
         assert "avg2_bleu" in points[name][1]
     assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_the_bpe_is_learned_from_a_stream_of_the_corpus_or_a_sample_of_it(tmp_path, monkeypatch):
+    pairs = [{"en": f"The house number {i} is small.", "de": f"Das Haus Nummer {i} ist klein."} for i in range(300)]
+    corpus = {"train": datasets.Dataset.from_dict({"translation": pairs})}
+    model_args, data_args, _, _ = parse_args(["--vocab_size", "120"])
+    seen = {}
+    real = training.train_tokenizer
+
+    def spy(texts, **kwargs):
+        seen["type"] = type(texts)
+        texts = list(texts)
+        seen["texts"] = texts
+        return real(texts, **kwargs)
+
+    monkeypatch.setattr(training, "train_tokenizer", spy)
+    full = training.build_tokenizer(model_args, corpus, data_args, tmp_path / "full")
+    assert not issubclass(seen["type"], (list, tuple))  # a stream, never a list of every sentence
+    # all sources, then all targets, in corpus order: the vocabulary the old list gave, token for token
+    assert seen["texts"] == [p["en"] for p in pairs] + [p["de"] for p in pairs]
+    assert full.get_vocab() == real(seen["texts"], vocab_size=120).get_vocab()
+    model_args.tokenizer_sample = 50
+    training.build_tokenizer(model_args, corpus, data_args, tmp_path / "sample")
+    assert len(seen["texts"]) == 100 and set(seen["texts"][:50]) <= {p["en"] for p in pairs}
+    assert seen["texts"][50:] == [next(p["de"] for p in pairs if p["en"] == en) for en in seen["texts"][:50]]
+
+
+def test_tokenization_in_several_processes_is_cached_beside_a_corpus_on_disk_and_reused(tmp_path):
+    pairs = [{"en": "The house is" + " very" * (i % 9) + " small.", "de": "Das Haus ist" + " sehr" * (i % 9) + "."}
+             for i in range(400)]  # fmt: skip
+    features = datasets.Features({"translation": datasets.Translation(languages=["de", "en"])})
+    folder = tmp_path / "corpus"
+    datasets.DatasetDict(
+        {split: datasets.Dataset.from_dict({"translation": pairs}, features=features) for split in SPLITS}
+    ).save_to_disk(str(folder))
+    tokenizer = train_tokenizer([t for p in pairs for t in p.values()], vocab_size=120, min_frequency=1)
+    one = parse_args(["--max_source_length", "12", "--max_target_length", "12"])[1]
+    two = parse_args(["--max_source_length", "12", "--max_target_length", "12", "--preprocessing_num_workers", "2"])[1]
+    plain = training.tokenize_corpus(training.load_corpus(str(folder)), tokenizer, one)["train"]
+    first = training.tokenize_corpus(training.load_corpus(str(folder)), tokenizer, two)["train"]
+    assert first["input_ids"] == plain["input_ids"] and 0 < len(first) < 400  # the length filter dropped some
+    cached = {Path(f["filename"]) for f in first.cache_files if Path(f["filename"]).parent.parent == folder}
+    assert cached, "map wrote its result beside the corpus"
+    stamps = {path: path.stat().st_mtime_ns for path in cached}
+    again = training.tokenize_corpus(training.load_corpus(str(folder)), tokenizer, two)["train"]
+    assert {Path(f["filename"]) for f in again.cache_files} >= cached  # the same files, read again
+    assert {path: path.stat().st_mtime_ns for path in cached} == stamps  # not written a second time
+    assert again["labels"] == first["labels"]
+    assert list(length_array(again, "source_length")) == list(again["source_length"])  # through the filter's mapping
