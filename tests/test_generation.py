@@ -1,11 +1,13 @@
 """The paper's beam search (§6.1) from `generate()`: GNMT length penalty, per-sentence maximum length, caching."""
 
+import itertools
+
 import pytest
 import torch
 from conftest import make_model, padded_batch
 
 from vaswani_mt import gnmt_length_penalty
-from vaswani_mt.modeling_vaswani import PerSentenceMaxLength
+from vaswani_mt.modeling_vaswani import PerSentenceMaxLength, VaswaniForConditionalGeneration
 
 
 def teacher_forced_log_prob(model, ids, mask, sequence, eos=2):
@@ -125,3 +127,193 @@ def test_per_sentence_limit_keeps_the_models_eos_score():
     assert torch.all(out[:2, [0, 1, 3, 4, 5, 6, 7, 8, 9]] == -float("inf"))
     assert torch.equal(out[:2, 2], scores[:2, 2])
     assert torch.equal(out[2:], scores[2:])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The beam search against an exhaustive search: a model fitted on a 10-token vocabulary, whose hypotheses of at most
+# TOY_MAX tokens (EOS included) can all be scored.
+
+TOY_VOCAB = 10  # <s>=0 <pad>=1 </s>=2 <unk>=3 and the regular tokens 4..9
+TOY_MAX = 5  # max_len_a=0, max_len_b=5: at most 5 generated tokens, EOS included
+TOY_SOURCE = torch.tensor([[4, 5, 7, 2]])
+# The translations of TOY_SOURCE the model is fitted to, with their counts: four short ones and a long one that
+# starts like the most frequent short one. log P: "4 </s>" -1.32, "5" -1.46, "7" -1.61, "9" -1.79, "4 6 8 </s>" -2.01,
+# so the long one wins under the GNMT score only for a large alpha (above about 1.7), and after the second token the
+# four short ones are finished while the long one is still running.
+TOY_TARGETS = {(4, 2): 8, (5, 2): 7, (7, 2): 6, (9, 2): 5, (4, 6, 8, 2): 4}
+SHORT, LONG = (4, 2), (4, 6, 8, 2)
+# num_beams at which nothing is ever pruned: at step 4, 9^3 running prefixes x 10 tokens are all in the top num_beams
+# (the step-5 candidates are the 9^4 EOS endings, fewer), so every hypothesis is scored and kept if it is best.
+EXHAUSTIVE_BEAMS = TOY_VOCAB * (TOY_VOCAB - 1) ** (TOY_MAX - 2)
+
+
+@pytest.fixture(scope="module")
+def toy_model():
+    return fit_toy_model()
+
+
+def fit_toy_model():
+    """The tiny shape on the toy vocabulary, fitted (no dropout, no label smoothing) until its distribution over
+    translations of TOY_SOURCE is about TOY_TARGETS' frequencies; every other token gets well under 1e-3."""
+    model = make_model(seed=0, vocab_size=TOY_VOCAB, dropout=0.0, label_smoothing=0.0).train()
+    targets = [list(target) for target, count in TOY_TARGETS.items() for _ in range(count)]
+    width = max(map(len, targets))
+    labels = torch.tensor([target + [-100] * (width - len(target)) for target in targets])
+    source = TOY_SOURCE.expand(len(targets), -1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # deterministic and fast for tiny matrices
+    try:
+        for _ in range(100):
+            model(input_ids=source, labels=labels).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        torch.set_num_threads(threads)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def every_hypothesis(toy_model):
+    """Every complete hypothesis Y (at most TOY_MAX tokens, ending in its only EOS) with log P(Y|X) from one batch of
+    teacher-forced forward passes, summed in float64: (token tuples, log-probabilities, |Y| = generated tokens with
+    the EOS, without the start token, as `_update_finished_beams` counts)."""
+    others = [t for t in range(TOY_VOCAB) if t != 2]  # any token but EOS, the specials included: generate allows them
+    prefixes = torch.tensor(list(itertools.product(others, repeat=TOY_MAX - 1)))  # 9^4 rows cover every prefix
+    decoder_input = torch.cat([torch.zeros(len(prefixes), 1, dtype=torch.long), prefixes], dim=1)
+    with torch.no_grad():
+        logits = toy_model(input_ids=TOY_SOURCE.expand(len(prefixes), -1), decoder_input_ids=decoder_input).logits
+    log_probs = logits.double().log_softmax(-1)  # [row, position, token]: position i predicts generated token i+1
+    step = log_probs[:, :-1].gather(-1, prefixes[..., None])[..., 0]  # log P of each prefix token
+    hypotheses, scores, lengths = [], [], []
+    for length in range(1, TOY_MAX + 1):
+        # one row per prefix of length - 1: the rows whose later tokens are all the first of `others`
+        rows = (prefixes[:, length - 1 :] == others[0]).all(-1).nonzero()[:, 0]
+        for row in rows.tolist():
+            prefix = tuple(prefixes[row, : length - 1].tolist())
+            hypotheses.append((*prefix, 2))
+            scores.append(step[row, : length - 1].sum() + log_probs[row, length - 1, 2])
+            lengths.append(length)
+    assert len(hypotheses) == sum((TOY_VOCAB - 1) ** k for k in range(TOY_MAX))
+    return hypotheses, torch.stack(scores), torch.tensor(lengths, dtype=torch.float64)
+
+
+def exhaustive_best(every_hypothesis, alpha):
+    """The exhaustive search: the hypothesis with the highest GNMT score log P(Y|X) / ((5 + |Y|) / 6)^alpha, its
+    score, and the runner-up's score."""
+    hypotheses, log_probs, lengths = every_hypothesis
+    scores = log_probs / gnmt_length_penalty(lengths, alpha)
+    top = scores.topk(2)
+    return hypotheses[int(top.indices[0])], float(top.values[0]), float(top.values[1])
+
+
+def toy_generate(model, **kwargs):
+    out = model.generate(
+        input_ids=TOY_SOURCE, max_len_a=0, max_len_b=TOY_MAX, output_scores=True, return_dict_in_generate=True, **kwargs
+    )
+    generated = out.sequences[0, 1:].tolist()
+    return tuple(generated[: generated.index(2) + 1]), float(out.sequences_scores[0]), len(out.scores)
+
+
+def test_the_fitted_toy_model_puts_its_mass_on_the_five_translations(every_hypothesis):
+    hypotheses, log_probs, _ = every_hypothesis
+    total = sum(TOY_TARGETS.values())
+    for target, count in TOY_TARGETS.items():
+        assert log_probs[hypotheses.index(target)].exp().item() == pytest.approx(count / total, abs=0.01)
+    assert log_probs.exp().sum().item() > 0.99  # nearly all the mass: the other hypotheses are negligible
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0, 2.5, 5.0])
+def test_a_large_enough_beam_returns_the_exhaustive_gnmt_optimum(toy_model, every_hypothesis, alpha):
+    best, best_score, runner_up = exhaustive_best(every_hypothesis, alpha)
+    assert best_score - runner_up > 1e-3  # a clear optimum, not a float tie
+    found, score, _ = toy_generate(toy_model, num_beams=EXHAUSTIVE_BEAMS, length_penalty=alpha)
+    assert found == best
+    assert score == pytest.approx(best_score, abs=1e-5)
+
+
+def test_alpha_decides_between_hypotheses_of_different_lengths_as_the_exhaustive_search_does(
+    toy_model, every_hypothesis
+):
+    """The paper's beam of 4: alpha 0, 0.6 and 1 keep the more probable short translation, a large alpha the long one
+    (the exhaustive search's choice in each case), and each returned score is its hypothesis's own GNMT score."""
+    chosen = {}
+    for alpha in (0.0, 0.6, 1.0, 2.5, 5.0):
+        best, best_score, _ = exhaustive_best(every_hypothesis, alpha)
+        found, score, _ = toy_generate(toy_model, length_penalty=alpha)  # num_beams 4: the model's default
+        assert found == best
+        log_prob, length = teacher_forced_log_prob(toy_model, TOY_SOURCE, None, torch.tensor([0, *found]))
+        assert length == len(found)
+        assert score == pytest.approx(log_prob / gnmt_length_penalty(length, alpha), abs=1e-5)
+        assert score == pytest.approx(best_score, abs=1e-5)
+        chosen[alpha] = found
+    assert chosen == {0.0: SHORT, 0.6: SHORT, 1.0: SHORT, 2.5: LONG, 5.0: LONG}
+
+
+def _record_early_stop_checks(monkeypatch):
+    """Every call of the model's `_check_early_stop_heuristic` (once per decoding step), with its result."""
+    calls = []
+    check = VaswaniForConditionalGeneration._check_early_stop_heuristic
+
+    def recording(**kwargs):
+        result = check(**kwargs)
+        calls.append({**{k: v.clone() if torch.is_tensor(v) else v for k, v in kwargs.items()}, "result": result})
+        return result
+
+    monkeypatch.setattr(VaswaniForConditionalGeneration, "_check_early_stop_heuristic", staticmethod(recording))
+    return calls
+
+
+def _bound_says_go_on(call, alpha, never: bool) -> bool:
+    """The early-termination rule, recomputed: go on while the best running hypothesis (log P < 0 only falls as it
+    grows), divided by the largest GNMT penalty it could still reach (at TOY_MAX tokens; with alpha 0 or
+    early_stopping=False: at its current length), beats the worst of the num_beams finished ones."""
+    best_running = call["running_beam_scores"][0, 0].item()
+    generated = call["cur_len"] - call["decoder_prompt_len"]
+    reach = TOY_MAX if never and alpha > 0 else generated
+    if not call["is_sent_finished"].all():
+        return True  # a free place among the finished: anything may still enter
+    return best_running / gnmt_length_penalty(reach, alpha) > call["beam_scores"].min().item()
+
+
+@pytest.mark.parametrize(
+    ("alpha", "early_stopping", "steps", "returned"),
+    [
+        # The paper's bound (early_stopping="never" with alpha > 0). After step 2 the four short translations are
+        # finished and "4 6" runs on: at TOY_MAX tokens its score could still beat them, so the search goes on and
+        # finds the long translation, the exhaustive optimum; after step 4 nothing running can win any more (the
+        # best running log P, about -9, over the penalty of 5 tokens is below the worst finished): it stops.
+        (2.5, "never", 4, LONG),
+        # transformers' early_stopping=False bounds with the current length instead: after step 2, "4 6" divided by
+        # the penalty of 2 tokens is below the worst finished, so it stops there and returns a worse translation.
+        (2.5, False, 2, SHORT),
+        # A large alpha loosens the bound: after step 4 a running hypothesis of log P about -9 could still beat the
+        # worst finished at 5 tokens, so the search runs to TOY_MAX (and still returns the optimum).
+        (8.0, "never", TOY_MAX, LONG),
+        # The paper's alpha: the bound keeps the search going until step 4; the short translation stays the best.
+        (0.6, "never", 4, SHORT),
+        # alpha 0: the penalty is 1 and log P only falls, so stopping as soon as the finished are full is exact.
+        (0.0, "never", 2, SHORT),
+    ],
+)
+def test_early_termination_follows_the_bound_and_loses_no_better_hypothesis(
+    monkeypatch, toy_model, every_hypothesis, alpha, early_stopping, steps, returned
+):
+    calls = _record_early_stop_checks(monkeypatch)
+    found, score, decoded = toy_generate(toy_model, length_penalty=alpha, early_stopping=early_stopping)
+    assert (found, decoded, len(calls)) == (returned, steps, steps)
+    go_on = [bool(call["result"].item()) for call in calls]
+    assert go_on == [_bound_says_go_on(call, alpha, early_stopping == "never") for call in calls]
+    assert go_on == [True] * (steps - 1) + [False]  # it decoded exactly until the bound said stop
+    # What it returns is the best finished hypothesis, and, where it stopped, nothing still running could have done
+    # better: the best running log P over the penalty of TOY_MAX tokens is below the returned score.
+    last = calls[-1]
+    best_running = last["running_beam_scores"][0, 0].item()
+    assert score == pytest.approx(last["beam_scores"].max().item(), abs=1e-6)
+    best, best_score, _ = exhaustive_best(every_hypothesis, alpha)
+    if early_stopping == "never":
+        assert best_running / gnmt_length_penalty(TOY_MAX, alpha) < score
+        assert (found, score) == (best, pytest.approx(best_score, abs=1e-5))
+    else:  # transformers' heuristic stopped although the long translation running on could still beat it
+        assert best_running / gnmt_length_penalty(TOY_MAX, alpha) > score
+        assert best == LONG and best_score > score + 0.1

@@ -104,6 +104,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         self.token_sampler: TokenBudgetBatchSampler | None = None
         self._token_counts = torch.zeros(2, dtype=torch.long)  # source, target tokens since the last log
         self._micro_batches = 0
+        self._steps = 0.0  # optimizer steps since the last log; a short last step of an epoch counts whole
         self._window_start: float | None = None
         self._train_start: float | None = None
         if max_tokens_per_batch:
@@ -162,6 +163,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
             before = [row["train_minutes"] for row in self.state.log_history if "train_minutes" in row]
             self._train_start = self._window_start - 60 * max(before, default=0.0)
         self._micro_batches += 1
+        # transformers gives an epoch's last update fewer micro-batches when they do not divide evenly
+        self._steps += 1 / getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
         self._token_counts[0] += int(inputs["attention_mask"].sum())
         self._token_counts[1] += int(inputs["labels"].ne(-100).sum())
         return super().training_step(model, inputs, num_items_in_batch)
@@ -169,14 +172,14 @@ class VaswaniTrainer(Seq2SeqTrainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and "eval_loss" not in logs and self._micro_batches:
             counts = self.accelerator.reduce(self._token_counts.to(self.args.device), reduction="sum").cpu()
-            steps = self._micro_batches / self.args.gradient_accumulation_steps
+            steps = max(round(self._steps, 6), 1e-9)
             seconds = max(time.perf_counter() - self._window_start, 1e-9)
             logs["source_tokens_per_step"] = round(int(counts[0]) / steps, 1)
             logs["target_tokens_per_step"] = round(int(counts[1]) / steps, 1)
             logs["target_tokens_per_second"] = round(int(counts[1]) / seconds, 1)
             logs["train_minutes"] = round((time.perf_counter() - self._train_start) / 60, 6)
             self._token_counts.zero_()
-            self._micro_batches, self._window_start = 0, None
+            self._micro_batches, self._steps, self._window_start = 0, 0.0, None
         super().log(logs, start_time)
 
     def leave_process_group(self) -> None:
