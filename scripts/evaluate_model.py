@@ -1,26 +1,46 @@
 #!/usr/bin/env python
-"""sacreBLEU of a model on a test set, with the paper's search (beam 4, GNMT alpha 0.6, input + 50).
+"""sacreBLEU, chrF and the paper's tokenized compound-split BLEU of a model on a test set, with the paper's search
+(beam 4, GNMT alpha 0.6, input + 50); or, with --hypotheses, of translations already made (no model loaded).
 
 python scripts/evaluate_model.py --model outputs/run                       # built-in corpus, test split
 python scripts/evaluate_model.py --model DIR --dataset wmt14 --dataset_config de-en --source_lang en --target_lang de
 python scripts/evaluate_model.py --model DIR --source_file test.en --reference_file test.de
+python scripts/evaluate_model.py --hypotheses out.de --references test.de  # score existing output
 """
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 from vaswani_mt.data import BUILTIN_CORPUS, load_corpus, read_parallel_text, source_target
-from vaswani_mt.evaluation import evaluate_bleu, load_for_inference
+from vaswani_mt.evaluation import COMPOUND_SPLIT_LABEL, evaluate_bleu, load_for_inference, score_translations
+
+
+def read_lines(path: str) -> list[str]:
+    """The lines of a UTF-8 file, split at "\\n" only (as sacreBLEU and multi-bleu.perl read them); empty lines kept."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except OSError as error:
+        sys.exit(f"error: cannot read {path}: {error.strerror or error}")
+    except UnicodeDecodeError as error:
+        sys.exit(f"error: {path} is not UTF-8 ({error.reason} at byte {error.start})")
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="saved model folder or Hub id")
+    parser.add_argument("--model", help="saved model folder or Hub id")
+    parser.add_argument("--hypotheses", help="score-only mode: translations, one per line (with --references)")
+    parser.add_argument("--references", help="score-only mode: references, line by line with --hypotheses")
     parser.add_argument("--dataset", default=BUILTIN_CORPUS)
     parser.add_argument("--dataset_config", default=None)
     parser.add_argument("--split", default="test", choices=["train", "validation", "test"])
     parser.add_argument("--source_lang", default="en")
-    parser.add_argument("--target_lang", default="de")
+    parser.add_argument("--target_lang", default="de", help="also the Moses tokenizer's language (compound-split)")
     parser.add_argument("--source_file", help="plain text, one sentence per line (with --reference_file)")
     parser.add_argument("--reference_file")
     parser.add_argument("--max_samples", type=int, default=None)
@@ -29,6 +49,22 @@ def main() -> None:
     parser.add_argument("--length_penalty", type=float, default=None, help="GNMT alpha; default: the model's (0.6)")
     parser.add_argument("--output", help="also write the translations here")
     args = parser.parse_args()
+
+    if bool(args.hypotheses) != bool(args.references):
+        parser.error("--hypotheses and --references go together")
+    if bool(args.model) == bool(args.hypotheses):
+        parser.error("give either --model (translate, then score) or --hypotheses with --references (score only)")
+    if args.hypotheses:
+        hypotheses, references = read_lines(args.hypotheses), read_lines(args.references)
+        if len(hypotheses) != len(references):
+            sys.exit(
+                f"error: {args.hypotheses} has {len(hypotheses)} lines but {args.references} has {len(references)}: "
+                "the files are not aligned"
+            )
+        if args.max_samples:
+            hypotheses, references = hypotheses[: args.max_samples], references[: args.max_samples]
+        report(score_translations(hypotheses, references, args.target_lang), len(references))
+        return
 
     if bool(args.source_file) != bool(args.reference_file):
         parser.error("--source_file and --reference_file go together")
@@ -43,12 +79,21 @@ def main() -> None:
     kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
     if args.length_penalty is not None:
         kwargs["length_penalty"] = args.length_penalty
-    result = evaluate_bleu(model, tokenizer, sources, references, batch_size=args.batch_size, progress=True, **kwargs)
+    result = evaluate_bleu(
+        model, tokenizer, sources, references, target_lang=args.target_lang, batch_size=args.batch_size,
+        progress=True, **kwargs,
+    )  # fmt: skip
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write("\n".join(result["translations"]) + "\n")
-    print(f"sacreBLEU = {result['score']:.2f}  chrF = {result['chrf']:.2f}  ({len(sources)} sentences)")
+    report(result, len(sources))
+
+
+def report(result: dict, sentences: int) -> None:
+    print(f"sacreBLEU = {result['score']:.2f}  chrF = {result['chrf']:.2f}  ({sentences} sentences)")
     print(f"signature: {result['signature']}")
+    print(f"{COMPOUND_SPLIT_LABEL} = {result['compound_split_bleu']:.2f}  (the paper's scoring; not sacreBLEU)")
+    print(f"signature: {result['compound_split_signature']}")
     print(json.dumps({k: v for k, v in result.items() if k != "translations"}))
 
 

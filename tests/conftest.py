@@ -137,6 +137,8 @@ def card_values(model, tokenizer, score: dict, examples: list[str]) -> dict:
         "bleu": round(score["score"], 2),
         "chrf": round(score["chrf"], 2),
         "signature": score["signature"],
+        "compound_split_bleu": round(score["compound_split_bleu"], 2) if "compound_split_bleu" in score else "n/a",
+        "compound_split_signature": score.get("compound_split_signature", "not evaluated"),
         "search": search_summary(model.generation_config),
         "command": "pytest tests/",
         "limitations": "A test model: it knows six sentences.",

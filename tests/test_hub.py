@@ -13,12 +13,14 @@ import yaml
 from conftest import card_values, make_model
 
 from vaswani_mt.hub import (
+    COMPOUND_SPLIT_METRIC_NAME,
     TRANSFORMERS_REQUIREMENT,
     HubUploadError,
     build_hub_folder,
     card_for_hub,
     check_card,
     check_hub_folder,
+    model_card_template,
     render_model_card,
     search_summary,
     split_card,
@@ -26,7 +28,14 @@ from vaswani_mt.hub import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-SCORE = {"score": 12.3456, "chrf": 40.0, "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"}
+SCORE = {
+    "score": 12.3456,
+    "chrf": 40.0,
+    "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
+    "compound_split_bleu": 13.5678,
+    "compound_split_signature": "moses:de|escape:yes|compound:##AT##|sacremoses:0.2.0|nrefs:1|case:mixed|eff:no|"
+    "tok:none|smooth:none|version:2.6.0",
+}
 EXAMPLES = ['She said "hello".', "How are you today?"]
 
 
@@ -41,11 +50,30 @@ def test_rendered_card_yaml_parses_and_holds_every_field(model, tokenizer):
     result = metadata["model-index"][0]["results"][0]
     assert result["task"]["type"] == "translation" and result["dataset"]["type"] == "tests/six-sentences"
     assert result["metrics"][0] == {"type": "bleu", "value": 12.35, "name": "sacreBLEU (test)"}
+    assert result["metrics"][1] == {"type": "bleu", "value": 13.57, "name": COMPOUND_SPLIT_METRIC_NAME}
     body = split_card(card)[1]
     for section in ("## Model", "## Training", "## Results", "## Limitations", "## How to use", "## Citation"):
         assert section in body
     assert "pytest tests/" in body and "@inproceedings{vaswani2017attention" in body
     assert 'pipeline("translation", model="USER/vaswani-mt-tiny-en-de", trust_remote_code=True)' in body
+
+
+def test_card_gives_the_papers_compound_split_bleu_beside_sacrebleu_each_with_its_signature(model, tokenizer):
+    body = split_card(render_model_card(card_values(model, tokenizer, SCORE, EXAMPLES)))[1]
+    assert "| split | sacreBLEU | chrF | tokenized BLEU, compound-split (the paper's scoring) |" in body
+    assert "| test (6 pairs) | 12.35 | 40.0 | 13.57 |" in body
+    assert f"sacreBLEU signature: `{SCORE['signature']}`" in body
+    assert f"Signature: `{SCORE['compound_split_signature']}`" in body and "tokenizer.perl -l de" in body
+    # Not measured: the table says so, and model-index lists sacreBLEU alone (the Hub wants numbers there).
+    unmeasured = {key: value for key, value in SCORE.items() if not key.startswith("compound_split")}
+    card = render_model_card(card_values(model, tokenizer, unmeasured, EXAMPLES))
+    assert "| 12.35 | 40.0 | n/a |" in card
+    assert [m["name"] for m in check_card(card)["model-index"][0]["results"][0]["metrics"]] == ["sacreBLEU (test)"]
+    broken = render_model_card({**card_values(model, tokenizer, SCORE, EXAMPLES), "compound_split_bleu": "null"},
+                               template=model_card_template().replace("{{compound_split_metric}}",
+                               "    - type: bleu\n      value: {{compound_split_bleu}}\n"))  # fmt: skip
+    with pytest.raises(ValueError, match="bleu value None is not a measured number"):
+        check_card(broken)
 
 
 def test_card_states_the_saved_search_and_whether_it_is_the_papers(model, tokenizer):

@@ -99,15 +99,34 @@ def search_summary(generation_config) -> str:
     return f"{text} (the paper's, §6.1: beam 4, α = 0.6, input + 50)"
 
 
+# The model-index name of the paper's scoring (evaluation.compound_split_bleu), listed after sacreBLEU.
+COMPOUND_SPLIT_METRIC_NAME = "tokenized BLEU, compound-split (tensor2tensor)"
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def compound_split_metric(value) -> str:
+    """The card's model-index entry for the compound-split BLEU, after sacreBLEU's; none when it was not measured
+    (the Hub wants a number for every metric value)."""
+    if not _is_number(value):
+        return ""
+    return f"    - type: bleu\n      value: {value}\n      name: {json.dumps(COMPOUND_SPLIT_METRIC_NAME)}\n"
+
+
 def render_model_card(values: dict, template: str | None = None) -> str:
     """Fills every `{{name}}` of the template; a placeholder without a value is an error, not a blank.
 
-    `usage` defaults to `usage_section(values["repo_id"], values["example"])`.
+    `usage` defaults to `usage_section(values["repo_id"], values["example"])`, `compound_split_metric` to
+    `compound_split_metric(values["compound_split_bleu"])`.
     """
     template = model_card_template() if template is None else template
     values = dict(values)
     if "usage" not in values and "repo_id" in values and "example" in values:
         values["usage"] = usage_section(values["repo_id"], str(values["example"]).replace('\\"', '"'))
+    if "compound_split_metric" not in values and "compound_split_bleu" in values:
+        values["compound_split_metric"] = compound_split_metric(values["compound_split_bleu"])
     missing = sorted({name for name in _PLACEHOLDER.findall(template) if name not in values})
     if missing:
         raise ValueError(f"model card values missing: {', '.join(missing)}")
@@ -155,8 +174,11 @@ def check_card(card: str) -> dict:
         bleu = next(m for m in result["metrics"] if m["type"] == "bleu")["value"]
         if result["task"]["type"] != "translation" or not result["dataset"]["type"]:
             raise KeyError("task or dataset")
-        if not isinstance(bleu, (int, float)) or isinstance(bleu, bool):
+        if not _is_number(bleu):
             raise KeyError(f"bleu value {bleu!r} is not a measured number")
+        for metric in result["metrics"]:  # the Hub wants a number for each
+            if not _is_number(value := metric.get("value")):
+                raise KeyError(f"{metric.get('name') or metric['type']} value {value!r} is not a measured number")
     except (KeyError, IndexError, TypeError, StopIteration) as error:
         problems.append(f"model-index (translation task, dataset, sacreBLEU value): {error}")
     if problems:
@@ -367,12 +389,14 @@ def publish(
 
 
 __all__ = [
+    "COMPOUND_SPLIT_METRIC_NAME",
     "TRANSFORMERS_REQUIREMENT",
     "HubUploadError",
     "build_hub_folder",
     "card_for_hub",
     "check_card",
     "check_hub_folder",
+    "compound_split_metric",
     "model_card_template",
     "publish",
     "render_model_card",
