@@ -30,6 +30,9 @@ forward (a `CompileConfig`, told to compile on a CPU too); the first call of eac
 reported as `compile_s`), the timed calls reuse the compiled code. transformers (5.24) compiles greedy search and
 sampling only: its beam search calls the model uncompiled, so there the `_compiled` sides are the static cache again.
 
+`--device` picks where both modes run (`cuda`, `cuda:1`, `cpu`; default: cuda where torch sees one, else the CPU); on
+an accelerator every timed call waits for its kernels to finish.
+
     python benchmarks/speed_decode.py
     python benchmarks/speed_decode.py --mode testset --model outputs/ding-cpu
     python benchmarks/speed_decode.py --bf16 --searches beam4 --batches 16
@@ -79,6 +82,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max_sentences", type=int, default=None, help="testset: first N test sentences")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available, else cpu)")
     parser.add_argument("--bf16", action="store_true", help="also both models with bf16 weights (opt-in numerics)")
     parser.add_argument("--static_cache", action="store_true", help="also both models with a preallocated KV cache")
     parser.add_argument("--compile", action="store_true", help="also both models compiled, with the static cache")
@@ -89,13 +93,36 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rss_child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     return args
+
+
+def wait(device: str) -> None:
+    """On an accelerator, waits for the kernels queued so far (a timed call then includes all of its work)."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+    elif device != "cpu":
+        torch.accelerator.synchronize()
+
+
+def synchronized(call, device: str):
+    """`call`, then `wait(device)`; on the CPU `call` itself."""
+    if device == "cpu":
+        return call
+
+    def call_and_wait():
+        out = call()
+        wait(device)
+        return out
+
+    return call_and_wait
 
 
 def synthetic_models(args):
     torch.manual_seed(args.seed)
     ours = VaswaniForConditionalGeneration(VaswaniConfig.from_preset(args.preset, vocab_size=args.vocab_size)).eval()
-    return ours, to_marian(ours).eval()
+    marian = to_marian(ours).eval()
+    return ours.to(args.device), marian.to(args.device)
 
 
 class WithStaticCache:
@@ -155,10 +182,11 @@ def _same_rows(a: torch.Tensor, b: torch.Tensor) -> float:
     return a.eq(b).all(dim=1).float().mean().item()
 
 
-def synthetic_source(config, batch: int, length: int, seed: int) -> dict:
+def synthetic_source(config, batch: int, length: int, seed: int, device: str = "cpu") -> dict:
     generator = torch.Generator().manual_seed(seed + batch)
     ids = torch.randint(4, config.vocab_size, (batch, length), generator=generator)
     ids[:, -1] = config.eos_token_id
+    ids = ids.to(device)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
@@ -173,7 +201,7 @@ def run_synthetic(args) -> dict:
     ours, marian = synthetic_models(args)
     sides = make_sides(ours, marian, args.bf16, args.static_cache, args.compile)
     if args.rss_child:
-        inputs = synthetic_source(ours.config, 16, args.length, args.seed)
+        inputs = synthetic_source(ours.config, 16, args.length, args.seed, args.device)
         for _ in range(2):
             sides[args.rss_child].generate(**inputs, **forced_kwargs("beam4", args.steps))
         print(json.dumps({"side": args.rss_child, "peak_rss_mib": peak_rss_mib()}))
@@ -186,17 +214,21 @@ def run_synthetic(args) -> dict:
         return {"mode": "synthetic", "shape": shape, "peak_rss_mib_beam4_batch16": peaks}
     cases = []
     for batch in [int(b) for b in args.batches.split(",")]:
-        inputs = synthetic_source(ours.config, batch, args.length, args.seed)
+        inputs = synthetic_source(ours.config, batch, args.length, args.seed, args.device)
         for search in args.searches.split(","):
             kwargs = forced_kwargs(search, args.steps)
             outputs, first_call_s = {}, {}
             for name, model in sides.items():  # the warm-up; for the compiled sides, the compilation
                 start = time.perf_counter()
                 outputs[name] = model.generate(**inputs, **kwargs)
+                wait(args.device)
                 first_call_s[name] = time.perf_counter() - start
             identical = torch.equal(outputs["vaswani_mt"], outputs["marian"])
             times = interleave(
-                {name: (lambda m=model, i=inputs, k=kwargs: m.generate(**i, **k)) for name, model in sides.items()},
+                {
+                    name: synchronized(lambda m=model, i=inputs, k=kwargs: m.generate(**i, **k), args.device)
+                    for name, model in sides.items()
+                },
                 args.repeats,
                 warmup=0,  # the equality check above was the warm-up
             )
@@ -265,6 +297,7 @@ def run_testset(args) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     ours = VaswaniForConditionalGeneration.from_pretrained(args.model).eval()
     marian = to_marian(ours).eval()
+    ours, marian = ours.to(args.device), marian.to(args.device)
     sides = make_sides(ours, marian, args.bf16, args.static_cache, args.compile)
     sources, references = source_target(load_corpus("ding")["test"], "en", "de")
     if args.max_sentences:
@@ -274,7 +307,7 @@ def run_testset(args) -> dict:
     batches = []
     for start in range(0, len(order), args.batch):
         rows = [encoded[i] for i in order[start : start + args.batch]]
-        batches.append(tokenizer.pad({"input_ids": rows}, return_tensors="pt"))
+        batches.append(tokenizer.pad({"input_ids": rows}, return_tensors="pt").to(args.device))
     in_order = [references[i] for i in order]
 
     settings = {
@@ -304,6 +337,7 @@ def run_testset(args) -> dict:
             for name in names:
                 start = time.perf_counter()
                 outputs[name] = sides[name].generate(**batch, **kwargs[name])
+                wait(args.device)
                 seconds[name] += time.perf_counter() - start
             texts = {name: tokenizer.batch_decode(out, skip_special_tokens=True) for name, out in outputs.items()}
             for name, text in texts.items():
@@ -361,6 +395,8 @@ def main(argv=None) -> None:
     if args.rss_child:
         return
     result["record"] = record.finish()
+    cuda = args.device.startswith("cuda")
+    result["record"]["device"] = torch.cuda.get_device_name(args.device) if cuda else args.device
     print("\n" + json.dumps(result, indent=2))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,9 @@ Modes:
 - `curve`: `vaswani_mt` and `vaswani_mt_bf16` in lockstep on the same real batches from the same weights, with the
   same dropout seed per step; prints both loss curves and their largest relative gap (20-step means).
 
+`--device` picks where every mode runs (`cuda`, `cuda:1`, `cpu`; default: cuda where torch sees one, else the CPU);
+the `_bf16` sides autocast on that device.
+
 The investigation modes `gemm`, `projections`, `attention`, `dropout` and `allocator` were removed once
 benchmarks/RESULTS.md had recorded their answers; git history keeps them.
 
@@ -86,6 +89,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-4, help="constant learning rate (speed does not depend on it)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available, else cpu)")
     parser.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True, help="step mode: peak RSS")
     parser.add_argument("--json", default=None, help="also write the record to this file")
     parser.add_argument("--profile", action="store_true", help="step mode: top operators of one step per side")
@@ -93,6 +97,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rss_child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.sides is None:
         args.sides = {
             "step": "vaswani_mt,vaswani_mt_bf16,marian",
@@ -106,8 +111,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 # The sides
 
 
-def build_models(config: VaswaniConfig, models: list[str], seed: int) -> list[torch.nn.Module]:
-    """One model per name, all with the same weights: ours, copies of it, and its exact Marian conversion."""
+def build_models(config: VaswaniConfig, models: list[str], seed: int, device: str = "cpu") -> list[torch.nn.Module]:
+    """One model per name, all with the same weights: ours, copies of it, and its exact Marian conversion; built on
+    the CPU, then moved to `device`."""
     torch.manual_seed(seed)
     ours = VaswaniForConditionalGeneration(config)
     built, ours_used = [], False
@@ -121,7 +127,7 @@ def build_models(config: VaswaniConfig, models: list[str], seed: int) -> list[to
         if name.endswith(CHECKPOINTED):
             # transformers 5.23 renamed gradient_checkpointing_enable (now its deprecated alias)
             (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
-    return [model.train() for model in built]
+    return [model.to(device).train() for model in built]
 
 
 def optimizer_for(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
@@ -145,9 +151,11 @@ def make_step(name: str, model: torch.nn.Module, optimizer: torch.optim.Optimize
     """One optimizer step as Trainer runs it: forward and loss under autocast for the *_bf16 sides, backward and
     the step outside."""
     bf16 = name.removesuffix(CHECKPOINTED).endswith("_bf16")
+    device_type = next(model.parameters()).device.type
 
     def step(batch: dict) -> float:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        # float() waits for the step's kernels on an accelerator, so a step's time includes all of its work
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
             loss = loss_of(name, model, batch)
         loss.backward()
         optimizer.step()
@@ -157,7 +165,7 @@ def make_step(name: str, model: torch.nn.Module, optimizer: torch.optim.Optimize
     return step
 
 
-def synthetic_batch(config: VaswaniConfig, batch: int, length: int, seed: int) -> dict:
+def synthetic_batch(config: VaswaniConfig, batch: int, length: int, seed: int, device: str = "cpu") -> dict:
     generator = torch.Generator().manual_seed(seed)
     source = torch.randint(4, config.vocab_size, (batch, length), generator=generator)
     labels = torch.randint(4, config.vocab_size, (batch, length), generator=generator)
@@ -165,12 +173,13 @@ def synthetic_batch(config: VaswaniConfig, batch: int, length: int, seed: int) -
     decoder_input_ids = torch.full_like(labels, config.pad_token_id)
     decoder_input_ids[:, 0] = config.decoder_start_token_id
     decoder_input_ids[:, 1:] = labels[:, :-1]
-    return {
+    tensors = {
         "input_ids": source,
         "attention_mask": torch.ones_like(source),
         "decoder_input_ids": decoder_input_ids,
         "labels": labels,
     }
+    return {key: value.to(device) for key, value in tensors.items()}
 
 
 def check_same_function(ours, marian, batch: dict) -> dict:
@@ -211,9 +220,9 @@ def model_config(args) -> VaswaniConfig:
 def run_step_mode(args, record: MachineRecord) -> dict:
     config = model_config(args)
     sides = args.sides.split(",")
-    batch = synthetic_batch(config, args.batch, args.length, args.seed)
+    batch = synthetic_batch(config, args.batch, args.length, args.seed, args.device)
     if args.rss_child:  # one side alone, for its peak memory
-        (model,) = build_models(config, [args.rss_child], args.seed)
+        (model,) = build_models(config, [args.rss_child], args.seed, args.device)
         step = make_step(args.rss_child, model, optimizer_for(model, args.lr))
         for _ in range(3):
             step(batch)
@@ -226,7 +235,7 @@ def run_step_mode(args, record: MachineRecord) -> dict:
         print_table(f"Peak RSS, training ({shape})", [{"side": n, "peak_rss_mib": p} for n, p in peaks.items()],
                     ["side", "peak_rss_mib"])  # fmt: skip
         return {"mode": "step", "shape": shape, "sides": {n: {"peak_rss_mib": p} for n, p in peaks.items()}}
-    models = dict(zip(sides, build_models(config, sides, args.seed), strict=True))
+    models = dict(zip(sides, build_models(config, sides, args.seed, args.device), strict=True))
     check = None
     if "vaswani_mt" in models and "marian" in models:
         check = check_same_function(models["vaswani_mt"], models["marian"], batch)
@@ -337,6 +346,7 @@ class DataSide:
         self.name = spec
         self.model_name, kind, size = parse_side(spec)
         self.model = model
+        self.device = next(model.parameters()).device
         self.rows = rows
         self.batches = batch_stream(kind, size, *lengths, seed)
         self.collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
@@ -349,7 +359,8 @@ class DataSide:
         start = time.perf_counter()
         indices = next(self.batches)
         batch = self.collator([self.rows[i] for i in indices])
-        batch = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "decoder_input_ids", "labels")}
+        keep = ("input_ids", "attention_mask", "decoder_input_ids", "labels")
+        batch = {k: v.to(self.device) for k, v in batch.items() if k in keep}
         loss = self.step_fn(batch)
         elapsed = time.perf_counter() - start
         if timed:
@@ -379,7 +390,7 @@ def build_data_sides(args):
     if args.dropout is not None:
         overrides["dropout"] = args.dropout
     config = VaswaniConfig.from_preset(args.preset, **overrides)
-    models = build_models(config, [parse_side(spec)[0] for spec in specs], args.seed)
+    models = build_models(config, [parse_side(spec)[0] for spec in specs], args.seed, args.device)
     lengths = (source_lengths, target_lengths)
     sides = [
         DataSide(spec, model, tokenizer, rows, lengths, args.lr, args.seed)
@@ -475,6 +486,8 @@ def main(argv=None) -> None:
     if args.rss_child:
         return
     result["record"] = record.finish()
+    cuda = args.device.startswith("cuda")
+    result["record"]["device"] = torch.cuda.get_device_name(args.device) if cuda else args.device
     print("\n" + json.dumps(result, indent=2))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,8 @@
 
 import importlib
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -168,3 +170,62 @@ def test_checkpoint_curve_names_runs_of_one_folder_name_apart(bench, tmp_path):
     assert run_labels([tmp_path / "a", tmp_path / "b"]) == ["a", "b"]
     with pytest.raises(SystemExit, match="named twice"):
         run_labels([tmp_path / "a", tmp_path / "x" / ".." / "a"])
+
+
+def test_the_speed_benchmarks_run_on_cuda_where_there_is_one_else_on_the_cpu(bench):
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    for name in ("speed_train", "speed_decode"):
+        module = bench(name)
+        assert module.parse_args([]).device == expected
+        assert module.parse_args(["--device", "cpu"]).device == "cpu"
+    train = bench("speed_train")
+    config = train.model_config(train.parse_args(["--preset", "tiny", "--vocab_size", "300"]))
+    assert {t.device.type for t in train.synthetic_batch(config, 2, 3, seed=0, device="meta").values()} == {"meta"}
+
+
+def test_paper_time_derives_the_hours_from_the_counted_flops(bench, capsys):
+    result = bench("paper_time").main(["--models", "base", "--gpus", "H100,P100", "--mfu", "0.5"])
+    base = result["models"]["base"]
+    assert base["flops_per_target_token"] == pytest.approx(base["analytic_flops_per_target_token"], rel=1e-9)
+    assert base["flops_per_target_token"] / 1e6 == pytest.approx(381, rel=0.01)
+    assert base["total_flops"] == pytest.approx(base["flops_per_target_token"] * 25_000 * 100_000)
+    for gpu, peak in {"H100": 989.4, "P100": 21.2}.items():
+        hours = base["hours"][gpu]
+        assert hours[1] == pytest.approx(base["total_flops"] / (0.5 * peak * 1e12) / 3600)
+        assert hours[8] == pytest.approx(hours[1] / 8)
+    # the paper's 12 h on 8 P100 and Table 2's 3.3e18 (= 12 h x 8 x 9.5 TFLOPS): the counted work is 29% of it
+    assert base["paper_run_utilisation"] == pytest.approx(0.29, abs=0.01)
+    printed = capsys.readouterr().out
+    assert "| H100 | 989.4 | 32 min | 4 min |" in printed and "| base | 100,000 | 380.9, 380.9 |" in printed
+
+
+GPU_CHECK = BENCHMARKS / "gpu_check.sh"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_gpu_check_without_cuda_fails_with_one_line_and_writes_nothing(tmp_path):
+    out = tmp_path / "gpu.json"
+    env = {**os.environ, "PYTHON": sys.executable}
+    env.pop("GPU_CHECK_DRY_RUN", None)
+    done = subprocess.run(["bash", str(GPU_CHECK), str(out)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and not out.exists() and done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1 and "no CUDA device" in done.stderr
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_writes_one_json_with_every_figure(tmp_path):
+    """The script's own check on any machine: every step at tiny shapes, without the tests (about 45 s)."""
+    out = tmp_path / "gpu.json"
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_DRY_RUN": "1", "GPU_CHECK_PEAK_TFLOPS": "0.2"}
+    done = subprocess.run(["bash", str(GPU_CHECK), str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["failed_steps"] == [] and set(result["steps"]) == {"train_base", "train_big", "decode"}
+    assert {"torch", "transformers"} <= set(result["versions"]) and result["peak_bf16_tflops"] == 0.2
+    for preset in ("base", "big"):
+        training = result["training_bf16"][preset]
+        assert training["flops_per_target_token"] > 0 and set(training["sides"]) == {"marian_bf16", "vaswani_mt_bf16"}
+        assert all(side["target_tokens_per_s"] > 0 and 0 < side["mfu"] < 1 for side in training["sides"].values())
+    cases = result["decoding"]["cases"]
+    assert len(cases) == 4 and all(case["identical_tokens_fp32"] for case in cases)
+    assert set(cases[0]["speed_vs_marian_fp32"]) == {"vaswani_mt", "marian", "vaswani_mt_bf16", "marian_bf16"}

@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# One check of the GPU path, in under 10 minutes on a machine with a CUDA GPU, written to ONE JSON file:
+#
+#   1. the tests that run differently where CUDA is visible (Trainer trains on the GPU, the speed benchmarks default
+#      to it) and the model's own: modeling, generation, fast paths, training, callbacks, hardware, export, speed
+#      benchmarks (at most 240 s; the counts of passed and failed tests are recorded);
+#   2. bf16 training throughput (target tokens/s) and MFU at the base and big shapes with sdpa attention:
+#      speed_train.py step mode, 100 pairs x 30 tokens (3,000 target tokens, the per-GPU batch of the 8-GPU recipe),
+#      ours and MarianMTModel under bf16 autocast, forward + loss + backward + fused AdamW; MFU = tokens/s x the
+#      training FLOPs per target token counted by vaswani_mt.flops / the device's dense bf16 peak (the table in
+#      vaswani_mt/flops.py, by torch.cuda.get_device_name(), or GPU_CHECK_PEAK_TFLOPS);
+#   3. decoding speed against MarianMTModel with the same weights: speed_decode.py synthetic mode, base shapes,
+#      beam 4 and greedy at batch 1, 16 and 64, float32 and bf16 weights.
+#
+#   bash benchmarks/gpu_check.sh OUT.json
+#
+# Each step has a time limit (240 + 2 x 90 + 120 s, then the summary), so that the whole stays under 10 minutes.
+# Environment: PYTHON (default .venv/bin/python, else python3); GPU_CHECK_PEAK_TFLOPS (the peak, where the device
+# is not in the table); GPU_CHECK_DRY_RUN=1 runs steps 2 and 3 at tiny shapes on any device, without the tests (a
+# check of this script itself, for machines without a GPU). Without CUDA (and no dry run) it exits with status 2
+# and one line saying so. A step that fails is recorded in the JSON and the others still run; the exit status is
+# then 1.
+set -euo pipefail
+
+out=${1:?usage: bash benchmarks/gpu_check.sh OUT.json}
+[[ $out == /* ]] || out=$PWD/$out  # the script runs from the repository root
+cd "$(dirname "$0")/.."
+if [[ -z ${PYTHON:-} ]]; then
+    PYTHON=python3
+    [[ -x .venv/bin/python ]] && PYTHON=.venv/bin/python
+fi
+dry_run=${GPU_CHECK_DRY_RUN:-0}
+if [[ $dry_run != 1 ]] && ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    echo "gpu_check.sh: no CUDA device (torch.cuda.is_available() is False in $PYTHON); nothing was measured" >&2
+    exit 2
+fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+start=$SECONDS
+
+# step NAME LIMIT_SECONDS COMMAND...: runs it with its output in $work/NAME.log and its exit status in $work/NAME.rc
+# (124: over the limit); never stops the script.
+step() {
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name (at most ${limit} s): $*"
+    local rc=0
+    timeout --signal=INT --kill-after=30 "$limit" "$@" >"$work/$name.log" 2>&1 || rc=$?
+    echo "$rc" >"$work/$name.rc"
+    tail -n 3 "$work/$name.log"
+    echo "== $name: exit status $rc, $((SECONDS - start)) s so far"
+}
+
+if [[ $dry_run == 1 ]]; then
+    device=$("$PYTHON" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')
+    shape=(--preset tiny --vocab_size 300 --threads 1)
+    train_length=6
+    train_shape=(--batch 4 --length $train_length --repeats 2 --warmup 1)
+    decode_shape=(--length 6 --steps 4 --batches 1,3 --repeats 1)
+else
+    device=cuda
+    shape=(--vocab_size 37000)
+    train_length=30
+    train_shape=(--batch 100 --length $train_length --repeats 20 --warmup 3)
+    decode_shape=(--length 30 --steps 30 --batches 1,16,64 --repeats 5)
+    step tests 240 "$PYTHON" -m pytest -q -p no:cacheprovider --junitxml="$work/tests.xml" \
+        tests/test_modeling_vaswani.py tests/test_generation.py tests/test_fast_paths.py tests/test_training.py \
+        tests/test_callbacks.py tests/test_hardware.py tests/test_export.py tests/test_speed_benchmarks.py
+fi
+for preset in base big; do
+    preset_args=("${shape[@]}")
+    [[ $dry_run == 1 ]] || preset_args+=(--preset "$preset")
+    step "train_$preset" 90 "$PYTHON" benchmarks/speed_train.py --mode step --device "$device" "${preset_args[@]}" \
+        "${train_shape[@]}" --sides marian_bf16,vaswani_mt_bf16 --no-memory --json "$work/train_$preset.json"
+done
+step decode 120 "$PYTHON" benchmarks/speed_decode.py --mode synthetic --device "$device" "${shape[@]}" \
+    "${decode_shape[@]}" --bf16 --no-memory --json "$work/decode.json"
+
+status=0
+"$PYTHON" - "$out" "$work" "$device" "$dry_run" "$train_length" "$((SECONDS - start))" <<'PYTHON' || status=$?
+"""Gathers the steps' records into one JSON file, with MFU from the counted FLOPs per token."""
+import json
+import os
+import platform
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import torch
+import transformers
+
+from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani_mt.flops import count_training_flops, mfu, peak_tflops
+
+out, work, device, dry_run, length, seconds = sys.argv[1:]
+work, dry_run, length = Path(work), dry_run == "1", int(length)
+
+
+def read(name: str):
+    path = work / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def step_status(name: str) -> dict | None:
+    rc_file = work / f"{name}.rc"
+    if not rc_file.exists():
+        return None
+    rc = int(rc_file.read_text())
+    log = (work / f"{name}.log").read_text(errors="replace").splitlines()
+    return {"exit_status": rc, "timed_out": rc == 124, "log_tail": log[-15:] if rc else log[-2:]}
+
+
+name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+peak = float(os.environ["GPU_CHECK_PEAK_TFLOPS"]) if os.environ.get("GPU_CHECK_PEAK_TFLOPS") else peak_tflops(name)
+result = {
+    "what": "benchmarks/gpu_check.sh" + (" (dry run: tiny shapes, no tests)" if dry_run else ""),
+    "device": name,
+    "peak_bf16_tflops": peak,
+    "versions": {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+    },
+    # what speed_train.py builds: VaswaniForConditionalGeneration(config) with transformers' default choice
+    "attn_implementation": VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny"))
+    .to(device)
+    .config._attn_implementation,
+    "seconds_before_this_summary": int(seconds),
+    "steps": {},
+}
+tests = step_status("tests")
+if tests is not None:
+    result["steps"]["tests"] = tests
+    if (work / "tests.xml").exists():
+        suite = ET.parse(work / "tests.xml").getroot()
+        suite = suite.find("testsuite") if suite.tag == "testsuites" else suite
+        counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+        counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+        result["tests"] = counts
+
+result["training_bf16"] = {}
+for preset in ("base", "big"):
+    result["steps"][f"train_{preset}"] = step_status(f"train_{preset}")
+    record = read(f"train_{preset}.json")
+    if record is None:
+        continue
+    config = VaswaniConfig.from_preset("tiny" if dry_run else preset, vocab_size=300 if dry_run else 37000)
+    per_token = count_training_flops(config, length, batch=1).per_target_token
+    sides = {}
+    for side, row in record["sides"].items():
+        sides[side] = {
+            "target_tokens_per_s": round(row["target_tokens_per_s"], 1),
+            "median_step_s": round(row["median_s"], 5),
+            "mfu": round(mfu(row["target_tokens_per_s"], per_token, peak), 4) if peak else None,
+        }
+        if "ratio_of_medians" in row:
+            sides[side]["speed_vs_marian_bf16"] = round(row["ratio_of_medians"], 3)
+    result["training_bf16"][preset] = {
+        "shape": record["shape"],
+        "target_tokens_per_step": record["target_tokens_per_step"],
+        "flops_per_target_token": per_token,
+        "sides": sides,
+    }
+
+result["steps"]["decode"] = step_status("decode")
+decode = read("decode.json")
+if decode is not None:
+    result["decoding"] = {
+        "shape": decode["shape"],
+        "cases": [
+            {
+                "search": case["search"],
+                "batch": case["batch"],
+                "identical_tokens_fp32": case["identical_tokens"],
+                "sentences_per_s": {k: round(v, 2) for k, v in case["sentences_per_s"].items()},
+                "speed_vs_marian_fp32": {k: round(v, 3) for k, v in case["ratios_of_medians"].items()},
+                "share_equal_to_marian_fp32": case["share_equal_to_marian_fp32"],
+            }
+            for case in decode["cases"]
+        ],
+    }
+failed = [step for step, status in result["steps"].items() if status is None or status["exit_status"] != 0]
+result["failed_steps"] = failed
+Path(out).parent.mkdir(parents=True, exist_ok=True)
+Path(out).write_text(json.dumps(result, indent=2) + "\n")
+print(json.dumps(result, indent=2))
+print(f"gpu_check.sh: wrote {out}" + (f"; failed: {', '.join(failed)}" if failed else ""))
+sys.exit(1 if failed else 0)
+PYTHON
+echo "gpu_check.sh: $((SECONDS - start)) s in all"
+exit "$status"
