@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -43,7 +44,7 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--max_tokens", type=int, default=3125, help="token budget per batch (the 8-GPU recipe's)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="also write the figures here")
-    parser.add_argument("--stage", choices=STAGES, help=argparse.SUPPRESS)  # one stage, in a process of its own
+    parser.add_argument("--stage", choices=(*STAGES, "corpus"), help=argparse.SUPPRESS)  # in a process of its own
     return parser.parse_args(argv)
 
 
@@ -101,7 +102,14 @@ def make_corpus(folder: Path, pairs: int, seed: int) -> None:
 
 
 def _peak_rss_mib() -> dict:
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak RSS (`VmHWM`, which a new program starts afresh; `ru_maxrss` keeps the parent's across
+    fork and exec) and the largest of its finished worker processes' (an upper bound: a forked worker starts with
+    the pages it shares with this one)."""
+    status = Path("/proc/self/status")
+    lines = status.read_text().splitlines() if status.exists() else []
+    own = next((int(line.split()[1]) / 1024 for line in lines if line.startswith("VmHWM:")), None)
+    if own is None:
+        own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     return {"peak_rss_mib": round(own), "peak_worker_rss_mib": round(workers)}
 
@@ -124,6 +132,7 @@ def run_stage(args: argparse.Namespace) -> dict:
     figures: dict = {"load_seconds": round(time.perf_counter() - started, 2)}
     started = time.perf_counter()
     if args.stage == "tokenizer":
+        shutil.rmtree(work / "tokenizer", ignore_errors=True)  # learned afresh, not the run's saved one
         tokenizer = build_tokenizer(model_args, corpus, data_args, work)
         figures["vocabulary"] = len(tokenizer)
     elif args.stage in ("tokenize", "tokenize_again"):
@@ -164,6 +173,9 @@ def run_stage(args: argparse.Namespace) -> dict:
 
 def main(argv=None) -> dict:
     args = parse(argv)
+    if args.stage == "corpus":
+        make_corpus(Path(args.work_dir) / "corpus", args.pairs, args.seed)
+        return {}
     if args.stage:
         print(json.dumps(run_stage(args)))
         return {}
@@ -171,14 +183,14 @@ def main(argv=None) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     report: dict = {"pairs": args.pairs, "num_proc": args.num_proc, "tokenizer_sample": args.tokenizer_sample,
                     "vocab_size": args.vocab_size, "max_tokens": args.max_tokens, "cpus": os.cpu_count()}  # fmt: skip
-    if not (work / "corpus" / "dataset_dict.json").is_file():
-        started = time.perf_counter()
-        make_corpus(work / "corpus", args.pairs, args.seed)
-        report["synthesis_seconds (not part of the preparation)"] = round(time.perf_counter() - started, 1)
     forwarded = list(argv if argv is not None else sys.argv[1:])  # the stages take the same options, but --json
     if "--json" in forwarded:
         del forwarded[forwarded.index("--json") : forwarded.index("--json") + 2]
     forwarded = [a for a in forwarded if not a.startswith("--json=")]
+    if not (work / "corpus" / "dataset_dict.json").is_file():  # made in a process of its own: this one stays small
+        started = time.perf_counter()
+        subprocess.run([sys.executable, __file__, *forwarded, "--stage", "corpus"], check=True, capture_output=True)
+        report["synthesis_seconds (not part of the preparation)"] = round(time.perf_counter() - started, 1)
     total = 0.0
     for stage in STAGES:
         started = time.perf_counter()
