@@ -49,16 +49,18 @@ def uneven_pairs() -> list[dict]:
     return rows
 
 
-def one_sgd_step_arguments(output_dir, per_device: int, accumulation: int = 1, use_cpu: bool = True):
-    """One plain SGD step at lr 1: the update is the gradient itself, so equal updates mean equal gradients."""
+def one_sgd_step_arguments(output_dir, per_device: int, accumulation: int = 1, use_cpu: bool = True, *,
+                           max_steps: int = 1, learning_rate: float = 1.0, seed: int = 0):  # fmt: skip
+    """Plain SGD at a constant rate, by default one step at lr 1: the update is the gradient itself, so equal
+    updates mean equal gradients."""
     from transformers import Seq2SeqTrainingArguments
 
     return Seq2SeqTrainingArguments(
         output_dir=str(output_dir),
         per_device_train_batch_size=per_device,
         gradient_accumulation_steps=accumulation,
-        max_steps=1,
-        learning_rate=1.0,
+        max_steps=max_steps,
+        learning_rate=learning_rate,
         optim="sgd",
         lr_scheduler_type="constant",
         report_to=[],
@@ -67,7 +69,7 @@ def one_sgd_step_arguments(output_dir, per_device: int, accumulation: int = 1, u
         disable_tqdm=True,
         logging_steps=1,
         ddp_find_unused_parameters=False,
-        seed=0,
+        seed=seed,
     )
 
 
@@ -162,3 +164,19 @@ def fitted_folder(tmp_path_factory, tokenizer):
     score = evaluate_bleu(model, tokenizer, sources, references, num_beams=1)
     (folder / "README.md").write_text(render_model_card(card_values(model, tokenizer, score, sources[:2])))
     return folder
+
+
+class PaddingOnlyTokenizer:
+    """What DataCollatorForSeq2Seq needs of a tokenizer: right padding with id 1 (the workers' token-id data)."""
+
+    pad_token_id = 1
+    padding_side = "right"
+
+    def pad(self, features, return_tensors=None, **kwargs):
+        width = max(len(f["input_ids"]) for f in features)
+        return {
+            "input_ids": torch.tensor([f["input_ids"] + [1] * (width - len(f["input_ids"])) for f in features]),
+            "attention_mask": torch.tensor(
+                [[1] * len(f["input_ids"]) + [0] * (width - len(f["input_ids"])) for f in features]
+            ),
+        }

@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 
 import torch
+from conftest import PaddingOnlyTokenizer, one_sgd_step_arguments
 from datasets import Dataset
-from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
+from transformers import DataCollatorForSeq2Seq
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_mt.training import VaswaniTrainer
@@ -35,20 +36,6 @@ def budget_dataset(count: int = PAIRS, seed: int = 0) -> Dataset:
         rows["source_length"].append(source)
         rows["target_length"].append(target)
     return Dataset.from_dict(rows)
-
-
-class _Tok:  # DataCollatorForSeq2Seq needs only padding from a tokenizer (as tests/ddp_worker.py)
-    pad_token_id = 1
-    padding_side = "right"
-
-    def pad(self, features, return_tensors=None, **kwargs):
-        width = max(len(f["input_ids"]) for f in features)
-        return {
-            "input_ids": torch.tensor([f["input_ids"] + [1] * (width - len(f["input_ids"])) for f in features]),
-            "attention_mask": torch.tensor(
-                [[1] * len(f["input_ids"]) + [0] * (width - len(f["input_ids"])) for f in features]
-            ),
-        }
 
 
 class RecordingTrainer(VaswaniTrainer):
@@ -77,27 +64,13 @@ def train_with_budget(output_dir, accumulation: int, max_steps: int, use_cpu: bo
     on `budget_dataset()` under `BUDGET`; returns what this process saw and logged."""
     torch.manual_seed(0)
     model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny", vocab_size=200, dropout=0.0))
-    args = Seq2SeqTrainingArguments(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=1,  # not used: the token budget makes the batches
-        gradient_accumulation_steps=accumulation,
-        max_steps=max_steps,
-        learning_rate=0.1,
-        optim="sgd",
-        lr_scheduler_type="constant",
-        report_to=[],
-        save_strategy="no",
-        use_cpu=use_cpu,
-        disable_tqdm=True,
-        logging_steps=1,
-        ddp_find_unused_parameters=False,
-        seed=3,
-    )
+    # per device 1 is not used: the token budget makes the batches
+    args = one_sgd_step_arguments(output_dir, 1, accumulation, use_cpu, max_steps=max_steps, learning_rate=0.1, seed=3)
     trainer = RecordingTrainer(
         model=model,
         args=args,
         train_dataset=budget_dataset(),
-        data_collator=DataCollatorForSeq2Seq(_Tok(), label_pad_token_id=-100),
+        data_collator=DataCollatorForSeq2Seq(PaddingOnlyTokenizer(), label_pad_token_id=-100),
         max_tokens_per_batch=BUDGET,
         lr_schedule="trainer",
     )

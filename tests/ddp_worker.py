@@ -9,7 +9,7 @@ import json
 import sys
 
 import torch
-from conftest import one_sgd_step_arguments, uneven_pairs
+from conftest import PaddingOnlyTokenizer, one_sgd_step_arguments, uneven_pairs
 from safetensors.torch import save_file
 from transformers import DataCollatorForSeq2Seq
 
@@ -23,25 +23,11 @@ model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny", vocab_
 args = one_sgd_step_arguments(out, per_device, use_cpu="--use_cpu" in sys.argv)
 
 
-class _Tok:  # DataCollatorForSeq2Seq needs only padding from a tokenizer
-    pad_token_id = 1
-    padding_side = "right"
-
-    def pad(self, features, return_tensors=None, **kwargs):
-        width = max(len(f["input_ids"]) for f in features)
-        return {
-            "input_ids": torch.tensor([f["input_ids"] + [1] * (width - len(f["input_ids"])) for f in features]),
-            "attention_mask": torch.tensor(
-                [[1] * len(f["input_ids"]) + [0] * (width - len(f["input_ids"])) for f in features]
-            ),
-        }
-
-
 trainer = VaswaniTrainer(
     model=model,
     args=args,
     train_dataset=rows,
-    data_collator=DataCollatorForSeq2Seq(_Tok(), label_pad_token_id=-100),
+    data_collator=DataCollatorForSeq2Seq(PaddingOnlyTokenizer(), label_pad_token_id=-100),
     max_tokens_per_batch=None,
     lr_schedule="trainer",
 )
