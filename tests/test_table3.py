@@ -14,6 +14,7 @@ import datasets
 import pytest
 import torch
 import yaml
+from conftest import write_jsonl
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_mt.arguments import parse_args
@@ -227,26 +228,13 @@ def test_scale_row_keeps_a_rows_meaning_at_another_width():
     assert scale_row({"num_encoder_layers": 2, "dropout": 0.0}, 256, 7) == {"num_encoder_layers": 2, "dropout": 0.0}
 
 
-def _jsonl(path: Path, count: int = 300) -> Path:
-    words = "the a house cat dog small big red green runs sleeps eats sees quickly today".split()
-    german = "der die das Haus Katze Hund klein groß rot grün läuft schläft isst sieht schnell heute".split()
-    lines = []
-    for i in range(count):
-        idx = [(i * 7 + k * 3) % len(words) for k in range(3 + i % 5)]
-        en = " ".join(words[j] for j in idx).capitalize() + "."
-        de = " ".join(german[j] for j in idx).capitalize() + "."
-        lines.append(json.dumps({"translation": {"en": en, "de": de}}, ensure_ascii=False))
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
-
-
 def test_table3_script_trains_and_scores_two_rows_at_a_tiny_scale(tmp_path, capsys):
     """scripts/table3.py with the CPU scale file shrunk to the tiny preset, 3 steps a row: the table holds the two
     rows with their shapes (A-h1: h 1, d_k = d_v = d_model; C-N4: 4 layers), parameter counts and finite PPL."""
     spec = importlib.util.spec_from_file_location("table3_script", ROOT / "scripts" / "table3.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    data = _jsonl(tmp_path / "pairs.jsonl")
+    data = write_jsonl(tmp_path / "pairs.jsonl", count=300)
     output = tmp_path / "table"
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
