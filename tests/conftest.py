@@ -1,4 +1,7 @@
+import json
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -7,6 +10,8 @@ import vaswani_mt
 from vaswani_mt.tokenization import train_tokenizer
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SENTENCES = [
     ("The girl ate an apple.", "Das Mädchen hat einen Apfel gegessen."),
@@ -180,3 +185,27 @@ class PaddingOnlyTokenizer:
                 [[1] * len(f["input_ids"]) + [0] * (width - len(f["input_ids"])) for f in features]
             ),
         }
+
+
+def write_jsonl(path: Path, count: int = 240) -> Path:
+    """`count` English-German pairs of 3 to 7 words from a 15-word vocabulary, as a jsonl corpus for training runs."""
+    words = "the a house cat dog small big red green runs sleeps eats sees quickly today".split()
+    german = "der die das Haus Katze Hund klein groß rot grün läuft schläft isst sieht schnell heute".split()
+    rows = []
+    for i in range(count):
+        idx = [(i * 7 + k * 3) % len(words) for k in range(3 + i % 5)]
+        en = " ".join(words[j] for j in idx).capitalize() + "."
+        de = " ".join(german[j] for j in idx).capitalize() + "."
+        rows.append(json.dumps({"translation": {"en": en, "de": de}}, ensure_ascii=False))
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def train_command(data: Path, output: Path, *extra: str) -> list[str]:
+    """`python scripts/train.py ...` for the tiny model on `data`: a checkpoint every 2 steps, one log row a step."""
+    return [
+        sys.executable, str(ROOT / "scripts" / "train.py"), "--dataset", str(data), "--output_dir", str(output),
+        "--preset", "tiny", "--vocab_size", "300", "--max_tokens_per_batch", "256", "--warmup_steps", "4",
+        "--logging_steps", "1", "--save_steps", "2", "--save_total_limit", "10", "--report_to", "none",
+        "--dropout", "0.0", "--seed", "3", "--test_bleu", "false", "--disable_tqdm", "true", *extra,
+    ]  # fmt: skip

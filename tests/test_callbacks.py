@@ -1,9 +1,20 @@
-"""The recipe's callbacks: the wall clock and its budget across a resume, the progress bar in minutes, the curves."""
+"""The recipe's callbacks: the wall clock and its budget across a resume, the stop on SIGINT/SIGTERM, the progress
+bar in minutes, the curves."""
 
+import os
+import signal
+
+import pytest
 from transformers import TrainerControl, TrainerState
 
 from vaswani_mt.arguments import parse_args
-from vaswani_mt.callbacks import BudgetProgressCallback, WallClockCallback, plot_curves, trained_seconds
+from vaswani_mt.callbacks import (
+    BudgetProgressCallback,
+    PreemptionCallback,
+    WallClockCallback,
+    plot_curves,
+    trained_seconds,
+)
 
 
 def test_the_clock_counts_on_after_a_resume_and_stops_at_the_budget():
@@ -43,3 +54,28 @@ def test_plot_has_a_panel_per_logged_curve(tmp_path):
     ]
     path = plot_curves(history, tmp_path / "curves.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_ends_the_step_with_a_checkpoint_and_a_second_one_is_not_caught(signum, code):
+    preemption = PreemptionCallback()
+    before = signal.getsignal(signum)
+    caught = []
+
+    def stand_in(*_):  # for the default handler, which stops at once
+        caught.append(signum)
+
+    signal.signal(signum, stand_in)
+    try:
+        with preemption.catching_signals():
+            assert not preemption.on_step_end(None, TrainerState(global_step=7), TrainerControl()).should_save
+            os.kill(os.getpid(), signum)  # handled between two bytecodes: here, at once
+            assert preemption.signal_name == signal.Signals(signum).name and preemption.exit_code == code
+            control = preemption.on_step_end(None, TrainerState(global_step=8), TrainerControl())
+            assert control.should_save and control.should_training_stop and preemption.stopped_at_step == 8
+            os.kill(os.getpid(), signum)  # the second one reaches the handler that was there before
+            assert caught == [signum]
+            assert signal.getsignal(signum) is stand_in
+        assert signal.getsignal(signum) is stand_in  # the block's end leaves the old handler in place
+    finally:
+        signal.signal(signum, before)

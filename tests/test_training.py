@@ -1,16 +1,17 @@
-"""The training recipe (§5): schedule, loss under DDP, resume, averaging, and the whole job on small data."""
+"""The training recipe (§5): schedule, loss under DDP, the time budget across a resume, averaging, and the whole job
+on small data. Kills, preemption, damaged checkpoints and exact resumes: test_faults.py."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import datasets
 import pytest
 import torch
+from conftest import train_command as _train_command
+from conftest import write_jsonl as _write_jsonl
 from safetensors.torch import load_file
 from transformers import TrainerState
 
@@ -109,84 +110,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _write_jsonl(path: Path, count: int = 240) -> Path:
-    words = "the a house cat dog small big red green runs sleeps eats sees quickly today".split()
-    german = "der die das Haus Katze Hund klein groß rot grün läuft schläft isst sieht schnell heute".split()
-    rows = []
-    for i in range(count):
-        idx = [(i * 7 + k * 3) % len(words) for k in range(3 + i % 5)]
-        en = " ".join(words[j] for j in idx).capitalize() + "."
-        de = " ".join(german[j] for j in idx).capitalize() + "."
-        rows.append(json.dumps({"translation": {"en": en, "de": de}}, ensure_ascii=False))
-    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    return path
-
-
-def _train_command(data: Path, output: Path, *extra: str) -> list[str]:
-    return [
-        PYTHON, str(ROOT / "scripts" / "train.py"), "--dataset", str(data), "--output_dir", str(output),
-        "--preset", "tiny", "--vocab_size", "300", "--max_tokens_per_batch", "256", "--warmup_steps", "4",
-        "--logging_steps", "1", "--save_steps", "2", "--save_total_limit", "10", "--report_to", "none",
-        "--dropout", "0.0", "--seed", "3", "--test_bleu", "false", "--disable_tqdm", "true", *extra,
-    ]  # fmt: skip
-
-
 def _history(output: Path) -> list[dict]:
     return json.loads((output / "trainer_state.json").read_text())["log_history"]
-
-
-def test_resume_continues_the_schedule_and_the_data_order(tmp_path):
-    data = _write_jsonl(tmp_path / "pairs.jsonl")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    # Runs past one epoch (about 8 batches of 256 tokens), so the resumed epoch must shuffle as the original did.
-    subprocess.run(_train_command(data, straight, "--max_steps", "12"), check=True, env=env, capture_output=True)
-    subprocess.run(_train_command(data, resumed, "--max_steps", "10"), check=True, env=env, capture_output=True)
-    result = subprocess.run(_train_command(data, resumed, "--max_steps", "12"), env=env, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "resuming from" in result.stderr and "checkpoint-10" in result.stderr
-    a, b = _history(straight), _history(resumed)
-    for step in (11, 12):
-        row_a = next(r for r in a if r.get("step") == step and "loss" in r)
-        row_b = next(r for r in b if r.get("step") == step and "loss" in r)
-        assert row_b["learning_rate"] == pytest.approx(row_a["learning_rate"])
-        assert row_b["target_tokens_per_step"] == row_a["target_tokens_per_step"]  # the same batch
-        assert row_b["loss"] == pytest.approx(row_a["loss"], rel=1e-4)
-    minutes = [r["train_minutes"] for r in b if "train_minutes" in r]
-    assert len(minutes) == 12 and minutes == sorted(minutes) and minutes[0] > 0  # the clock goes on after resume
-    wa, wb = (
-        load_file(straight / "checkpoint-12" / "model.safetensors"),
-        load_file(resumed / "checkpoint-12" / "model.safetensors"),
-    )
-    for key in wa:
-        torch.testing.assert_close(wa[key], wb[key], atol=1e-5, rtol=1e-4)
-
-
-def test_killed_run_resumes_from_its_last_complete_checkpoint(tmp_path):
-    data = _write_jsonl(tmp_path / "pairs.jsonl")
-    output = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(
-        _train_command(data, output, "--max_steps", "100000"), env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(list_checkpoints(output)) < 2:
-        time.sleep(0.2)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-    survivor = last_checkpoint(output)
-    assert survivor is not None
-    (output / "checkpoint-999999").mkdir()  # a checkpoint cut off while being written: no trainer_state.json
-    (output / "checkpoint-999999" / "model.safetensors").write_bytes(b"partial")
-    step = int(survivor.name.split("-")[1])
-    result = subprocess.run(
-        _train_command(data, output, "--max_steps", str(step + 2)), env=env, capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"resuming from {survivor}" in result.stderr
-    assert "ignoring" in result.stderr and "checkpoint-999999" in result.stderr
-    assert json.loads((output / "trainer_state.json").read_text())["global_step"] == step + 2
 
 
 def test_the_time_budget_counts_on_after_a_resume_and_a_spent_budget_trains_no_further(tmp_path):

@@ -1,12 +1,17 @@
-"""Trainer callbacks of the recipe: checkpoints on the clock and a time budget (§6.1), the token sampler's epoch,
-a progress bar in minutes of the budget, and the training curves as a picture."""
+"""Trainer callbacks of the recipe: checkpoints on the clock and a time budget (§6.1), a clean stop with a checkpoint
+on SIGINT/SIGTERM (preemption), the token sampler's epoch, a progress bar in minutes of the budget, and the training
+curves as a picture."""
 
 from __future__ import annotations
 
 import logging
 import math
 import os
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -67,6 +72,67 @@ class WallClockCallback(TrainerCallback, ExportableState):
 
     def on_save(self, args, state, control, **kwargs):
         self.last_save = time.monotonic()
+
+
+class PreemptionCallback(TrainerCallback):
+    """On SIGINT (Ctrl-C) or SIGTERM (a scheduler's preemption): finish the current step, save a checkpoint, stop.
+
+    The signal handler only records the signal (`signal_name`); the step that is running completes, and at its end
+    this callback asks the Trainer for a checkpoint and the end of training. Under DDP the ranks take the decision
+    together (any rank's signal stops all of them at the same step, so none waits in a collective for the others).
+    A second signal is not caught: Ctrl-C twice stops at once (KeyboardInterrupt), as does a second SIGTERM.
+    The handlers are installed only inside `catching_signals()`, around `trainer.train()`.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signal_name: str | None = None  # the signal that asked training to stop, once one did
+        self.signum: int | None = None
+        self.stopped_at_step: int | None = None
+        self._previous: dict[int, object] = {}
+
+    @contextmanager
+    def catching_signals(self) -> Iterator[PreemptionCallback]:
+        """SIGINT and SIGTERM stop training cleanly while the block runs; the previous handlers come back after.
+        Python delivers signals to the main thread only: elsewhere (a notebook's worker thread) nothing changes."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
+        try:
+            yield self
+        finally:
+            for signum, handler in self._previous.items():
+                signal.signal(signum, handler)
+            self._previous = {}
+
+    @property
+    def exit_code(self) -> int:
+        """The shell's status for a process ended by the signal, 128 + its number: 130 for SIGINT, 143 for SIGTERM.
+        Not 0: a scheduler must not take a preempted job for a finished one (a Kubernetes Job, for one, restarts a
+        pod that exits non-zero, and the same command then resumes)."""
+        return 128 + (self.signum or signal.SIGTERM)
+
+    def _handle(self, signum, frame):
+        self.signum, self.signal_name = signum, signal.Signals(signum).name
+        signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))  # the second one is not caught
+
+    def on_step_end(self, args, state, control, **kwargs):
+        stop = self.signal_name is not None
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            flag = torch.tensor([int(stop)], device=args.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            if flag.item() and not stop:
+                self.signal_name = "a signal to another process"
+            stop = bool(flag.item())
+        if stop and self.stopped_at_step is None:
+            self.stopped_at_step = state.global_step
+            logger.warning("%s: saving checkpoint-%d and stopping", self.signal_name, state.global_step)
+        if stop:
+            control.should_save = True
+            control.should_training_stop = True
+        return control
 
 
 def trained_seconds(state: TrainerState | None) -> float:
@@ -176,6 +242,7 @@ def plot_curves(history: list[dict], path: Path) -> Path | None:
 __all__ = [
     "BudgetProgressCallback",
     "CurvesCallback",
+    "PreemptionCallback",
     "SamplerEpochCallback",
     "WallClockCallback",
     "plot_curves",

@@ -1,5 +1,8 @@
 """Checkpoints: finding the last complete one, and averaging the last K (§6.1).
 
+A checkpoint counts as complete only when every file resuming reads was written whole (`incomplete_reason`): a run
+killed while it wrote one resumes from the one before it.
+
 The paper averages the last 5 checkpoints (written at 10-minute intervals) for the base model and the last 20
 for the big one. `average_checkpoints` writes the element-wise mean as a folder that loads with `from_pretrained`.
 """
@@ -9,9 +12,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 import tempfile
+import zipfile
 from pathlib import Path
 
 import torch
@@ -21,47 +26,147 @@ from safetensors.torch import save_file
 logger = logging.getLogger(__name__)
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-# Trainer's own resume state: pickles and bookkeeping that a published model folder must not carry.
-_TRAINING_STATE_FILES = ("optimizer.pt", "scheduler.pt", "trainer_state.json", "training_args.bin", "scaler.pt")
+# What an averaged folder never takes from a checkpoint: Trainer's bookkeeping, the old weights, and every pickle
+# (Trainer's optimizer.pt, scheduler.pt, rng_state.pth, training_args.bin; a pytorch_model.bin): its weights are the
+# safetensors written here, and loading it unpickles nothing.
+_NOT_PUBLISHED_NAMES = ("trainer_state.json", "model.safetensors.index.json")
+_NOT_PUBLISHED_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
 
 def _weight_files(folder: Path) -> list[Path]:
     return sorted(folder.glob("*.safetensors"))
 
 
-def is_complete(checkpoint: Path) -> bool:
-    """Trainer writes `trainer_state.json` last, after the weights, optimizer, scheduler and RNG state; a folder
-    without a readable one was cut off while it was being written."""
-    state = checkpoint / "trainer_state.json"
-    if not state.is_file() or not _weight_files(checkpoint):
-        return False
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written (a full disk, a file-size limit, a lost mount; the checkpoints written
+    before it are intact) or a resume refused one of its files; the message names the folder and the cause."""
+
+
+def _safetensors_problem(file: Path) -> str | None:
+    """What is wrong with a safetensors file, read from its header alone (no tensor is loaded): a file cut off while
+    it was written is shorter than the 8-byte header length, the JSON header and the data the header describes."""
+    size = file.stat().st_size
     try:
-        json.loads(state.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return False
-    return True
+        with file.open("rb") as f:
+            header_length = int.from_bytes(f.read(8), "little") if size >= 8 else -1
+            if not 0 < header_length <= size - 8:
+                return f"{file.name} is truncated ({size} bytes, no complete header)"
+            header = json.loads(f.read(header_length))
+        end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):  # JSON and Unicode errors: ValueErrors
+        return f"{file.name} has an unreadable header"
+    expected = 8 + header_length + end
+    if size < expected:
+        return f"{file.name} is truncated ({size} of {expected} bytes)"
+    if size > expected:
+        return f"{file.name} has {size - expected} bytes after the data its header describes"
+    return None
+
+
+# What `Trainer._save_checkpoint` writes besides the weights, in this order, `trainer_state.json` last: resuming
+# needs all of them (a torch zip archive each, but trainer_state.json). The RNG file is `rng_state_<rank>.pth`
+# under DDP.
+_RESUME_FILES = ("optimizer.pt", "scheduler.pt", "rng_state*.pth", "trainer_state.json")
+
+
+def incomplete_reason(checkpoint: str | os.PathLike, resumable: bool = True) -> str | None:
+    """Why `checkpoint` cannot be used, or None when it is complete.
+
+    Trainer writes a checkpoint file by file into its final folder: config and weights, `optimizer.pt`,
+    `scheduler.pt`, `rng_state.pth`, and `trainer_state.json` last, so a folder without a readable
+    `trainer_state.json` was cut off while it was written. That is not enough alone: a file can be cut short (a
+    full disk, a crash of the machine before the page cache reached the disk) while the later ones were written.
+    So every weights file's safetensors header must describe exactly the file's size, and every `.pt`/`.pth` must
+    end with its zip directory (torch.save writes it last); all of it without loading a tensor.
+
+    `resumable=False` asks only for what averaging and evaluation read: the weights and `trainer_state.json`.
+    """
+    checkpoint = Path(checkpoint)
+    weights = _weight_files(checkpoint)
+    if not weights:
+        return "no model.safetensors"
+    for pattern in _RESUME_FILES if resumable else ("trainer_state.json",):
+        if not any(checkpoint.glob(pattern)):
+            return f"no {pattern.replace('*', '')}"
+    try:
+        state = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return "trainer_state.json is not complete JSON"
+    if not isinstance(state, dict):
+        return "trainer_state.json is not a JSON object"
+    for file in weights:
+        problem = _safetensors_problem(file)
+        if problem:
+            return problem
+    index = checkpoint / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+            return f"{index.name} is not complete JSON"
+        missing = sorted(shard for shard in shards if not (checkpoint / shard).is_file())
+        if missing:
+            return f"no {missing[0]} (listed in {index.name})"
+    if resumable:
+        for file in sorted([*checkpoint.glob("*.pt"), *checkpoint.glob("*.pth")]):
+            if not zipfile.is_zipfile(file):
+                return f"{file.name} is truncated (no zip directory at its end)"
+    return None
+
+
+def unpickling_refused(checkpoint: str | os.PathLike, error: pickle.UnpicklingError) -> CheckpointError:
+    """The error for a resume that `torch.load(weights_only=True)` refused: a state file of `checkpoint` holds more
+    than tensors and plain values, and unpickling it could run code. Names the file (found by loading each state
+    file again, as safely: weights_only, with the numpy types Trainer's RNG state needs) and what it asked for."""
+    from transformers.trainer_pt_utils import safe_globals
+
+    checkpoint = Path(checkpoint)
+    culprit = "one of its state files"
+    for file in sorted([*checkpoint.glob("*.pt"), *checkpoint.glob("*.pth")]):
+        try:
+            with safe_globals():
+                torch.load(file, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            culprit = file.name
+            break
+        except Exception:  # another problem of another file, not the one refused
+            continue
+    found = re.search(r"WeightsUnpickler error: (.*?\.)(?:\s|$)", str(error))
+    cause = found.group(1) if found else " ".join(str(error).split())[:200]
+    return CheckpointError(
+        f"could not resume from {checkpoint}: {culprit} holds more than tensors, and unpickling it could run code "
+        f"(torch.load with weights_only=True refused it: {cause}); delete the folder, and the same command resumes "
+        "from the checkpoint before it"
+    )
+
+
+def is_complete(checkpoint: str | os.PathLike, resumable: bool = True) -> bool:
+    """Whether `checkpoint` was written whole (`incomplete_reason`): with `resumable`, everything resuming needs."""
+    return incomplete_reason(checkpoint, resumable) is None
 
 
 def list_checkpoints(
-    directory: str | os.PathLike, complete_only: bool = True, up_to_step: int | None = None
+    directory: str | os.PathLike, complete_only: bool = True, up_to_step: int | None = None, resumable: bool = True
 ) -> list[Path]:
-    """`checkpoint-N` folders in `directory`, oldest first (only N <= `up_to_step` when given); incomplete ones are
-    skipped with a warning."""
+    """`checkpoint-N` folders in `directory`, oldest first (only N <= `up_to_step` when given); incomplete ones
+    (`incomplete_reason`; with `resumable=False` only the weights and trainer_state.json count) are skipped with a
+    warning that says what is wrong."""
     found = []
     for path in Path(directory).iterdir() if Path(directory).is_dir() else []:
         match = _CHECKPOINT.match(path.name)
         if not (match and path.is_dir()) or (up_to_step is not None and int(match.group(1)) > up_to_step):
             continue
-        if complete_only and not is_complete(path):
-            logger.warning("ignoring %s: it was not completely written (no readable trainer_state.json)", path)
+        problem = incomplete_reason(path, resumable) if complete_only else None
+        if problem:
+            logger.warning("ignoring %s: it was not completely written (%s)", path, problem)
             continue
         found.append((int(match.group(1)), path))
     return [path for _, path in sorted(found)]
 
 
-def last_checkpoint(directory: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint in `directory`, or None."""
-    checkpoints = list_checkpoints(directory)
+def last_checkpoint(directory: str | os.PathLike, resumable: bool = True) -> Path | None:
+    """The newest complete checkpoint in `directory` (see `list_checkpoints`), or None."""
+    checkpoints = list_checkpoints(directory, resumable=resumable)
     return checkpoints[-1] if checkpoints else None
 
 
@@ -70,7 +175,7 @@ def log_history(run: str | os.PathLike) -> list[dict]:
     one, else its last complete checkpoint's (runs of `scripts/train.py` save their state with each checkpoint)."""
     state = Path(run) / "trainer_state.json"
     if not state.is_file():
-        checkpoint = last_checkpoint(run)
+        checkpoint = last_checkpoint(run, resumable=False)
         if checkpoint is None:
             raise FileNotFoundError(f"{run}: no trainer_state.json and no checkpoint-N folder with one")
         state = checkpoint / "trainer_state.json"
@@ -117,7 +222,7 @@ def average_checkpoints(
     """
     if last < 1:
         raise ValueError(f"last must be at least 1, got {last}")
-    checkpoints = list_checkpoints(checkpoint_dir, up_to_step=up_to_step)
+    checkpoints = list_checkpoints(checkpoint_dir, up_to_step=up_to_step, resumable=False)
     if not checkpoints:
         window = f" up to step {up_to_step}" if up_to_step is not None else ""
         raise FileNotFoundError(f"{checkpoint_dir}: no complete checkpoint-N folders{window}")
@@ -145,9 +250,8 @@ def average_checkpoints(
     try:
         newest = chosen[-1]
         for item in newest.iterdir():
-            if item.is_file() and item.suffix != ".safetensors" and not item.name.startswith("rng_state"):
-                if item.name not in _TRAINING_STATE_FILES and item.name != "model.safetensors.index.json":
-                    shutil.copy2(item, staging / item.name)
+            if item.is_file() and item.suffix not in _NOT_PUBLISHED_SUFFIXES and item.name not in _NOT_PUBLISHED_NAMES:
+                shutil.copy2(item, staging / item.name)
         metadata = {"format": "pt", "averaged_checkpoints": json.dumps([c.name for c in chosen])}
         save_file(averaged, str(staging / "model.safetensors"), metadata=metadata)
         if output.exists():
@@ -160,4 +264,14 @@ def average_checkpoints(
     return output
 
 
-__all__ = ["average_checkpoints", "is_complete", "last_checkpoint", "list_checkpoints", "log_history", "run_summary"]
+__all__ = [
+    "CheckpointError",
+    "average_checkpoints",
+    "incomplete_reason",
+    "is_complete",
+    "last_checkpoint",
+    "list_checkpoints",
+    "log_history",
+    "run_summary",
+    "unpickling_refused",
+]

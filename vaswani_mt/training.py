@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import shutil
 import sys
 import time
@@ -35,13 +36,29 @@ from transformers import (
     set_seed,
 )
 from transformers.trainer_callback import ProgressCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .arguments import DataArguments, ModelArguments, RecipeArguments, check_dataset_options
 from .batching import TokenBudgetBatchSampler, length_array
-from .callbacks import BudgetProgressCallback, CurvesCallback, SamplerEpochCallback, WallClockCallback, trained_seconds
-from .checkpoints import average_checkpoints, last_checkpoint, list_checkpoints
+from .callbacks import (
+    BudgetProgressCallback,
+    CurvesCallback,
+    PreemptionCallback,
+    SamplerEpochCallback,
+    WallClockCallback,
+    trained_seconds,
+)
+from .checkpoints import (
+    CheckpointError,
+    average_checkpoints,
+    incomplete_reason,
+    is_complete,
+    last_checkpoint,
+    list_checkpoints,
+    unpickling_refused,
+)
 from .configuration_vaswani import VaswaniConfig
-from .data import BUILTIN_CORPORA, BUILTIN_CORPUS, load_corpus, source_target
+from .data import BUILTIN_CORPORA, BUILTIN_CORPUS, load_corpus, remove_damaged_cache_files, source_target
 from .evaluation import COMPOUND_SPLIT_LABEL, bleu, evaluate_bleu
 from .hardware import (
     apply_float32_overrides,
@@ -182,6 +199,35 @@ class VaswaniTrainer(Seq2SeqTrainer):
             self._micro_batches, self._steps, self._window_start = 0, 0.0, None
         super().log(logs, start_time)
 
+    def _save_checkpoint(self, model, trial) -> None:
+        """Trainer's checkpoint, with two guarantees more.
+
+        - A folder of the same step from an earlier attempt (cut off by a kill, or a later checkpoint than the one
+          this run resumed from) is removed first: a checkpoint never mixes the files of two attempts.
+        - A failed write (a full disk, a file-size limit) removes the half-written folder and raises
+          `CheckpointError`, which names the folder and the cause. The checkpoints before it are intact: Trainer
+          deletes old ones (`--save_total_limit`) only after a new one is complete.
+
+        Trainer writes into the final folder, `trainer_state.json` last, and `checkpoints.incomplete_reason` tells a
+        cut-off folder from a complete one. A temporary folder renamed into place would not need that, but Trainer
+        refers to the folder by its final path while it writes it (best-model bookkeeping, Hub uploads of
+        checkpoints), so that would mean rewriting Trainer's method.
+        """
+        folder = Path(self._get_output_dir(trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        if self.args.should_save and folder.exists():
+            shutil.rmtree(folder)
+        self.accelerator.wait_for_everyone()  # under DDP every rank writes its RNG state there: after the removal
+        try:
+            super()._save_checkpoint(model, trial)
+        except Exception as error:
+            failure = _write_failure(folder, error)
+            if self.args.should_save and not is_complete(folder):
+                shutil.rmtree(folder, ignore_errors=True)
+            raise CheckpointError(
+                f"could not write checkpoint {folder}: {failure}; the checkpoints before it are intact, and the same "
+                "command resumes from the last of them"
+            ) from error
+
     def leave_process_group(self) -> None:
         """End this process's part in distributed training: wait for every rank, then close the process group.
 
@@ -198,6 +244,31 @@ class VaswaniTrainer(Seq2SeqTrainer):
         self.model_wrapped = self.model
         self.accelerator.free_memory()  # drops the DDP wrapper, optimizer and loaders accelerate holds; runs gc
         self.accelerator.end_training()  # destroy_process_group; gloo's threads are joined as the group goes
+
+
+def _write_failure(folder: Path, error: Exception) -> str:
+    """What stopped a checkpoint's write, in one line: the file it stopped in, the cause, the free space, and the
+    file-size limit (`ulimit -f`) when there is one. torch.save reports a failed write as an internal assertion of
+    its zip writer, which says nothing to a user: it becomes "torch.save could not write the whole file"."""
+    text = " ".join(str(error).split())
+    if isinstance(error, OSError) and error.strerror:
+        cause = error.strerror
+    elif "inline_container" in text or "PytorchStreamWriter" in text:
+        cause = "torch.save could not write the whole file"
+    else:
+        cause = text or type(error).__name__
+    written = sorted(folder.iterdir(), key=lambda p: p.stat().st_mtime_ns) if folder.is_dir() else []
+    where = f"{written[-1].name}: " if written else ""
+    facts = [f"{shutil.disk_usage(folder.parent).free / 2**30:.1f} GiB free on its disk"]
+    try:
+        import resource  # Unix only
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY:
+            facts.append(f"files limited to {limit} bytes (ulimit -f)")
+    except ImportError:
+        pass
+    return f"{where}{cause} ({', '.join(facts)})"
 
 
 def _paper_lambda(index: int, d_model: int, warmup: int) -> float:
@@ -243,7 +314,12 @@ def _side_texts(pairs, languages: tuple[str, ...], batch_size: int = 10_000):
 def tokenize_corpus(corpus, tokenizer, data_args: DataArguments):
     """Adds input_ids / labels (both ending in EOS) and their lengths with `datasets.map` (in
     `--preprocessing_num_workers` processes; cached next to a corpus read from disk, so a rerun reuses it); drops
-    over-long training pairs, with a count."""
+    over-long training pairs, with a count.
+
+    The cache is keyed by datasets' fingerprint of the corpus and of `encode` / `short_enough` with what they
+    capture (the tokenizer's vocabulary and settings, the languages, the maximum lengths), so a changed tokenizer,
+    corpus or limit never reads an old result; cache files that are not whole are removed first and recomputed
+    (`remove_damaged_cache_files`). The rows themselves were checked when the corpus was loaded."""
     src, tgt = data_args.source_lang, data_args.target_lang
     max_source, max_target = data_args.max_source_length, data_args.max_target_length
 
@@ -261,6 +337,7 @@ def tokenize_corpus(corpus, tokenizer, data_args: DataArguments):
     workers = data_args.preprocessing_num_workers
     out = {}
     for split, dataset in corpus.items():
+        remove_damaged_cache_files(dataset)
         dataset = dataset.map(encode, batched=True, remove_columns=dataset.column_names, num_proc=workers,
                               desc=f"tokenizing {split}")  # fmt: skip
         if split == "train":
@@ -309,13 +386,19 @@ def _bleu_metric(tokenizer):
 
 
 def _resume_point(training_args: Seq2SeqTrainingArguments, output_dir: Path) -> str | None:
-    """The checkpoint to resume from: the one given, or (by default, or `last`/`auto`/`true`) the last complete one."""
+    """The checkpoint to resume from: the one given, or (by default, or `last`/`auto`/`true`) the last complete one
+    (`checkpoints.incomplete_reason`; under `--save_only_model` the weights and trainer_state.json suffice, as
+    such a run saves nothing else). A given one that is not complete raises `CheckpointError`, with the reason."""
     resume = training_args.resume_from_checkpoint
+    resumable = not training_args.save_only_model
     if resume in (None, "", "last", "auto", "True", "true"):
-        found = last_checkpoint(output_dir)
+        found = last_checkpoint(output_dir, resumable=resumable)
         if found is None and resume not in (None, ""):
             logger.warning("no complete checkpoint in %s to resume from; starting fresh", output_dir)
-        resume = str(found) if found is not None else None
+        return str(found) if found is not None else None
+    problem = incomplete_reason(resume, resumable) if Path(resume).is_dir() else "no such folder"
+    if problem:
+        raise CheckpointError(f"--resume_from_checkpoint {resume}: not a complete checkpoint ({problem})")
     return resume
 
 
@@ -336,6 +419,12 @@ def run_training(
 ) -> dict:
     """The main job. Returns the test results (BLEU, signature, translations) and where the model went.
 
+    Stopped by SIGINT or SIGTERM (`PreemptionCallback`), it saves a checkpoint at the end of the step and returns
+    `preempted` (the signal, the step, the checkpoint and the exit status for the command line) instead: no
+    averaging, scoring, results.json or model folder, which the run that finishes the job writes. A checkpoint
+    that cannot be written raises `CheckpointError`, as does one whose state files hold more than tensors and plain
+    values (Trainer loads them with `torch.load(weights_only=True)`, which refuses to unpickle anything else).
+
     `model_factory(model_args, tokenizer)` replaces the vaswani_mt model by another seq2seq model trained and
     scored by exactly the same pipeline (the benchmarks use it for MarianMTModel); such a model keeps its own
     loss, label-smoothed by the Trainer when `--label_smoothing_factor` is set.
@@ -349,6 +438,7 @@ def run_training(
     resolve_attention(model_args, training_args)
     configure_process(recipe)
     clock = WallClockCallback(recipe.checkpoint_minutes, recipe.time_budget_minutes)
+    preemption = PreemptionCallback()
     set_seed(training_args.seed)  # before the model is built: its initial weights come from this seed
     output_dir = Path(training_args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -398,7 +488,7 @@ def run_training(
         max_tokens_per_batch=data_args.max_tokens_per_batch,
         lr_schedule=recipe.lr_schedule,
         lr_scale=recipe.lr_scale,
-        callbacks=[clock, CurvesCallback()],
+        callbacks=[clock, preemption, CurvesCallback()],
     )
     _budget_progress_bar(trainer, clock)
 
@@ -417,12 +507,32 @@ def run_training(
     else:
         if resume:
             logger.info("resuming from %s (%.1f minutes trained)", resume, spent / 60)
-        train_metrics = trainer.train(resume_from_checkpoint=resume).metrics
+        # SIGINT/SIGTERM from here on end the step, save a checkpoint and stop (PreemptionCallback)
+        with preemption.catching_signals():
+            try:
+                train_metrics = trainer.train(resume_from_checkpoint=resume).metrics
+            except pickle.UnpicklingError as error:  # Trainer loads every state file with weights_only=True
+                if not resume:
+                    raise
+                raise unpickling_refused(resume, error) from error
     trainer.save_state()
     trainer.leave_process_group()  # from here on rank 0 works alone, and the other ranks exit cleanly
     train_seconds = time.monotonic() - started
 
     result: dict = {"train": train_metrics, "output_dir": str(output_dir)}
+    if preemption.signal_name:
+        # Not the end of the job: averaging, scoring and the model folder wait for the run that finishes it.
+        saved = last_checkpoint(output_dir)
+        step = trainer.state.global_step
+        result["preempted"] = {
+            "signal": preemption.signal_name,
+            "step": step,
+            "checkpoint": str(saved) if saved else None,
+            "exit_code": preemption.exit_code,
+        }
+        logger.warning("stopped by %s at step %d (%s saved): not averaging, scoring or writing the model folder; "
+                       "the same command resumes from there", preemption.signal_name, step, saved)  # fmt: skip
+        return result
     if not trainer.is_world_process_zero():
         return result
 
@@ -453,7 +563,7 @@ def run_training(
 def _finalize_model(trainer: VaswaniTrainer, recipe: RecipeArguments, output_dir: Path):
     """The weights to publish: the mean of the last K checkpoints (§6.1) when there are several, else the final."""
     model = trainer.model
-    checkpoints = list_checkpoints(output_dir)
+    checkpoints = list_checkpoints(output_dir, resumable=False)  # what average_checkpoints reads
     if recipe.average_last > 1 and len(checkpoints) > 1:
         averaged_dir = output_dir / "averaged"
         average_checkpoints(output_dir, recipe.average_last, averaged_dir)

@@ -1,0 +1,346 @@
+"""Faults during training (issue 26): SIGKILL at a random step, a checkpoint cut off while it was written, SIGTERM
+and SIGINT (preemption), a full disk, and a planted pickle. Every interrupted run, started again with the same
+command, ends with the very weights of an uninterrupted run (same seed, CPU, dropout on so that the RNG state
+matters), and its learning rate, steps and trained minutes go on where they stopped.
+
+The kill steps come from a seeded RNG (`VASWANI_FAULT_SEED`, default 26) and are printed (`pytest -s`)."""
+
+import json
+import os
+import pickle
+import random
+import re
+import shutil
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import train_command, write_jsonl
+from safetensors.torch import load_file
+from transformers import TrainerState
+
+from vaswani_mt import VaswaniForConditionalGeneration
+from vaswani_mt.arguments import parse_args
+from vaswani_mt.callbacks import trained_seconds
+from vaswani_mt.checkpoints import (
+    CheckpointError,
+    incomplete_reason,
+    is_complete,
+    last_checkpoint,
+    list_checkpoints,
+    unpickling_refused,
+)
+from vaswani_mt.training import VaswaniTrainer, _resume_point
+
+STEPS = 10  # about 6 steps an epoch: the runs cross an epoch boundary, where the sampler reshuffles
+SEED = int(os.environ.get("VASWANI_FAULT_SEED", "26"))
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}  # unbuffered: the test reads the log live
+
+# Records each torch.load of the run it is imported into (the file and its weights_only argument).
+_RECORDER = """
+import json, os, torch
+_load = torch.load
+def _recording_load(f, *args, **kwargs):
+    with open(os.environ["TORCH_LOAD_RECORD"], "a") as log:
+        log.write(json.dumps({"file": os.path.basename(str(f)), "weights_only": kwargs.get("weights_only")}) + "\\n")
+    return _load(f, *args, **kwargs)
+torch.load = _recording_load
+"""
+
+
+class _OpensAFile:
+    """A pickle that runs code when it is loaded: unpickling calls open(path, "w")."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (str(self.path), "w"))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_jsonl(tmp_path_factory.mktemp("corpus") / "pairs.jsonl")
+
+
+def _command(corpus: Path, output: Path) -> list[str]:
+    return train_command(corpus, output, "--max_steps", str(STEPS), "--dropout", "0.1")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, corpus) -> Path:
+    """The uninterrupted run."""
+    output = tmp_path_factory.mktemp("reference") / "run"
+    result = subprocess.run(_command(corpus, output), env=ENV, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((output / "config.json").read_text())["dropout"] == 0.1
+    return output
+
+
+def _interrupt(command: list[str], lines: int, signum: int, log: Path, env: dict = ENV) -> int:
+    """Runs `command`, sends it `signum` once it has logged `lines` steps (one log row a step), lets it end, and
+    returns its exit status; its stderr goes to `log`. The signal lands in the next step or in the checkpoint
+    write that follows the row."""
+    assert lines >= 1
+    with log.open("w") as stderr:
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                   start_new_session=True)  # fmt: skip
+        watchdog = threading.Timer(600, process.kill)
+        watchdog.start()
+        try:
+            logged = 0
+            for line in process.stdout:
+                logged += "'loss'" in line
+                if logged == lines:
+                    os.killpg(process.pid, signum) if signum == signal.SIGKILL else process.send_signal(signum)
+                    break
+            for _ in process.stdout:  # drain, so that a process stopping cleanly never blocks on a full pipe
+                pass
+            code = process.wait()
+        finally:
+            watchdog.cancel()
+    assert logged == lines, f"the run ended after {logged} steps, before the signal"
+    return code
+
+
+def _step(checkpoint: Path | None) -> int:
+    return int(checkpoint.name.split("-")[1]) if checkpoint else 0
+
+
+def _history(output: Path) -> dict[int, dict]:
+    rows = json.loads((output / "trainer_state.json").read_text())["log_history"]
+    return {row["step"]: row for row in rows if "loss" in row}
+
+
+def _assert_same_training(run: Path, reference: Path) -> None:
+    """Bit for bit the same weights at every checkpoint the two runs share, and the same loss and learning rate at
+    every step; the trained minutes and seconds only grow across the resumes."""
+    shared = sorted({c.name for c in list_checkpoints(reference)} & {c.name for c in list_checkpoints(run)})
+    assert f"checkpoint-{STEPS}" in shared
+    for name in shared:
+        ours, theirs = load_file(run / name / "model.safetensors"), load_file(reference / name / "model.safetensors")
+        assert ours.keys() == theirs.keys()
+        for key in theirs:
+            assert torch.equal(ours[key], theirs[key]), f"{name}: {key} differs from the uninterrupted run's"
+    ours, theirs = _history(run), _history(reference)
+    assert sorted(ours) == sorted(theirs) == list(range(1, STEPS + 1))
+    for step, row in theirs.items():
+        assert (ours[step]["loss"], ours[step]["learning_rate"]) == (row["loss"], row["learning_rate"]), step
+    minutes = [ours[step]["train_minutes"] for step in sorted(ours)]
+    assert minutes == sorted(minutes) and minutes[0] > 0
+    seconds = [trained_seconds(TrainerState.load_from_json(str(c / "trainer_state.json"))) for c in
+               list_checkpoints(run)]  # fmt: skip
+    assert seconds == sorted(seconds) and seconds[0] > 0
+
+
+def test_sigkill_sigint_and_a_cut_off_checkpoint_resume_to_the_uninterrupted_weights(reference, corpus, tmp_path):
+    rng = random.Random(SEED)
+    kill = rng.randint(1, STEPS - 4)
+    interrupt = rng.randint(max(kill + 1, 5), STEPS - 1)  # after step 5, checkpoint-4 is whole: one to fall back on
+    print(f"\nVASWANI_FAULT_SEED={SEED}: SIGKILL after step {kill}, SIGINT after step {interrupt}")
+    output = tmp_path / "run"
+    command = _command(corpus, output)
+
+    # SIGKILL: nothing is saved; the newest complete checkpoint is where the same command resumes.
+    assert _interrupt(command, kill, signal.SIGKILL, tmp_path / "kill.log") == -signal.SIGKILL
+    survivor = last_checkpoint(output)
+
+    # SIGINT (Ctrl-C): the step ends, a checkpoint is saved, the exit status is 128 + 2.
+    assert _interrupt(command, interrupt - _step(survivor), signal.SIGINT, tmp_path / "int.log") == 130
+    log = (tmp_path / "int.log").read_text()
+    assert (f"resuming from {survivor} " in log) if survivor else ("resuming from" not in log)
+    stopped = _stopped(tmp_path / "int.log", "SIGINT", output)
+    assert stopped >= interrupt and not (output / "results.json").exists()  # not finished: nothing published
+
+    # A kill in the middle of that checkpoint's write: its weights file cut short.
+    newest = last_checkpoint(output)
+    assert _step(newest) == stopped
+    weights = newest / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    assert "model.safetensors is truncated" in incomplete_reason(newest)
+    fallback = last_checkpoint(output)
+    assert _step(fallback) < stopped
+
+    recorder = tmp_path / "recorder"
+    recorder.mkdir()
+    (recorder / "sitecustomize.py").write_text(_RECORDER)
+    record = tmp_path / "torch_load.jsonl"
+    env = {**ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(recorder), ENV.get("PYTHONPATH")])),
+           "TORCH_LOAD_RECORD": str(record)}  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"ignoring {newest}: it was not completely written (model.safetensors is truncated" in result.stderr
+    assert f"resuming from {fallback} " in result.stderr
+    _assert_same_training(output, reference)
+
+    # No pickle on resume: Trainer read the optimizer, scheduler and RNG state with weights_only=True.
+    loads = [json.loads(line) for line in record.read_text().splitlines()]
+    assert {"optimizer.pt", "scheduler.pt", "rng_state.pth"} <= {load["file"] for load in loads}
+    assert all(load["weights_only"] is True for load in loads), loads
+
+
+def test_sigterm_and_a_full_disk_stop_cleanly_and_the_same_command_finishes_the_run(reference, corpus, tmp_path):
+    output = tmp_path / "run"
+    command = _command(corpus, output)
+
+    # SIGTERM (a scheduler's preemption): the step ends, a checkpoint is saved, the exit status is 128 + 15.
+    term = random.Random(SEED + 1).randint(1, 3)
+    print(f"\nVASWANI_FAULT_SEED={SEED}: SIGTERM after step {term}")
+    assert _interrupt(command, term, signal.SIGTERM, tmp_path / "term.log") == 143
+    stopped = _stopped(tmp_path / "term.log", "SIGTERM", output)
+    assert stopped >= term
+
+    # A full disk: a file-size limit between the weights' size and the optimizer state's, so the next checkpoint
+    # writes its weights and fails on optimizer.pt.
+    sizes = [(reference / "checkpoint-2" / name).stat().st_size for name in ("model.safetensors", "optimizer.pt")]
+    limit = sum(sizes) // 2
+    full = subprocess.run(command, env=ENV, capture_output=True, text=True, preexec_fn=lambda: _limit_files(limit))
+    failed = stopped + 2 - stopped % 2  # the next multiple of --save_steps 2
+    assert full.returncode == 1, full.stderr[-3000:]
+    errors = [line for line in full.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in full.stderr, full.stderr[-3000:]
+    folder = output / f"checkpoint-{failed}"
+    assert errors[0].startswith(f"error: could not write checkpoint {folder}: optimizer.pt: torch.save could not ")
+    assert f"files limited to {limit} bytes" in errors[0] and "the checkpoints before it are intact" in errors[0]
+    assert not folder.exists()  # the half-written folder is gone
+    kept = sorted(path.name for path in output.glob("checkpoint-*"))
+    assert kept == [c.name for c in list_checkpoints(output)] and _step(last_checkpoint(output)) == stopped
+
+    result = subprocess.run(command, env=ENV, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"resuming from {output / f'checkpoint-{stopped}'} " in result.stderr
+    _assert_same_training(output, reference)
+
+
+def _stopped(log: Path, name: str, output: Path) -> int:
+    """The step a preempted run stopped at, from its last words; its checkpoint there is complete."""
+    text = log.read_text()
+    assert "Traceback" not in text, text[-3000:]
+    found = re.search(rf"stopped by {name} at step (\d+); (\S+) saved: run the same command to resume$", text, re.M)
+    assert found, text[-3000:]
+    step = int(found.group(1))
+    assert found.group(2) == str(output / f"checkpoint-{step}") and is_complete(found.group(2))
+    assert json.loads((output / f"checkpoint-{step}" / "trainer_state.json").read_text())["global_step"] == step
+    return step
+
+
+def _limit_files(size: int) -> None:
+    """In the child: no file grows past `size` bytes (RLIMIT_FSIZE), and a write past it fails with EFBIG instead
+    of killing the process (SIGXFSZ ignored), as on a full disk."""
+    import resource
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
+
+def test_a_resume_refuses_a_pickle_that_would_run_code(reference, tmp_path):
+    """Trainer's own loaders, as a resume calls them, on a checkpoint whose state files would run code."""
+    checkpoint, marker = tmp_path / "checkpoint-2", tmp_path / "code-ran"
+    shutil.copytree(reference / "checkpoint-2", checkpoint)
+    model = VaswaniForConditionalGeneration.from_pretrained(checkpoint)
+    trainer = VaswaniTrainer(model=model, args=parse_args(["--output_dir", str(tmp_path), "--report_to", "none"])[3])
+    trainer.create_optimizer_and_scheduler(num_training_steps=STEPS)
+    trainer._load_optimizer_and_scheduler(str(checkpoint))  # the genuine files load
+    rng_states = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    trainer._load_rng_state(str(checkpoint))  # sets them all: put back below, for the tests that come after
+    for planted in ("rng_state.pth", "optimizer.pt"):
+        torch.save({"python": _OpensAFile(marker)}, checkpoint / planted)
+        assert incomplete_reason(checkpoint) is None  # a whole file: only weights_only stands in its way
+        with pytest.raises(pickle.UnpicklingError) as refused:
+            trainer._load_rng_state(str(checkpoint))
+            trainer._load_optimizer_and_scheduler(str(checkpoint))
+        assert not marker.exists()
+        message = str(unpickling_refused(checkpoint, refused.value))
+        assert message.startswith(f"could not resume from {checkpoint}: {planted} holds more than tensors")
+        assert "GLOBAL io.open" in message and "\n" not in message
+        shutil.copy2(reference / "checkpoint-2" / planted, checkpoint / planted)
+    random.setstate(rng_states[0])
+    np.random.set_state(rng_states[1])
+    torch.random.set_rng_state(rng_states[2])
+
+
+def _cut(file: str, keep: int | None = None):
+    def damage(checkpoint: Path):
+        path = checkpoint / file
+        path.write_bytes(path.read_bytes()[: keep if keep is not None else path.stat().st_size // 2])
+
+    return damage
+
+
+def _scramble_header(checkpoint: Path):
+    path = checkpoint / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[:8] + b"\xff" * 8 + data[16:])
+
+
+def _remove(file: str):
+    return lambda checkpoint: (checkpoint / file).unlink()
+
+
+def _write(file: str, text: str):
+    return lambda checkpoint: (checkpoint / file).write_text(text)
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (_cut("model.safetensors"), r"model.safetensors is truncated \(\d+ of \d+ bytes\)"),
+        (_cut("model.safetensors", keep=4), r"model.safetensors is truncated \(4 bytes, no complete header\)"),
+        (_cut("model.safetensors", keep=500), r"model.safetensors is truncated \(500 bytes, no complete header\)"),
+        (_scramble_header, r"model.safetensors has an unreadable header"),
+        (_remove("model.safetensors"), r"no model.safetensors"),
+        (_remove("optimizer.pt"), r"no optimizer.pt"),
+        (_remove("scheduler.pt"), r"no scheduler.pt"),
+        (_remove("rng_state.pth"), r"no rng_state.pth"),
+        (_cut("optimizer.pt"), r"optimizer.pt is truncated \(no zip directory at its end\)"),
+        (_cut("rng_state.pth"), r"rng_state.pth is truncated \(no zip directory at its end\)"),
+        (_remove("trainer_state.json"), r"no trainer_state.json"),
+        (_cut("trainer_state.json"), r"trainer_state.json is not complete JSON"),
+        (_write("trainer_state.json", "[]"), r"trainer_state.json is not a JSON object"),
+    ],
+)
+def test_a_checkpoint_cut_off_while_it_was_written_is_never_complete(reference, tmp_path, damage, reason):
+    checkpoint = tmp_path / "checkpoint-2"
+    shutil.copytree(reference / "checkpoint-2", checkpoint)
+    assert incomplete_reason(checkpoint) is None
+    damage(checkpoint)
+    assert re.fullmatch(reason, incomplete_reason(checkpoint) or "")
+    assert not is_complete(checkpoint) and last_checkpoint(tmp_path) is None
+
+
+def test_averaging_needs_only_the_weights_and_trainer_state(reference, tmp_path):
+    checkpoint = tmp_path / "checkpoint-2"
+    shutil.copytree(reference / "checkpoint-2", checkpoint)
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        (checkpoint / name).unlink()
+    assert incomplete_reason(checkpoint) == "no optimizer.pt"
+    assert incomplete_reason(checkpoint, resumable=False) is None
+    with (checkpoint / "model.safetensors").open("ab") as weights:
+        weights.write(b"\0" * 3)
+    assert (
+        incomplete_reason(checkpoint, resumable=False)
+        == "model.safetensors has 3 bytes after the data its header describes"
+    )
+
+
+def test_a_checkpoint_given_to_resume_from_must_be_complete(reference, corpus, tmp_path):
+    checkpoint = tmp_path / "checkpoint-2"
+    shutil.copytree(reference / "checkpoint-2", checkpoint)
+    (checkpoint / "rng_state.pth").unlink()
+
+    def resume_point(*extra: str):
+        args = parse_args([*_command(corpus, tmp_path)[2:], "--resume_from_checkpoint", str(checkpoint), *extra])
+        return _resume_point(args[3], tmp_path)
+
+    with pytest.raises(
+        CheckpointError, match=rf"{re.escape(str(checkpoint))}: not a complete checkpoint \(no rng_state.pth\)"
+    ):
+        resume_point()
+    assert resume_point("--save_only_model", "true") == str(checkpoint)  # such a run saves only the weights
+    checkpoint = tmp_path / "nowhere"
+    with pytest.raises(CheckpointError, match="nowhere: not a complete checkpoint \\(no such folder\\)"):
+        resume_point()
