@@ -9,6 +9,10 @@
 Every Seq2SeqTrainingArguments flag works, plus --preset, --dataset, --source_lang, --target_lang,
 --max_tokens_per_batch, --vocab_size, --tokenizer, ... (`--help` lists them). The options are in vaswani_mt.arguments,
 the job in vaswani_mt.training.
+
+Started again with the same command, a run resumes from its last complete checkpoint. SIGINT (Ctrl-C) or SIGTERM
+(preemption) ends the current step, saves a checkpoint and exits with status 128 + the signal's number (130, 143),
+not 0: the job is not finished, and the same command resumes it. A second signal stops at once.
 """
 
 import logging
@@ -16,6 +20,8 @@ import shlex
 import sys
 
 from vaswani_mt.arguments import check_dataset_options, parse_args
+from vaswani_mt.checkpoints import CheckpointError
+from vaswani_mt.data import DataError
 from vaswani_mt.training import print_summary, run_training
 
 
@@ -27,7 +33,15 @@ def main() -> None:
     except ValueError as error:  # a bad option or config file: one line that names it, no traceback
         sys.exit(f"error: {error}")
     command = "python " + shlex.join(["scripts/train.py", *sys.argv[1:]])
-    result = run_training(model_args, data_args, recipe, training_args, command=command)
+    try:
+        result = run_training(model_args, data_args, recipe, training_args, command=command)
+    except (CheckpointError, DataError) as error:  # bad data (file:line), a full disk, a bad checkpoint: one line
+        sys.exit(f"error: {error}")
+    if "preempted" in result:
+        stop = result["preempted"]
+        print(f"stopped by {stop['signal']} at step {stop['step']}; {stop['checkpoint']} saved: run the same command "
+              "to resume", file=sys.stderr)  # fmt: skip
+        sys.exit(stop["exit_code"])
     if "test" in result or "examples" in result:
         print_summary(result)
 

@@ -1,10 +1,16 @@
 """Corpora: the built-in Ding extraction, every local format, Hub datasets, and each bad-data error."""
 
+import gc
 import json
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import datasets
 import pytest
 
+from vaswani_mt import data
 from vaswani_mt.data import (
     DataError,
     _cached_extraction,
@@ -12,8 +18,11 @@ from vaswani_mt.data import (
     extract_ding_phrases,
     load_corpus,
     load_ding,
+    remove_damaged_cache_files,
     split_by_group,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 DING_SAMPLE = """# Version :: devel
 Haus {n} | Das Haus ist klein. | Das Haus ist groß.; Das Haus ist riesig. :: \
@@ -154,7 +163,7 @@ def test_hub_dataset_code_path_with_a_locally_built_dataset(tmp_path):
         ("bad.jsonl", '{"translation": {"en": "Hi.", "de": "Hallo."}}\n{oops\n', r"bad.jsonl:2: not valid JSON"),
         ("bad.jsonl", '{"en": "Hi.", "de": "Hallo."}\n', r"bad.jsonl:1: expected"),
         ("bad.tsv", "en\tfr\nHi.\tSalut.\n", r"bad.tsv:1: the header .* does not name language 'de'"),
-        ("bad.tsv", "en\tde\nHi.\tHallo.\nonly one field\n", r"bad.tsv:3: 1 fields, the header has 2"),
+        ("bad.tsv", "en\tde\nHi.\tHallo.\nonly one field\n", r"bad.tsv:3: 1 tab-separated fields, the header has 2"),
         ("bad.tsv", "en\tde\nHi.\t\n", r"bad.tsv:2: the 'de' side is empty"),
     ],
 )  # fmt: skip
@@ -191,3 +200,80 @@ def test_unknown_file_format_is_refused(tmp_path):
     path.write_text("en,de\n")
     with pytest.raises(DataError, match="unknown format"):
         load_corpus(str(path))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The on-disk caches
+
+
+def test_ding_extraction_cache_is_redone_when_cut_short_unvouched_or_stale(tmp_path, monkeypatch):
+    dictionary = tmp_path / "de-en"
+    dictionary.write_text(DING_SAMPLE, encoding="utf-8")
+    monkeypatch.setenv("VASWANI_MT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(data, "_fetch_ding_dictionary", lambda directory: dictionary)
+    calls = []
+
+    def counting(lines):
+        calls.append(1)
+        return extract_ding_pairs(lines)
+
+    expected = [{"entry": line, "de": de, "en": en} for line, de, en in extract_ding_pairs(DING_SAMPLE.splitlines())]
+    rows, done = tmp_path / "cache" / "ding" / "t.jsonl", tmp_path / "cache" / "ding" / "t.done.json"
+    assert _cached_extraction("t", counting) == expected and len(calls) == 1
+    assert _cached_extraction("t", counting) == expected and len(calls) == 1  # served from the cache
+    assert sorted(p.name for p in rows.parent.iterdir()) == ["t.done.json", "t.jsonl"]  # no temporary file left
+    whole = rows.read_bytes()
+    rows.write_bytes(whole[: len(whole) // 2])  # cut short (a copy, a full disk): its SHA-256 no longer matches
+    assert _cached_extraction("t", counting) == expected and len(calls) == 2
+    done.unlink()  # killed between the rows and their record: the rows are not taken as complete
+    assert _cached_extraction("t", counting) == expected and len(calls) == 3
+    monkeypatch.setattr(data, "_EXTRACTION_VERSION", data._EXTRACTION_VERSION + 1)  # the extraction changed
+    assert _cached_extraction("t", counting) == expected and len(calls) == 4
+    with open(dictionary, "a", encoding="utf-8") as f:  # a newer dictionary: stale rows
+        f.write("Maus {f} | Die Maus ist sehr klein. :: mouse | The mouse is very small.\n")
+    assert _cached_extraction("t", counting)[-1]["en"] == "The mouse is very small." and len(calls) == 5
+    assert _cached_extraction("t", counting)[-1]["en"] == "The mouse is very small." and len(calls) == 5
+
+
+def test_a_damaged_map_cache_file_is_removed_and_computed_again(tmp_path):
+    datasets.Dataset.from_dict({"text": [f"row {i}" for i in range(500)]}).save_to_disk(tmp_path / "saved")
+    dataset = datasets.load_from_disk(tmp_path / "saved")
+
+    def length(batch):
+        return {"length": [len(t) for t in batch["text"]]}
+
+    expected = list(dataset.map(length, batched=True)["length"])
+    gc.collect()  # nothing maps the cache file any more: cutting a mapped file short would crash this process
+    caches = sorted((tmp_path / "saved").glob("cache-*.arrow"))
+    assert len(caches) == 1 and remove_damaged_cache_files(dataset) == []  # a whole file stays
+    whole = caches[0].read_bytes()
+    for cut in (len(whole) // 2, len(whole) - 8):  # mid-batch; only the end-of-stream marker missing
+        caches[0].write_bytes(whole[:cut])
+        assert remove_damaged_cache_files(dataset) == caches and not caches[0].exists()
+        assert list(dataset.map(length, batched=True)["length"]) == expected
+        gc.collect()
+        assert caches[0].read_bytes() == whole  # computed again, in full
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The command line
+
+
+@pytest.mark.parametrize(
+    ("files", "corpus", "message"),
+    [
+        ({"bad.jsonl": '{"translation": {"en": "Hi.", "de": "Hallo."}}\n{"translation": {"en": "Yes."}}\n'},
+         "bad.jsonl", r"bad.jsonl:2: language 'de' missing"),
+        ({"c.en": "One.\nTwo.\n", "c.de": "Eins.\n"}, "c", r"c.en has 2 lines but .*c.de has 1"),
+    ],
+)  # fmt: skip
+def test_train_script_prints_one_error_line_for_bad_data(tmp_path, files, corpus, message):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    command = [sys.executable, str(ROOT / "scripts" / "train.py"), "--dataset", str(tmp_path / corpus),
+               "--output_dir", str(tmp_path / "out"), "--preset", "tiny", "--report_to", "none"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and re.match(f"error: {tmp_path}/{message}", errors[0]), result.stderr[-3000:]

@@ -20,6 +20,7 @@ Bad data raises `DataError` naming the file, the line and the problem; nothing i
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -27,11 +28,25 @@ import re
 import shutil
 import subprocess
 import tempfile
+import uuid
 from collections.abc import Iterable, Sequence
 from functools import partial
 from pathlib import Path
 
 import datasets
+
+from .readers import (  # re-exported: the readers are part of this module's API
+    DataError,
+    _check_json_lines_files,
+    _check_rows_are_objects,
+    _local_pairs,
+    _one_line,
+    check_translations,
+    read_jsonl,
+    read_parallel_text,
+    read_tsv,
+    remove_damaged_cache_files,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +61,6 @@ DING_PATH_IN_PACKAGE = "usr/share/trans/de-en"
 SPLITS = ("train", "validation", "test")
 # Fractions of dictionary entries (not pairs) held out; about 340 dev and 620 test pairs out of ~19,200.
 HELD_OUT = {"validation": 0.018, "test": 0.032}
-
-
-class DataError(ValueError):
-    """Bad input data; the message names the file, the line and the problem."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -187,21 +198,69 @@ def _fetch_ding_dictionary(directory: Path) -> Path:
     return target
 
 
+# Bump when extract_ding_pairs / extract_ding_phrases change what they keep: every cached extraction is then redone.
+_EXTRACTION_VERSION = 1
+
+
 def _cached_extraction(name: str, extract) -> list[dict]:
-    """Rows `{"entry", "de", "en"}` of `extract(dictionary lines)`, cached as `<cache>/ding/<name>.jsonl`."""
+    """Rows `{"entry", "de", "en"}` of `extract(dictionary lines)`, cached as `<cache>/ding/<name>.jsonl`.
+
+    Each file is written under a name of its own, flushed to disk and moved into place (`os.replace`): no reader
+    sees it half-written, and several processes (DDP ranks) may write it at once. Beside it, `<name>.done.json`,
+    written the same way once the rows are in place, records their count and SHA-256 and what they were made from
+    (the dictionary's size and time, `_EXTRACTION_VERSION`, `extract` and its options): rows without that record,
+    cut short, damaged, or made from another dictionary or extraction are extracted again.
+    """
     directory = cache_dir() / "ding"
-    path = directory / f"{name}.jsonl"
+    path, done = directory / f"{name}.jsonl", directory / f"{name}.done.json"
+    dictionary = _fetch_ding_dictionary(directory)
+    stat = dictionary.stat()
+    function = getattr(extract, "func", extract)  # a functools.partial's function, with its keywords
+    options = {k: p.default for k, p in inspect.signature(function).parameters.items() if p.default is not p.empty}
+    options = {"function": function.__name__, **options, **getattr(extract, "keywords", {})}
+    made_from = {"dictionary": [stat.st_size, stat.st_mtime_ns], "version": _EXTRACTION_VERSION, "options": options}
+    made_from = json.loads(json.dumps(made_from))  # as it reads back from the file
+    rows = _read_extraction(path, done, made_from)
+    if rows is not None:
+        return rows
+    with open(dictionary, encoding="utf-8") as f:
+        extracted = extract(f)
+    rows = [{"entry": entry, "de": de, "en": en} for entry, de, en in extracted]
+    data = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
+    record = {"rows": len(rows), "sha256": hashlib.sha256(data).hexdigest(), "made_from": made_from}
+    directory.mkdir(parents=True, exist_ok=True)  # not made by _fetch_ding_dictionary when the package is installed
+    _write_atomically(path, data)
+    _write_atomically(done, json.dumps(record).encode())  # last: the rows before it are complete
+    logger.info("extracted %d %s from %s into %s", len(rows), name, dictionary, path)
+    return rows
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")  # this writer's own
+    with open(tmp, "xb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _read_extraction(path: Path, done: Path, made_from: dict) -> list[dict] | None:
+    """The rows of `path` when `done` vouches for them and they were made from `made_from`, else None (and a log
+    line saying why)."""
     if not path.is_file():
-        dictionary = _fetch_ding_dictionary(directory)
-        with open(dictionary, encoding="utf-8") as f:
-            extracted = extract(f)
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            for entry, de, en in extracted:
-                f.write(json.dumps({"entry": entry, "de": de, "en": en}, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)  # never a half-written cache
-        logger.info("extracted %d %s from %s into %s", len(extracted), name, dictionary, path)
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+        return None
+    try:
+        record = json.loads(done.read_text(encoding="utf-8"))
+        data = path.read_bytes()
+    except (OSError, ValueError):
+        record, data = None, b""
+    if not isinstance(record, dict) or record.get("sha256") != hashlib.sha256(data).hexdigest():
+        logger.warning("%s is incomplete or damaged: extracting again", path)
+        return None
+    if record.get("made_from") != made_from:
+        logger.warning("%s was made from another dictionary or extraction: extracting again", path)
+        return None
+    return [json.loads(line) for line in data.decode("utf-8").splitlines()]
 
 
 def load_ding(
@@ -240,97 +299,6 @@ def load_ding(
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Local files
-
-
-def _read_lines(path: Path) -> list[str]:
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data[: error.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: bytes that are not UTF-8 ({data[error.start : error.end]!r})") from None
-    return text.splitlines()
-
-
-def _check_side(path: Path, line: int, lang: str, text) -> str:
-    if not isinstance(text, str):
-        raise DataError(f"{path}:{line}: the {lang!r} side is not a string: {text!r}")
-    if not text.strip():
-        raise DataError(f"{path}:{line}: the {lang!r} side is empty")
-    return text.strip()
-
-
-def read_jsonl(path: Path, source_lang: str, target_lang: str) -> list[tuple[str, str]]:
-    pairs = []
-    for line, raw in enumerate(_read_lines(path), 1):
-        if not raw.strip():
-            continue
-        try:
-            row = json.loads(raw)
-        except json.JSONDecodeError as error:
-            raise DataError(f"{path}:{line}: not valid JSON ({error.msg})") from None
-        translation = row.get("translation") if isinstance(row, dict) else None
-        if not isinstance(translation, dict):
-            raise DataError(f'{path}:{line}: expected {{"translation": {{...}}}}, got {raw[:80]!r}')
-        for lang in (source_lang, target_lang):
-            if lang not in translation:
-                raise DataError(f"{path}:{line}: language {lang!r} missing (has {sorted(translation)})")
-        pairs.append(tuple(_check_side(path, line, lang, translation[lang]) for lang in (source_lang, target_lang)))
-    return pairs
-
-
-def read_tsv(path: Path, source_lang: str, target_lang: str) -> list[tuple[str, str]]:
-    lines = _read_lines(path)
-    if not lines:
-        raise DataError(f"{path}:1: empty file; expected a header naming the languages")
-    header = lines[0].split("\t")
-    for lang in (source_lang, target_lang):
-        if lang not in header:
-            raise DataError(f"{path}:1: the header {header} does not name language {lang!r}")
-    columns = [header.index(source_lang), header.index(target_lang)]
-    pairs = []
-    for line, raw in enumerate(lines[1:], 2):
-        fields = raw.split("\t")
-        if len(fields) != len(header):
-            raise DataError(f"{path}:{line}: {len(fields)} fields, the header has {len(header)}")
-        pairs.append(tuple(_check_side(path, line, header[c], fields[c]) for c in columns))
-    return pairs
-
-
-def read_parallel_text(source_path: str | Path, target_path: str | Path) -> list[tuple[str, str]]:
-    source_path, target_path = Path(source_path), Path(target_path)
-    sources, targets = _read_lines(source_path), _read_lines(target_path)
-    if len(sources) != len(targets):
-        raise DataError(
-            f"{source_path} has {len(sources)} lines but {target_path} has {len(targets)}: the files are not aligned"
-        )
-    return [
-        (_check_side(source_path, i, "source", s), _check_side(target_path, i, "target", t))
-        for i, (s, t) in enumerate(zip(sources, targets, strict=True), 1)
-    ]
-
-
-def _local_pairs(dataset: str, source_lang: str, target_lang: str) -> list[tuple[str, str]] | None:
-    path = Path(dataset)
-    if path.is_file() and path.suffix in (".jsonl", ".json"):
-        return read_jsonl(path, source_lang, target_lang)
-    if path.is_file() and path.suffix in (".tsv", ".tab"):
-        return read_tsv(path, source_lang, target_lang)
-    source, target = Path(f"{dataset}.{source_lang}"), Path(f"{dataset}.{target_lang}")
-    if source.is_file() or target.is_file():
-        for p in (source, target):
-            if not p.is_file():
-                raise DataError(f"{p}: missing; plain-text corpora need both {source} and {target}")
-        return read_parallel_text(source, target)
-    if path.is_file():
-        raise DataError(
-            f"{path}: unknown format; use .jsonl, .tsv, or two files PREFIX.{source_lang} PREFIX.{target_lang}"
-        )
-    return None
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # Entry point
 
 
@@ -356,14 +324,32 @@ def load_corpus(
     pairs = _local_pairs(dataset, source_lang, target_lang)
     if pairs is not None:
         if not pairs:
-            raise DataError(f"{dataset}: no sentence pairs")
+            raise DataError(f"{dataset}: no sentence pairs (empty file)")
         corpus = _to_dataset_dict(pairs, [str(i) for i in range(len(pairs))], source_lang, target_lang, seed)
     else:
-        if Path(dataset, "dataset_dict.json").is_file():
-            corpus = datasets.load_from_disk(dataset)
-        else:
-            corpus = datasets.load_dataset(dataset, dataset_config)  # a Hub id, or a local dataset folder
-        corpus = _normalise_hub_corpus(corpus, dataset, source_lang, target_lang, seed)
+        saved = Path(dataset, "dataset_dict.json").is_file()
+        folder = Path(dataset) if Path(dataset).is_dir() and not saved else None  # a local dataset folder
+        if folder is not None:
+            _check_rows_are_objects(folder, source_lang, target_lang)
+        try:
+            if saved:
+                corpus = datasets.load_from_disk(dataset)
+            else:
+                corpus = datasets.load_dataset(dataset, dataset_config)  # a Hub id, or a local dataset folder
+        except Exception as error:  # datasets raises many kinds (StopIteration for an empty JSON file)
+            if folder is not None:
+                _check_json_lines_files(folder, source_lang, target_lang)  # the file and line, where it can tell
+            # datasets' own message, cause included, in one line: what failed to load, and why
+            cause = error.__cause__ if isinstance(error, datasets.exceptions.DatasetGenerationError) else None
+            kind = "a save_to_disk folder" if saved else "a dataset"
+            detail = _one_line(error) + (f" ({_one_line(cause)})" if cause is not None else "")
+            raise DataError(f"{dataset}: cannot be loaded as {kind}: {detail}") from None
+        try:
+            corpus = _normalise_hub_corpus(corpus, dataset, source_lang, target_lang, seed)
+        except DataError:
+            if folder is not None:
+                _check_json_lines_files(folder, source_lang, target_lang)
+            raise
     return corpus
 
 
@@ -372,13 +358,13 @@ def _normalise_hub_corpus(corpus, name: str, source_lang: str, target_lang: str,
     corpus = datasets.DatasetDict({aliases.get(k, k): v for k, v in corpus.items()})
     if "train" not in corpus:
         raise DataError(f"{name}: no 'train' split (has {sorted(corpus)})")
+    for split in SPLITS:
+        if split in corpus:
+            check_translations(corpus[split], f"{name}: split {split!r}", (source_lang, target_lang))
+    for split in SPLITS:
+        if split in corpus and len(corpus[split]) == 0:
+            raise DataError(f"{name}: split {split!r} has no rows")
     train = corpus["train"]
-    if "translation" not in train.column_names:
-        raise DataError(f"{name}: no 'translation' column (has {train.column_names})")
-    languages = set(train[0]["translation"])
-    for lang in (source_lang, target_lang):
-        if lang not in languages:
-            raise DataError(f"{name}: language {lang!r} missing (has {sorted(languages)})")
     if "validation" not in corpus or "test" not in corpus:
         # Hold out from train deterministically by row, as for local files.
         held = split_by_group([str(i) for i in range(len(train))], seed)
@@ -403,6 +389,7 @@ __all__ = [
     "BUILTIN_CORPUS",
     "BUILTIN_CORPUS_WITH_PHRASES",
     "DataError",
+    "check_translations",
     "extract_ding_pairs",
     "extract_ding_phrases",
     "load_corpus",
@@ -410,6 +397,7 @@ __all__ = [
     "read_jsonl",
     "read_parallel_text",
     "read_tsv",
+    "remove_damaged_cache_files",
     "source_target",
     "split_by_group",
 ]
