@@ -1,6 +1,12 @@
+import json
+
 import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani_mt.configuration_vaswani import PRESETS
 
 
 def test_base_and_big_presets_match_table_3():
@@ -55,12 +61,99 @@ def test_attribute_map_lets_generic_code_find_sizes():
         ({"vocab_size": 50, "pad_token_id": 50}, "pad_token_id", "50"),
         ({"eos_token_id": -1}, "eos_token_id", "-1"),
         ({"tie_word_embeddings": False}, "tie_word_embeddings", "§3.4"),
+        ({"num_heads": 0}, "num_heads", "0"),
+        ({"d_k": -8}, "d_k", "-8"),
+        ({"vocab_size": "37000"}, "vocab_size", "'37000'"),
+        ({"d_model": 512.0}, "d_model", "512.0"),
+        ({"num_decoder_layers": True}, "num_decoder_layers", "True"),
+        ({"max_position_embeddings": None}, "max_position_embeddings", "None"),
+        ({"label_smoothing": 1.0}, "label_smoothing", "1.0"),
+        ({"label_smoothing": -0.1}, "label_smoothing", "-0.1"),
+        ({"activation_dropout": float("nan")}, "activation_dropout", "nan"),
+        ({"dropout": "0.1"}, "dropout", "'0.1'"),
+        ({"position_encoding": None}, "position_encoding", "None"),
+        ({"layer_norm_eps": 0.0}, "layer_norm_eps", "0.0"),
+        ({"init_std": -0.02}, "init_std", "-0.02"),
+        ({"attention_bias": "no"}, "attention_bias", "'no'"),
     ],
 )
 def test_invalid_values_raise_value_error_naming_field_and_value(kwargs, field, value):
     with pytest.raises(ValueError) as error:
         VaswaniConfig(**kwargs)
     assert field in str(error.value) and value in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_head_sizes_need_divisibility_only_when_not_given():
+    with pytest.raises(ValueError, match=r"d_model \(100\) must be divisible by num_heads \(8\)"):
+        VaswaniConfig(d_model=100, num_heads=8)
+    with pytest.raises(ValueError, match=r"d_model \(100\) must be divisible by num_heads \(8\)"):
+        VaswaniConfig(d_model=100, num_heads=8, d_k=16)  # d_v would still be d_model / h
+    config = VaswaniConfig(d_model=100, num_heads=8, d_k=16, d_v=12)
+    assert (config.d_k, config.d_v) == (16, 12)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_builds_and_its_saved_config_loads_unchanged(name, tmp_path):
+    config = VaswaniConfig.from_preset(name)
+    config.save_pretrained(tmp_path)
+    loaded = VaswaniConfig.from_pretrained(tmp_path)
+    assert loaded.to_dict() == config.to_dict()
+    assert (loaded.d_model, loaded.d_k * loaded.num_heads) == (PRESETS[name]["d_model"], PRESETS[name]["d_model"])
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("dropout", 1.5, "dropout must be a number in [0, 1), got 1.5"),
+        ("d_model", "32", "d_model must be a positive integer, got '32'"),
+        ("num_heads", 0, "num_heads must be a positive integer, got 0"),
+        ("position_encoding", "rotary", "position_encoding must be one of ('sinusoidal', 'learned'), got 'rotary'"),
+    ],
+)
+def test_an_impossible_value_in_config_json_is_refused_when_loaded(tmp_path, field, value, message):
+    VaswaniConfig.from_preset("tiny").save_pretrained(tmp_path)
+    values = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**values, field: value}))
+    with pytest.raises(ValueError) as error:
+        VaswaniConfig.from_pretrained(tmp_path)
+    assert str(error.value) == message
+
+
+# Any JSON value a config.json could hold, for any field: each config either builds a model or is refused with a
+# ValueError naming a field it was given (never a TypeError, ZeroDivisionError, or a model that cannot be built).
+_JSON_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from(["", "32", "sinusoidal", "learned", "rotary"]),
+    st.lists(st.integers(-1, 3), max_size=2),
+)
+_FIELDS = [
+    "vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_encoder_layers", "num_decoder_layers",
+    "dropout", "attention_dropout", "label_smoothing", "position_encoding", "max_position_embeddings",
+    "layer_norm_eps", "attention_bias", "init_std", "pad_token_id", "eos_token_id",
+]  # fmt: skip
+
+
+@settings(max_examples=150, derandomize=True, database=None, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+@given(st.dictionaries(st.sampled_from(_FIELDS), _JSON_VALUES, min_size=1, max_size=3))
+def test_any_config_values_build_a_model_or_are_refused_naming_a_field(overrides):
+    values = {**PRESETS["tiny"], "vocab_size": 64, **overrides}
+    try:
+        config = VaswaniConfig(**values)
+    except ValueError as error:
+        message = str(error)
+        assert "\n" not in message
+        assert any(message.startswith(field) or f"({field}" in message for field in _FIELDS), message
+        return
+    with torch.device("meta"):  # shapes only: a config that builds must build a model
+        model = VaswaniForConditionalGeneration(config)
+    attention = model.model.encoder.layers[0].self_attn
+    assert attention.q_proj.weight.shape == (config.num_heads * config.d_k, config.d_model)
+    assert 0 <= config.dropout < 1 and 0 <= config.label_smoothing < 1
 
 
 def test_unknown_preset_is_refused():

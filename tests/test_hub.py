@@ -14,11 +14,13 @@ from conftest import card_values, make_model
 
 from vaswani_mt.hub import (
     COMPOUND_SPLIT_METRIC_NAME,
+    REMOTE_CODE_FILES,
     TRANSFORMERS_REQUIREMENT,
     HubUploadError,
     build_hub_folder,
     card_for_hub,
     check_card,
+    check_hub_files,
     check_hub_folder,
     model_card_template,
     render_model_card,
@@ -133,6 +135,7 @@ def test_dry_run_builds_the_hub_folder_that_loads_in_a_fresh_process_without_vas
     assert set(config["auto_map"]) == {"AutoConfig", "AutoModel", "AutoModelForSeq2SeqLM"}
     assert "translation" in config["custom_pipelines"]
     assert check_card((output / "README.md").read_text())["model-index"][0]["name"] == "tiny-en-de"
+    assert check_hub_files(output) == sorted(files)  # no pickle, no code but the model's
 
 
 def test_marian_hub_folder_loads_without_remote_code_and_gives_the_same_greedy_tokens(fitted_folder, tmp_path):
@@ -153,6 +156,33 @@ def test_building_refuses_a_folder_without_card_or_of_another_model(tmp_path, to
         build_hub_folder(bare, tmp_path / "out", "not a repo id")
     with pytest.raises(ValueError, match=r"no config\.json"):
         build_hub_folder(tmp_path, tmp_path / "out", "alice/x")
+
+
+@pytest.mark.parametrize(
+    ("extra", "native", "message"),
+    [
+        ("pytorch_model.bin", "vaswani", r"holds pytorch_model\.bin: a Hub folder holds weights as safetensors only"),
+        ("optimizer.pt", "vaswani", r"holds optimizer\.pt"),
+        ("sub/state.pkl", "vaswani", r"holds sub/state\.pkl"),
+        ("setup.py", "vaswani", r"holds code that is not the model's: setup\.py"),
+        ("modeling_vaswani.py", "marian", r"holds code that is not the model's: .*modeling_vaswani\.py"),
+        ("-modeling_vaswani.py", "vaswani", r"lacks the model's code files modeling_vaswani\.py"),
+    ],
+)
+def test_publishing_refuses_a_folder_with_pickles_or_other_code(tmp_path, extra, native, message):
+    code = REMOTE_CODE_FILES if native == "vaswani" else ()
+    for name in ("config.json", "model.safetensors", *code):
+        (tmp_path / name).write_text("{}")
+    if extra.startswith("-"):
+        (tmp_path / extra[1:]).unlink()
+    else:
+        (tmp_path / extra).parent.mkdir(exist_ok=True)
+        (tmp_path / extra).write_text("x")
+    with pytest.raises(RuntimeError, match=message):
+        check_hub_files(tmp_path, native)
+    model = make_model()
+    with pytest.raises(RuntimeError, match=message):  # before the card or the fresh process
+        check_hub_folder(tmp_path, model, None, native)
 
 
 def test_upload_failures_say_why_and_keep_the_folder(tmp_path, monkeypatch):

@@ -26,12 +26,39 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 _POSITION_ENCODINGS = ("sinusoidal", "learned")
+_SIZES = (
+    "vocab_size",
+    "d_model",
+    "d_ff",
+    "num_heads",
+    "d_k",
+    "d_v",
+    "num_encoder_layers",
+    "num_decoder_layers",
+    "max_position_embeddings",
+)
+
+
+# bool is an int subclass in Python, but `true` is no size, rate or token id.
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_positive_int(value: Any) -> bool:
+    return _is_int(value) and value > 0
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class VaswaniConfig(PreTrainedConfig):
     r"""
     Configuration of [`VaswaniModel`] and [`VaswaniForConditionalGeneration`]. The defaults are the paper's base
     model (Table 3, first row); [`VaswaniConfig.from_preset`] gives "base", "big", "small", "mini" and "tiny".
+    Impossible values (a size that is not a positive integer, a rate outside [0, 1), a string where a number
+    belongs, ...) are refused when the config is built, from arguments or from a `config.json`: a `ValueError`
+    that names the field and the value.
 
     Args:
         vocab_size (`int`, defaults to 37000):
@@ -117,44 +144,38 @@ class VaswaniConfig(PreTrainedConfig):
     use_cache: bool = True
 
     def __post_init__(self, **kwargs):
-        if self.d_k is None or self.d_v is None:
-            if self.num_heads > 0 and self.d_model % self.num_heads != 0:
-                raise ValueError(
-                    f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads}) unless d_k and d_v "
-                    "are both given"
-                )
+        # Types first: a config.json edited by hand can hold "512" or null, and the arithmetic below must not be the
+        # one to find out (with a TypeError that names no field).
+        for name in _SIZES:
+            value = getattr(self, name)
+            if not (value is None and name in ("d_k", "d_v")) and not _is_positive_int(value):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if (self.d_k is None or self.d_v is None) and self.d_model % self.num_heads != 0:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads}) unless d_k and d_v are "
+                "both given"
+            )
         if self.d_k is None:
-            self.d_k = self.d_model // self.num_heads if self.num_heads > 0 else 0
+            self.d_k = self.d_model // self.num_heads
         if self.d_v is None:
-            self.d_v = self.d_model // self.num_heads if self.num_heads > 0 else 0
+            self.d_v = self.d_model // self.num_heads
         self._check_values()
         super().__post_init__(**kwargs)
 
     def _check_values(self) -> None:
-        for name in (
-            "vocab_size",
-            "d_model",
-            "d_ff",
-            "num_heads",
-            "d_k",
-            "d_v",
-            "num_encoder_layers",
-            "num_decoder_layers",
-            "max_position_embeddings",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
         for name in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
             value = getattr(self, name)
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {value!r}")
-        if self.position_encoding not in _POSITION_ENCODINGS:
+            if not (_is_number(value) and 0.0 <= value < 1.0):
+                raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+        if not (isinstance(self.position_encoding, str) and self.position_encoding in _POSITION_ENCODINGS):
             raise ValueError(f"position_encoding must be one of {_POSITION_ENCODINGS}, got {self.position_encoding!r}")
-        if not (self.layer_norm_eps > 0 and math.isfinite(self.layer_norm_eps)):
+        if not (_is_number(self.layer_norm_eps) and self.layer_norm_eps > 0 and math.isfinite(self.layer_norm_eps)):
             raise ValueError(f"layer_norm_eps must be a positive number, got {self.layer_norm_eps!r}")
-        if self.init_std is not None and not self.init_std > 0:
-            raise ValueError(f"init_std must be positive or None, got {self.init_std!r}")
+        if self.init_std is not None and not (_is_number(self.init_std) and 0 < self.init_std < math.inf):
+            raise ValueError(f"init_std must be a positive number or None, got {self.init_std!r}")
+        for name in ("attention_bias", "tie_word_embeddings", "use_cache", "is_encoder_decoder"):
+            if not isinstance(value := getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {value!r}")
         if not self.tie_word_embeddings:
             raise ValueError(
                 "tie_word_embeddings must be True: the source embedding, target embedding and pre-softmax "
@@ -162,9 +183,13 @@ class VaswaniConfig(PreTrainedConfig):
             )
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
             value = getattr(self, name)
-            for token_id in value if isinstance(value, list) else [value]:
-                if token_id is not None and not 0 <= token_id < self.vocab_size:
-                    raise ValueError(f"{name} must be in [0, vocab_size={self.vocab_size}), got {token_id!r}")
+            # Only generation's end may be several tokens (a non-empty list); the others are one token or none.
+            several = name == "eos_token_id" and isinstance(value, list) and value
+            for token_id in value if several else [value]:
+                if (token_id is not None or several) and not (_is_int(token_id) and 0 <= token_id < self.vocab_size):
+                    raise ValueError(
+                        f"{name} must be an integer in [0, vocab_size={self.vocab_size}), got {token_id!r}"
+                    )
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> VaswaniConfig:

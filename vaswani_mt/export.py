@@ -216,8 +216,9 @@ def to_ctranslate2(marian_dir: str | Path, output: str | Path, quantization: str
 
 def export_model(model: str | Path, fmt: str, output: str | Path, quantization: str | None = None) -> Path:
     """Exports a saved vaswani_mt model (folder or Hub id) as a native Marian folder (`fmt="marian"`) or a
-    CTranslate2 model (`fmt="ctranslate2"`, through the Marian folder)."""
-    from .evaluation import load_for_inference
+    CTranslate2 model (`fmt="ctranslate2"`, through the Marian folder). A folder that is not a loadable vaswani_mt
+    model raises `loading.ModelFolderError` (a `ValueError`), before anything is written."""
+    from .loading import load_for_inference
 
     if fmt not in ("marian", "ctranslate2"):
         raise ValueError(f"unknown export format {fmt!r}: choose 'marian' or 'ctranslate2'")

@@ -5,9 +5,10 @@
 - `build_hub_folder` writes what a Hub repository receives: safetensors weights, the remote code with its
   `auto_map` and translation pipeline, the tokenizer, the generation config and the card retargeted to the repository
   id; or, with `native="marian"`, the exact `MarianMTModel` conversion, which loads without remote code.
-- `check_hub_folder` proves it before any upload: the card's YAML holds every field the Hub reads, and the folder
-  loads through the Auto classes (and the pipeline) in a fresh process where vaswani_mt is not importable, giving
-  the tokens the model gives here.
+- `check_hub_folder` proves it before any upload: the folder holds no pickle and no code but the model's own files
+  (`check_hub_files`), the card's YAML holds every field the Hub reads, and the folder loads through the Auto
+  classes (and the pipeline) in a fresh process where vaswani_mt is not importable, giving the tokens the model
+  gives here.
 - `upload_folder` sends it with `huggingface_hub`; its errors (no token, no network, refused token) are reported
   plainly and the folder stays on disk.
 """
@@ -26,10 +27,15 @@ from pathlib import Path
 
 import yaml
 
+from .loading import PICKLE_SUFFIXES
 from .modeling_vaswani import PAPER_SEARCH
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 NATIVE_FORMATS = ("vaswani", "marian")
+# The code a `native="vaswani"` folder carries, all of it run by `trust_remote_code`: modeling_vaswani.py and the
+# files it imports relatively, which `save_pretrained` copies. tests/test_remote_code.py reads their imports (torch,
+# transformers, a few standard modules and each other only); a Marian folder carries no code.
+REMOTE_CODE_FILES = ("configuration_vaswani.py", "fast_paths_vaswani.py", "modeling_vaswani.py", "pipeline_vaswani.py")
 
 
 def model_card_template() -> str:
@@ -232,8 +238,8 @@ def build_hub_folder(
     `native="marian"`: the exact `MarianMTModel` conversion with the tokenizer and its own card. An `output` folder
     that is not empty is an error unless `overwrite`, which empties it first.
     """
-    from .evaluation import load_for_inference
     from .export import save_marian
+    from .loading import load_for_inference
 
     if native not in NATIVE_FORMATS:
         raise ValueError(f"--native must be one of {NATIVE_FORMATS}, got {native!r}")
@@ -285,13 +291,33 @@ print(json.dumps(result))
 """
 
 
+def check_hub_files(folder: str | os.PathLike, native: str = "vaswani") -> list[str]:
+    """Raises RuntimeError if `folder` (or a folder inside it) holds a pickle (`.bin`, `.pt`, ...: loading one can run
+    code) or code other than the model's own `REMOTE_CODE_FILES` (none for `native="marian"`), or lacks one of them.
+    Returns the folder's files, relative to it."""
+    folder = Path(folder)
+    files = sorted(str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file())
+    pickles = [name for name in files if name.lower().endswith(PICKLE_SUFFIXES)]
+    if pickles:
+        raise RuntimeError(f"{folder} holds {', '.join(pickles)}: a Hub folder holds weights as safetensors only")
+    code = {name for name in files if name.endswith(".py")}
+    expected = set(REMOTE_CODE_FILES) if native == "vaswani" else set()
+    if code - expected:
+        raise RuntimeError(f"{folder} holds code that is not the model's: {', '.join(sorted(code - expected))}")
+    if expected - code:
+        raise RuntimeError(f"{folder} lacks the model's code files {', '.join(sorted(expected - code))}")
+    return files
+
+
 def check_hub_folder(folder: str | os.PathLike, model, tokenizer, native: str = "vaswani", new_tokens: int = 16):
-    """Validates a folder from `build_hub_folder`: its card (`check_card`), and in a fresh process without
-    vaswani_mt, offline, loading through the Auto classes with `trust_remote_code` (and the translation pipeline),
-    which must give the greedy tokens `model` gives here for the card's widget examples. Returns the report."""
+    """Validates a folder from `build_hub_folder`: its files (`check_hub_files`), its card (`check_card`), and in a
+    fresh process without vaswani_mt, offline, loading through the Auto classes with `trust_remote_code` (and the
+    translation pipeline), which must give the greedy tokens `model` gives here for the card's widget examples.
+    Returns the report."""
     import torch
 
     folder = Path(folder)
+    check_hub_files(folder, native)
     metadata = check_card((folder / "README.md").read_text(encoding="utf-8"))
     sentences = [w["text"] for w in metadata["widget"]]
     with tempfile.TemporaryDirectory(prefix="vaswani-hub-check-") as scratch:
@@ -390,11 +416,13 @@ def publish(
 
 __all__ = [
     "COMPOUND_SPLIT_METRIC_NAME",
+    "REMOTE_CODE_FILES",
     "TRANSFORMERS_REQUIREMENT",
     "HubUploadError",
     "build_hub_folder",
     "card_for_hub",
     "check_card",
+    "check_hub_files",
     "check_hub_folder",
     "compound_split_metric",
     "model_card_template",
