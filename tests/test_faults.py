@@ -32,9 +32,10 @@ from vaswani_mt.checkpoints import (
     is_complete,
     last_checkpoint,
     list_checkpoints,
+    resume_point,
     unpickling_refused,
 )
-from vaswani_mt.training import VaswaniTrainer, _resume_point
+from vaswani_mt.training import VaswaniTrainer
 
 STEPS = 10  # about 6 steps an epoch: the runs cross an epoch boundary, where the sampler reshuffles
 SEED = int(os.environ.get("VASWANI_FAULT_SEED", "26"))
@@ -332,15 +333,15 @@ def test_a_checkpoint_given_to_resume_from_must_be_complete(reference, corpus, t
     shutil.copytree(reference / "checkpoint-2", checkpoint)
     (checkpoint / "rng_state.pth").unlink()
 
-    def resume_point(*extra: str):
+    def resume_from(*extra: str):
         args = parse_args([*_command(corpus, tmp_path)[2:], "--resume_from_checkpoint", str(checkpoint), *extra])
-        return _resume_point(args[3], tmp_path)
+        return resume_point(args[3], tmp_path)
 
     with pytest.raises(
         CheckpointError, match=rf"{re.escape(str(checkpoint))}: not a complete checkpoint \(no rng_state.pth\)"
     ):
-        resume_point()
-    assert resume_point("--save_only_model", "true") == str(checkpoint)  # such a run saves only the weights
+        resume_from()
+    assert resume_from("--save_only_model", "true") == str(checkpoint)  # such a run saves only the weights
     checkpoint = tmp_path / "nowhere"
     with pytest.raises(CheckpointError, match="nowhere: not a complete checkpoint \\(no such folder\\)"):
-        resume_point()
+        resume_from()

@@ -18,10 +18,14 @@ import shutil
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+if TYPE_CHECKING:
+    from transformers import Seq2SeqTrainingArguments
 
 logger = logging.getLogger(__name__)
 
@@ -264,14 +268,58 @@ def average_checkpoints(
     return output
 
 
+def describe_write_failure(folder: Path, error: Exception) -> str:
+    """What stopped a checkpoint's write, in one line: the file it stopped in, the cause, the free space, and the
+    file-size limit (`ulimit -f`) when there is one. torch.save reports a failed write as an internal assertion of
+    its zip writer, which says nothing to a user: it becomes "torch.save could not write the whole file"."""
+    text = " ".join(str(error).split())
+    if isinstance(error, OSError) and error.strerror:
+        cause = error.strerror
+    elif "inline_container" in text or "PytorchStreamWriter" in text:
+        cause = "torch.save could not write the whole file"
+    else:
+        cause = text or type(error).__name__
+    written = sorted(folder.iterdir(), key=lambda p: p.stat().st_mtime_ns) if folder.is_dir() else []
+    where = f"{written[-1].name}: " if written else ""
+    facts = [f"{shutil.disk_usage(folder.parent).free / 2**30:.1f} GiB free on its disk"]
+    try:
+        import resource  # Unix only
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY:
+            facts.append(f"files limited to {limit} bytes (ulimit -f)")
+    except ImportError:
+        pass
+    return f"{where}{cause} ({', '.join(facts)})"
+
+
+def resume_point(training_args: Seq2SeqTrainingArguments, output_dir: Path) -> str | None:
+    """The checkpoint to resume from: the one given, or (by default, or `last`/`auto`/`true`) the last complete one
+    (`checkpoints.incomplete_reason`; under `--save_only_model` the weights and trainer_state.json suffice, as
+    such a run saves nothing else). A given one that is not complete raises `CheckpointError`, with the reason."""
+    resume = training_args.resume_from_checkpoint
+    resumable = not training_args.save_only_model
+    if resume in (None, "", "last", "auto", "True", "true"):
+        found = last_checkpoint(output_dir, resumable=resumable)
+        if found is None and resume not in (None, ""):
+            logger.warning("no complete checkpoint in %s to resume from; starting fresh", output_dir)
+        return str(found) if found is not None else None
+    problem = incomplete_reason(resume, resumable) if Path(resume).is_dir() else "no such folder"
+    if problem:
+        raise CheckpointError(f"--resume_from_checkpoint {resume}: not a complete checkpoint ({problem})")
+    return resume
+
+
 __all__ = [
     "CheckpointError",
     "average_checkpoints",
+    "describe_write_failure",
     "incomplete_reason",
     "is_complete",
     "last_checkpoint",
     "list_checkpoints",
     "log_history",
+    "resume_point",
     "run_summary",
     "unpickling_refused",
 ]

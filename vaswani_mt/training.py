@@ -51,10 +51,11 @@ from .callbacks import (
 from .checkpoints import (
     CheckpointError,
     average_checkpoints,
-    incomplete_reason,
+    describe_write_failure,
     is_complete,
     last_checkpoint,
     list_checkpoints,
+    resume_point,
     unpickling_refused,
 )
 from .configuration_vaswani import VaswaniConfig
@@ -220,7 +221,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         try:
             super()._save_checkpoint(model, trial)
         except Exception as error:
-            failure = _write_failure(folder, error)
+            failure = describe_write_failure(folder, error)
             if self.args.should_save and not is_complete(folder):
                 shutil.rmtree(folder, ignore_errors=True)
             raise CheckpointError(
@@ -244,31 +245,6 @@ class VaswaniTrainer(Seq2SeqTrainer):
         self.model_wrapped = self.model
         self.accelerator.free_memory()  # drops the DDP wrapper, optimizer and loaders accelerate holds; runs gc
         self.accelerator.end_training()  # destroy_process_group; gloo's threads are joined as the group goes
-
-
-def _write_failure(folder: Path, error: Exception) -> str:
-    """What stopped a checkpoint's write, in one line: the file it stopped in, the cause, the free space, and the
-    file-size limit (`ulimit -f`) when there is one. torch.save reports a failed write as an internal assertion of
-    its zip writer, which says nothing to a user: it becomes "torch.save could not write the whole file"."""
-    text = " ".join(str(error).split())
-    if isinstance(error, OSError) and error.strerror:
-        cause = error.strerror
-    elif "inline_container" in text or "PytorchStreamWriter" in text:
-        cause = "torch.save could not write the whole file"
-    else:
-        cause = text or type(error).__name__
-    written = sorted(folder.iterdir(), key=lambda p: p.stat().st_mtime_ns) if folder.is_dir() else []
-    where = f"{written[-1].name}: " if written else ""
-    facts = [f"{shutil.disk_usage(folder.parent).free / 2**30:.1f} GiB free on its disk"]
-    try:
-        import resource  # Unix only
-
-        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-        if limit != resource.RLIM_INFINITY:
-            facts.append(f"files limited to {limit} bytes (ulimit -f)")
-    except ImportError:
-        pass
-    return f"{where}{cause} ({', '.join(facts)})"
 
 
 def _paper_lambda(index: int, d_model: int, warmup: int) -> float:
@@ -385,23 +361,6 @@ def _bleu_metric(tokenizer):
     return compute
 
 
-def _resume_point(training_args: Seq2SeqTrainingArguments, output_dir: Path) -> str | None:
-    """The checkpoint to resume from: the one given, or (by default, or `last`/`auto`/`true`) the last complete one
-    (`checkpoints.incomplete_reason`; under `--save_only_model` the weights and trainer_state.json suffice, as
-    such a run saves nothing else). A given one that is not complete raises `CheckpointError`, with the reason."""
-    resume = training_args.resume_from_checkpoint
-    resumable = not training_args.save_only_model
-    if resume in (None, "", "last", "auto", "True", "true"):
-        found = last_checkpoint(output_dir, resumable=resumable)
-        if found is None and resume not in (None, ""):
-            logger.warning("no complete checkpoint in %s to resume from; starting fresh", output_dir)
-        return str(found) if found is not None else None
-    problem = incomplete_reason(resume, resumable) if Path(resume).is_dir() else "no such folder"
-    if problem:
-        raise CheckpointError(f"--resume_from_checkpoint {resume}: not a complete checkpoint ({problem})")
-    return resume
-
-
 def _budget_progress_bar(trainer: VaswaniTrainer, clock: WallClockCallback) -> None:
     """Under a time budget, transformers' progress bar over `max_steps` becomes one over the budget's minutes."""
     if clock.budget_seconds and any(type(c) is ProgressCallback for c in trainer.callback_handler.callbacks):
@@ -492,7 +451,7 @@ def run_training(
     )
     _budget_progress_bar(trainer, clock)
 
-    resume = _resume_point(training_args, output_dir)
+    resume = resume_point(training_args, output_dir)
     if training_args.restore_callback_states_from_checkpoint:
         # Trainer would replace the clock by a copy that the progress bar does not see; it restores itself.
         logger.warning("--restore_callback_states_from_checkpoint ignored: the wall clock resumes on its own")
