@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import transformers
@@ -185,3 +186,37 @@ def print_table(title: str, rows: list[dict], columns: list[str]) -> None:
             else:
                 cells.append(str(value))
         print("| " + " | ".join(cells) + " |")
+
+
+PAIRS = [  # the tests' six sentence pairs (tests/conftest.py)
+    ("The girl ate an apple.", "Das Mädchen hat einen Apfel gegessen."),
+    ("How are you today?", "Wie geht es Ihnen heute?"),
+    ("The street is closed because of the snow.", "Die Straße ist wegen des Schnees gesperrt."),
+    ("I would like a coffee, please!", "Ich hätte gern einen Kaffee, bitte!"),
+    ("She reads a book in the café.", "Sie liest ein Buch im Café."),
+    ("We are annoyed about the oil price.", "Wir ärgern uns über den Ölpreis."),
+]
+
+
+def tiny_model_folder(folder: Path) -> Path:
+    """The tests' fitted tiny model (tests/conftest.py: fit_tiny_model), saved with its tokenizer in `folder`."""
+    import torch
+
+    import vaswani_mt
+    from vaswani_mt.tokenization import train_tokenizer
+
+    tokenizer = train_tokenizer([side for pair in PAIRS for side in pair] * 4, vocab_size=200, min_frequency=1)
+    torch.manual_seed(0)
+    config = vaswani_mt.VaswaniConfig.from_preset("tiny", vocab_size=200, dropout=0.0)
+    model = vaswani_mt.VaswaniForConditionalGeneration(config).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    batch = tokenizer([en for en, _ in PAIRS], text_target=[de for _, de in PAIRS], padding=True)
+    batch = {key: torch.tensor(value) for key, value in batch.items()}
+    labels = batch["labels"].masked_fill(batch["labels"] == tokenizer.pad_token_id, -100)
+    for _ in range(40):
+        model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

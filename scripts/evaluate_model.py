@@ -14,17 +14,25 @@ import sys
 from pathlib import Path
 
 from vaswani_mt.data import BUILTIN_CORPUS, load_corpus, read_parallel_text, source_target
-from vaswani_mt.evaluation import COMPOUND_SPLIT_LABEL, evaluate_bleu, load_for_inference, score_translations
+from vaswani_mt.evaluation import (
+    COMPOUND_SPLIT_LABEL,
+    ModelFolderError,
+    evaluate_bleu,
+    load_for_inference,
+    score_translations,
+)
 
 
 def read_lines(path: str) -> list[str]:
     """The lines of a UTF-8 file, split at "\\n" only (as sacreBLEU and multi-bleu.perl read them); empty lines kept."""
     try:
-        text = Path(path).read_bytes().decode("utf-8")
+        data = Path(path).read_bytes()
+        text = data.decode("utf-8")
     except OSError as error:
         sys.exit(f"error: cannot read {path}: {error.strerror or error}")
     except UnicodeDecodeError as error:
-        sys.exit(f"error: {path} is not UTF-8 ({error.reason} at byte {error.start})")
+        line = data.count(b"\n", 0, error.start) + 1
+        sys.exit(f"error: {path}:{line}: bytes that are not UTF-8 ({data[error.start : error.end]!r})")
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()
@@ -68,6 +76,11 @@ def main() -> None:
 
     if bool(args.source_file) != bool(args.reference_file):
         parser.error("--source_file and --reference_file go together")
+    # The model first: a folder that cannot be served is reported before a corpus is read.
+    try:
+        model, tokenizer = load_for_inference(args.model)
+    except ModelFolderError as error:
+        sys.exit(f"error: {error}")
     if args.source_file:
         sources, references = map(list, zip(*read_parallel_text(args.source_file, args.reference_file), strict=True))
     else:
@@ -75,7 +88,6 @@ def main() -> None:
         sources, references = source_target(corpus[args.split], args.source_lang, args.target_lang)
     if args.max_samples:
         sources, references = sources[: args.max_samples], references[: args.max_samples]
-    model, tokenizer = load_for_inference(args.model)
     kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
     if args.length_penalty is not None:
         kwargs["length_penalty"] = args.length_penalty

@@ -11,13 +11,21 @@ Input that the model cannot translate as given is handled, with a warning, never
 - an empty or whitespace-only text translates to "" (no generation runs for it);
 - a text longer than `max_source_tokens` (default: the config's `max_position_embeddings`, 1024, the longest input
   the model is meant to see) is cut to that many tokens, its final `</s>` kept;
-- characters outside the vocabulary become `<unk>`, which the warning names.
+- characters outside the vocabulary become `<unk>`, which the warning names;
+- lone surrogates (U+D800-U+DFFF: a Python str can hold them, UTF-8 and the tokenizer cannot) become U+FFFD, the
+  replacement character; a high surrogate followed by a low one is read as the one character the pair encodes;
+- a text of more than 4096 characters is tokenized only as far as `max_source_tokens` tokens reach: a prefix of 4
+  characters per allowed token, cut after a space, then 4 times that until it holds more tokens than that or
+  reaches 32 characters per token; so a 1 MB line costs what a few thousand characters cost, not seconds;
+- a line break in a translation (`\n`, `\r`, U+2028, ...: anything `str.splitlines` splits at) becomes a space, so
+  that a file of translations has one line per source whoever reads it.
 
 Self-contained (torch and transformers only) so that `save_pretrained` ships it as Hub remote code.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -44,17 +52,63 @@ def default_max_source_tokens(model, tokenizer) -> int:
     return min(limits) if limits else 1024
 
 
-def encode_source(tokenizer, text: str, limit: int, notes: list[str] | None = None) -> list[int]:
+# A long text is tokenized a prefix at a time: first `_CHARS_PER_TOKEN[0]` characters per allowed source token (and
+# at least `_FIRST_PREFIX`, so that a text of ordinary length is tokenized whole), then 4 times that, up to
+# `_CHARS_PER_TOKEN[1]` (text beyond that is never read). A BPE token seldom spans more than a word, so the first
+# prefix nearly always suffices, and a 1 MB line is not tokenized whole.
+_CHARS_PER_TOKEN = (4, 32)
+_FIRST_PREFIX = 4096
+
+# Characters that end a line for some reader (`str.splitlines`); a translation never holds one.
+_LINE_BREAKS = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]+")
+
+
+def _single_line(text: str) -> str:
+    """`text` stripped, each run of line breaks in it a space: a translation is one line, whoever reads it."""
+    return _LINE_BREAKS.sub(" ", text).strip()
+
+
+def _tokenize_prefix(tokenizer, text: str, limit: int):
+    """(prefix, encoding with offsets) of the shortest prefix of `text` tried that yields more than `limit` tokens,
+    or of `text` itself when it is short. A prefix ends after a space where there is one in its second half, so
+    that its tokens are those of the whole text (BPE does not merge across spaces), the last word included."""
+    largest = limit * _CHARS_PER_TOKEN[1]
+    size = min(max(limit * _CHARS_PER_TOKEN[0], _FIRST_PREFIX), largest)
+    while True:
+        prefix = text
+        if len(text) > size:
+            space = text.rfind(" ", size // 2, size)
+            prefix = text[: space + 1 if space >= 0 else size]
+        encoding = tokenizer(prefix, return_offsets_mapping=True, verbose=False)
+        if len(prefix) == len(text) or len(encoding["input_ids"]) > limit or size >= largest:
+            return prefix, encoding
+        size = min(4 * size, largest)
+
+
+def _without_lone_surrogates(text: str) -> tuple[str, int]:
+    """`text` with each lone surrogate as U+FFFD and each high-low surrogate pair as the character it encodes (what
+    a UTF-16 decoder does), and the number of surrogate code points there were; UTF-8 cannot encode them."""
+    count = sum(0xD800 <= ord(c) <= 0xDFFF for c in text)
+    if count:
+        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return text, count
+
+
+def encode_source(tokenizer, text: str, limit: int, notes: list[str] | None = None, where: str = "") -> list[int]:
     """Token ids of one source text ending in `</s>`, cut to `limit` tokens with a warning; characters that the
-    vocabulary lacks are named in a warning (they become `<unk>` and cannot be translated). The warnings are also
-    appended to `notes` when it is given."""
+    vocabulary lacks are named in a warning (they become `<unk>` and cannot be translated), lone surrogates become
+    U+FFFD. The warnings start with `where` (say "line 7: ") and are also appended to `notes` when it is given."""
 
     def warn(message: str, *args) -> None:
-        logger.warning(message, *args)
+        logger.warning(where + message, *args)
         if notes is not None:
-            notes.append(message % args)
+            notes.append(where + message % args)
 
-    encoding = tokenizer(text, return_offsets_mapping=True, verbose=False)
+    text, surrogates = _without_lone_surrogates(text)
+    if surrogates:
+        warn("%d surrogate code points (not Unicode characters) read as UTF-16: lone ones became U+FFFD", surrogates)
+    characters = len(text)
+    text, encoding = _tokenize_prefix(tokenizer, text, limit)
     ids = list(encoding["input_ids"])
     unk = tokenizer.unk_token_id
     if unk is not None and unk in ids:
@@ -63,16 +117,17 @@ def encode_source(tokenizer, text: str, limit: int, notes: list[str] | None = No
         warn(
             "%s outside the vocabulary became <unk> and cannot be translated: %s",
             "a character" if len(unknown) == 1 else f"{len(unknown)} characters",
-            " ".join(repr(c) for c in unknown),
+            " ".join(repr(c) for c in unknown[:20]) + (" ..." if len(unknown) > 20 else ""),
         )
-    if len(ids) > limit:
+    if len(ids) > limit or characters > len(text):
         warn(
-            "source of %d tokens cut to the first %d (max_source_tokens; the model is not meant for longer input): "
+            "source of %s cut to the first %d tokens (max_source_tokens; the model is not meant for longer input): "
             "%r...",
-            len(ids),
-            limit,
+            f"{len(ids)} tokens" if characters == len(text) else f"{characters} characters",
+            min(limit, len(ids)),
             text[:60],
         )
+    if len(ids) > limit:
         eos = tokenizer.eos_token_id
         ids = [*ids[: limit - 1], eos] if ids[-1] == eos else ids[:limit]
     return ids
@@ -146,9 +201,11 @@ class TranslationPipeline(Pipeline):
             {
                 "translation_text": ""
                 if blank
-                else self.tokenizer.decode(
-                    ids, skip_special_tokens=True, clean_up_tokenization_spaces=clean_up_tokenization_spaces
-                ).strip()
+                else _single_line(
+                    self.tokenizer.decode(
+                        ids, skip_special_tokens=True, clean_up_tokenization_spaces=clean_up_tokenization_spaces
+                    )
+                )
             }
             for ids in model_outputs["output_ids"][0]
         ]
