@@ -1,19 +1,29 @@
-"""The demo app for real: `python app.py MODEL` on localhost, driven by headless Chromium through Playwright
-(Debian's chromium; .ci/run installs it, and this test is skipped only where it is absent)."""
+"""The demo app for real: its translation function, its server on a free loopback port (started in this process:
+its bounds, refusals and routes, over plain HTTP), and `python app.py MODEL` driven by headless Chromium through
+Playwright (Debian's chromium; .ci/run installs it, and that test is skipped only where it is absent)."""
 
+import http.client
+import importlib.util
+import io
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import SENTENCES, make_model
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from vaswani_mt.demo import translate_for_demo
-from vaswani_mt.evaluation import load_for_inference
+from vaswani_mt import demo as demo_module
+from vaswani_mt.demo import DEMO_MAX_REQUEST_BYTES, translate_for_demo
+from vaswani_mt.loading import load_for_inference
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -21,6 +31,8 @@ CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
+QUEUE_SIZE = 2  # the served demo's longest queue: small, so that the test fills it with three requests
+SEARCH = [1, 0.6, 10, 1]  # greedy, alpha, b of |X| + b, the heatmap's layer: the page's controls, kept cheap
 
 
 def test_demo_answers_blank_and_over_long_input_with_a_message(fitted_folder):
@@ -48,13 +60,249 @@ def test_search_controls_start_from_the_models_own_generation_config(fitted_fold
     assert sliders["Beam size"] == 5 and sliders["Maximum length: input length + b, b ="] == 30
 
 
+# Any code point (controls, unassigned, private use), lone surrogates (which no other strategy here draws), and the
+# characters that once broke a demo: NUL, bidi overrides, zero-width joiners, a dollar (matplotlib's mathtext).
+CHARACTERS = st.one_of(
+    st.characters(codec=None, exclude_categories=()), st.characters(categories=["Cs"]),
+    st.sampled_from(["\x00", "\u202e", "\u200d", "$", "😀", "\n", "\r", "\ufeff"]),
+)  # fmt: skip
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
+@given(text=st.text(CHARACTERS, max_size=80))
+def test_demo_gives_a_translation_or_a_note_for_any_text(demo_model, text):
+    translation, figure, notes = translate_for_demo(*demo_model, text, num_beams=1, extra_tokens=5)
+    assert isinstance(translation, str) and isinstance(notes, str)
+    if text.strip():
+        figure.savefig(io.BytesIO(), format="png", dpi=10)  # as Gradio draws it (the text layout is the same)
+    else:
+        assert figure is None and notes == "Nothing to translate: type a sentence."
+
+
+@pytest.fixture(scope="module")
+def demo_model(fitted_folder):
+    return load_for_inference(str(fitted_folder), device="cpu", attn_implementation="eager")
+
+
+def test_demo_cuts_text_over_its_character_limit_and_says_so(demo_model):
+    text = "The girl ate an apple. " * 10
+    _, _, notes = translate_for_demo(*demo_model, text, num_beams=1, extra_tokens=5, max_characters=50)
+    assert f"text of {len(text):,} characters cut to the first 50" in notes
+
+
+def test_heatmap_draws_tokens_that_hold_dollar_signs_as_they_are():
+    # A token with two "$" is matplotlib mathtext: "$\\frac{$" cannot be drawn, and the page would get an error.
+    from vaswani_mt.tokenization import train_tokenizer
+
+    tokenizer = train_tokenizer(["$\\frac{$ costs $x$"] * 20 + [en for en, _ in SENTENCES], 120, min_frequency=1)
+    assert "▁$\\frac{$" in tokenizer.get_vocab()
+    model = make_model(vocab_size=120)
+    _, figure, _ = translate_for_demo(model, tokenizer, "$\\frac{$ costs $x$", num_beams=1, extra_tokens=3)
+    figure.savefig(io.BytesIO(), format="png")
+    labels = [label.get_text() for label in figure.axes[0].get_xticklabels()]
+    assert "▁$\\frac{$" in [label.replace("\\$", "$") for label in labels]
+
+
+def test_demo_listens_on_loopback_unless_told_otherwise(monkeypatch):
+    from vaswani_mt.demo import server_name
+
+    monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
+    assert server_name() == "127.0.0.1"
+    monkeypatch.setenv("GRADIO_SERVER_NAME", "0.0.0.0")  # what a Space sets
+    assert server_name() == "0.0.0.0" and server_name("::1") == "::1"
+
+
+def _load_app():
+    spec = importlib.util.spec_from_file_location("app", ROOT / "app.py")
+    app = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(app)
+    return app
+
+
+def test_app_passes_its_host_and_port_flags_to_the_demo(monkeypatch):
+    app, calls = _load_app(), []
+    monkeypatch.setattr(app, "launch", lambda model, **kwargs: calls.append((model, kwargs)))
+    app.main(["some/model"])
+    app.main(["some/model", "--host", "0.0.0.0", "--port", "8000"])
+    assert calls == [("some/model", {"host": None, "port": None}), ("some/model", {"host": "0.0.0.0", "port": 8000})]
+
+
+def test_app_ends_with_one_line_naming_a_bad_model_folder(tmp_path, capsys):
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "config.json").write_text("{")
+    with pytest.raises(SystemExit) as stop:
+        _load_app().main([str(folder)])
+    message = stop.value.code  # what sys.exit prints to stderr, exit status 1
+    assert message.startswith(f"error: {folder}: config.json is not valid JSON") and "\n" not in message
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def served(fitted_folder):
+    """The demo as `app.py` starts it (no host given, GRADIO_SERVER_NAME unset), in this process on a free port,
+    with a queue of QUEUE_SIZE."""
+    pytest.importorskip("gradio")
+    port = _free_port()
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("GRADIO_SERVER_NAME", raising=False)
+        env.setenv("HF_HUB_OFFLINE", "1")
+        demo = demo_module.launch(str(fitted_folder), port=port, queue_size=QUEUE_SIZE, prevent_thread_lock=True,
+                                  quiet=True)  # fmt: skip
+    try:
+        yield port
+    finally:
+        demo.close()
+
+
+def _request(port: int, method: str, path: str, body: bytes = b"", headers: dict | None = None, send_body=True):
+    """(status, body) of one request, its path sent byte for byte (no client-side normalising of `..`)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        connection.putrequest(method, path, skip_accept_encoding=True)
+        for key, value in (headers or {}).items():
+            connection.putheader(key, value)
+        if send_body and "Transfer-Encoding" not in (headers or {}):
+            connection.putheader("Content-Length", str(len(body)))
+        connection.endheaders(body if send_body and body else None)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def _submit(port: int, data: list) -> tuple[int, dict]:
+    """POST /gradio_api/call/translate (the queue's HTTP door): (status, JSON answer)."""
+    body = json.dumps({"data": data}).encode()  # ensure_ascii: lone surrogates travel as JSON escapes
+    status, answer = _request(port, "POST", "/gradio_api/call/translate", body, {"Content-Type": "application/json"})
+    return status, json.loads(answer)
+
+
+def _result(port: int, event_id: str) -> tuple[str, object]:
+    """The event's end: ("complete", [translation, plot, notes]) or ("error", {"error": message, ...})."""
+    _, stream = _request(port, "GET", f"/gradio_api/call/translate/{event_id}")
+    event = None
+    for line in stream.decode().splitlines():
+        if line.startswith("event: "):
+            event = line.removeprefix("event: ")
+        elif line.startswith("data: ") and event in ("complete", "error"):
+            return event, json.loads(line.removeprefix("data: "))
+    raise AssertionError(f"no end in the event stream: {stream[:500]!r}")
+
+
+def _translate(port: int, data: list) -> tuple[str, object]:
+    status, answer = _submit(port, data)
+    assert status == 200, answer
+    return _result(port, answer["event_id"])
+
+
+def test_served_demo_listens_on_loopback_only(served):
+    import psutil
+
+    listening = [c for c in psutil.Process().net_connections("inet") if c.status == "LISTEN" and c.laddr.port == served]
+    assert [c.laddr.ip for c in listening] == ["127.0.0.1"]
+
+
+def test_served_demo_serves_no_file_whatever_the_path(served, fitted_folder, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the-secret-content")
+    targets = [str(secret), "/etc/passwd", str(fitted_folder / "config.json"), str(ROOT / "app.py")]
+    up = "/.." * 12  # path traversal: from any folder up to the root, then down to the target
+    prefixes = ["file=", "gradio_api/file=", "gradio_api/file", "gradio_api/file=" + up[1:], "gradio_api/file%3D",
+                "/gradio_api/file=", "static" + up, "assets" + up, "svelte" + up,
+                "gradio_api/custom_component/x/client" + up]  # fmt: skip
+    odd = ["/gradio_api/file=%2Fetc%2Fpasswd", "/assets/..%2F..%2F..%2F..%2F..%2F..%2Fetc%2Fpasswd",
+           "/gradio_api/file=file:///etc/passwd", f"/gradio_api/file=http://127.0.0.1:{served}/config",
+           f"/gradio_api/proxy=http://127.0.0.1:{served}/config", "/gradio_api/file=~/.bashrc"]  # fmt: skip
+    paths = [f"/{prefix}{target}" for target in targets for prefix in prefixes] + odd
+    for path in paths:
+        status, body = _request(served, "GET", path)
+        assert status in (400, 403, 404), (path, status, body[:200])
+        assert b"the-secret-content" not in body and b"root:" not in body and b"model_type" not in body, path
+    # The file routes are refused outright (not left to Gradio's allow-list), with a message, and so are uploads.
+    refusal = f"the demo serves no files: '/gradio_api/file={secret}'".encode()
+    assert _request(served, "GET", f"/gradio_api/file={secret}") == (403, refusal)
+    upload = b'--b\r\nContent-Disposition: form-data; name="files"; filename="a.txt"\r\n\r\nx\r\n--b--\r\n'
+    for route in ["/gradio_api/upload", "/gradio_api/process_recording"]:
+        status, _ = _request(served, "POST", route, upload, {"Content-Type": "multipart/form-data; boundary=b"})
+        assert status == 403, route
+    assert _request(served, "GET", "/")[0] == 200  # the page itself is served
+
+
+def test_served_demo_refuses_large_and_unstated_length_bodies_before_reading_them(served):
+    path, json_type = "/gradio_api/call/translate", {"Content-Type": "application/json"}
+    size = DEMO_MAX_REQUEST_BYTES + 1
+    status, body = _request(served, "POST", path, headers={**json_type, "Content-Length": str(size)}, send_body=False)
+    assert status == 413 and f"a request body of {size:,} bytes is over the demo's limit".encode() in body
+    status, body = _request(served, "POST", path, headers={**json_type, "Transfer-Encoding": "chunked"})
+    assert status == 411 and b"send Content-Length" in body
+    # The queue's direct route, which would skip both bounds, is closed.
+    status, _ = _request(served, "POST", "/gradio_api/run/translate", b'{"data": ["x", 1, 0.6, 10, 1]}', json_type)
+    assert status == 404
+
+
+def test_served_demo_translates_hostile_text_or_says_why_not(served):
+    cases = {
+        "\x00\x01\x1b[31mred\x7f": "outside the vocabulary",
+        "The girl \ud800 ate an apple.": "lone ones became U+FFFD",  # a lone surrogate, as a JSON escape
+        "\u202eThe girl ate an apple.\u202c مرحبا שלום": "outside the vocabulary",
+        "😀👩\u200d👩\u200d👧🇩🇪 The girl ate an apple.": "outside the vocabulary",
+        "The girl ate an apple. " * 4_350: "text of 100,050 characters cut to the first 5,000",
+        " \t\r\n\u3000": "Nothing to translate",
+    }
+    for text, note in cases.items():
+        event, (translation, _, notes) = _translate(served, [text, *SEARCH])
+        assert event == "complete" and isinstance(translation, str) and note in notes, (text[:40], notes)
+    event, (translation, plot, _) = _translate(served, ["The girl ate an apple.", *SEARCH])
+    assert translation == "Das Mädchen hat einen Apfel gegessen." and plot is not None
+
+
+def test_served_demo_refuses_impossible_values_with_a_message(served):
+    for data, message in [
+        (["x", 100, 0.6, 10, 1], "Value 100 is greater than maximum value 8."),
+        (["x", 1, 0.6], "didn't receive enough input values"),
+        (["x", "four", 0.6, 10, 1], "Could not preprocess input component at index 1"),
+    ]:
+        event, payload = _translate(served, data)
+        assert event == "error" and message in payload["error"], (data, payload)
+    body = b'{"data": ["x", NaN, 0.6, 10, 1]}'  # Python's JSON reader takes NaN, and no slider bound refuses it
+    _, answer = _request(served, "POST", "/gradio_api/call/translate", body, {"Content-Type": "application/json"})
+    event, payload = _result(served, json.loads(answer)["event_id"])
+    assert event == "error" and payload["error"] == "Beam size must be a number, not nan"
+
+
+def test_served_demo_refuses_a_request_beyond_its_queue_with_a_message(served, monkeypatch):
+    started, release = threading.Event(), threading.Event()
+
+    def held(*args):  # a translation that lasts until the test lets it go
+        started.set()
+        release.wait(60)
+        return f"held {args[2]}", None, ""
+
+    monkeypatch.setattr(demo_module, "translate_for_demo", held)
+    try:
+        status, first = _submit(served, ["first", *SEARCH])
+        assert status == 200 and started.wait(60)  # one translation at a time: it runs, the next ones wait
+        waiting = [_submit(served, [f"waiting {i}", *SEARCH]) for i in range(QUEUE_SIZE)]
+        assert [status for status, _ in waiting] == [200] * QUEUE_SIZE
+        status, refused = _submit(served, ["one too many", *SEARCH])
+    finally:
+        release.set()
+    assert status == 503 and refused["detail"].startswith(f"Queue is full. Max size is {QUEUE_SIZE}")
+    answers = [_result(served, answer["event_id"]) for answer in [first] + [answer for _, answer in waiting]]
+    assert [payload[0] for _, payload in answers] == ["held first"] + [f"held waiting {i}" for i in range(QUEUE_SIZE)]
+    monkeypatch.undo()
+    assert _translate(served, ["How are you today?", *SEARCH])[1][0] == "Wie geht es Ihnen heute?"  # served again
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _wait_until_served(url: str, process: subprocess.Popen, seconds: float = 120) -> None:
+def _wait_until_served(url: str, process: subprocess.Popen, seconds: float = 300) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -47,6 +47,19 @@ def _glibc() -> ctypes.CDLL | None:
     return libc
 
 
+def return_freed_memory() -> bool:
+    """Gives the memory that glibc's malloc holds free back to the system (`malloc_trim(0)`, a few milliseconds);
+    returns whether it could. For a server, not a training process: Gradio runs each translation on one of its
+    worker threads, each with a malloc arena of its own, and the freed tensors and pictures of a long translation
+    stay mapped in them: measured, a served tiny model grew from 0.5 to 1.4 GB of RSS over 36 requests and stays
+    near 0.55 GB with this. Nothing where malloc is not glibc's."""
+    libc = _glibc()
+    if libc is None or not hasattr(libc, "malloc_trim"):
+        return False
+    libc.malloc_trim(0)
+    return True
+
+
 def retain_freed_memory() -> bool:
     """Makes glibc's malloc keep freed memory for reuse (no `mmap` per large block, no heap trimming).
 

@@ -81,6 +81,9 @@ def translate_with_attention(
 
 
 def _draw(ax, weights: torch.Tensor, rows: list[str], columns: list[str], title: str, fontsize: float) -> None:
+    # matplotlib reads a label holding two "$" as mathtext: "$x$" would lose its dollars and "$\frac{$" would fail
+    # to draw. Escaped, every token is drawn as it is.
+    rows, columns = ([token.replace("$", r"\$") for token in tokens] for tokens in (rows, columns))
     ax.imshow(weights.numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
     ax.set_xticks(range(len(columns)), columns, rotation=90, fontsize=fontsize)
     ax.set_yticks(range(len(rows)), rows, fontsize=fontsize)

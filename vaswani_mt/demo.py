@@ -3,11 +3,19 @@ the encoder-decoder attention of the translation as a heatmap. `app.py` at the t
 
 Offline by construction: Gradio's analytics and Hugging Face telemetry are switched off before Gradio is imported,
 and the theme uses the browser's own fonts (Gradio's default theme fetches web fonts).
+
+Least privilege: it listens on 127.0.0.1 unless told otherwise (the `host` argument, else GRADIO_SERVER_NAME, which
+a Space sets to 0.0.0.0); its work is bounded (one translation at a time, at most `DEMO_QUEUE_SIZE` waiting, a
+request body of at most `DEMO_MAX_REQUEST_BYTES`, a text of at most `DEMO_MAX_CHARACTERS`), and it serves no file:
+it has no file input or output (the heatmap travels inside the answer as a PNG in base64), so Gradio's file, upload
+and proxy routes are refused outright rather than left to Gradio's allow-list and its environment variables.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import re
 
 # Before gradio is imported: it reads these at import time.
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -17,17 +25,43 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 # The demo's longest source, in tokens: the training pairs were at most 256 tokens long (`--max_source_length`),
 # and a CPU Space stays responsive. Longer text is cut, and the page says so.
 DEMO_MAX_SOURCE_TOKENS = 256
+# The longest text the demo reads, in characters, cut before tokenizing: 256 tokens are rarely over 2,000
+# characters, and a pasted book costs no more than a paragraph. The text box stops typing there too.
+DEMO_MAX_CHARACTERS = 5_000
+# One translation at a time: torch already spreads one over a CPU Space's two cores, so a second at once would
+# only share them. Up to DEMO_QUEUE_SIZE more wait; beyond that Gradio's queue refuses at once (HTTP 503, "Queue is
+# full") instead of letting waits grow without bound.
+DEMO_WORKERS = 1
+DEMO_QUEUE_SIZE = 16
+# The largest request body, refused before it is read: a 100,000-character line of any script written as JSON
+# escapes (12 bytes a character outside the BMP) fits, a multi-megabyte upload does not.
+DEMO_MAX_REQUEST_BYTES = 2 * 1024 * 1024
+# The heatmap's longest side in pixels. Drawn at 0.35 inch a token, 256 source tokens by 300 target tokens make a
+# 9,000 × 9,000-pixel picture: seconds to render and 300 MB of the server's memory, for a page column that shows it
+# scaled down to 600 pixels anyway. Above this the picture keeps its layout at a lower resolution.
+DEMO_MAX_FIGURE_PIXELS = 2_000
+# Gradio's routes that read or write files (`/gradio_api/file=...`, the older `/gradio_api/file/...`, uploads, the
+# URL proxy, recordings written to disk for ffmpeg, and media streams, which serve a file they write): the demo has
+# no files, so none of them has anything of its own to serve. Its page, scripts and styles (`/`, `/assets/...`,
+# `/static/...`) come from other routes, which serve Gradio's own build folder only.
+_FILE_ROUTES = re.compile(r"/gradio_api/(file[=/]|proxy=|upload(_progress)?/?$|process_recording|stream/)")
 
 
 def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, alpha: float = 0.6, extra_tokens: int = 50,
-                       layer: int = 0, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS) -> tuple:  # fmt: skip
+                       layer: int = 0, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS,
+                       max_characters: int = DEMO_MAX_CHARACTERS) -> tuple:  # fmt: skip
     """What the page shows for `text`: (translation, heatmap figure or None, notes in markdown).
 
     `extra_tokens` is b of the maximum output length |X| + b (§6.1: 50), `alpha` the GNMT length penalty, `layer`
     the decoder layer whose encoder-decoder attention is drawn (1-based; 0 = the last), averaged over its heads.
+    A text over `max_characters` is cut there before it is tokenized, and the notes say so.
     """
     from .attention_plots import heatmap_figure, translate_with_attention
 
+    notes = []
+    if text and len(text) > max_characters:
+        notes.append(f"text of {len(text):,} characters cut to the first {max_characters:,} (the demo's limit)")
+        text = text[:max_characters]
     if not text or not text.strip():
         return "", None, "Nothing to translate: type a sentence."
     attentions = translate_with_attention(
@@ -37,17 +71,22 @@ def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, alpha: f
     num_layers = attentions.cross.shape[0]
     index = int(layer) - 1 if 1 <= int(layer) <= num_layers else num_layers - 1
     figure = heatmap_figure(attentions, "cross", layer=index)
-    notes = "\n".join(f"- {note}" for note in attentions.notes)
+    figure.set_dpi(min(figure.get_dpi(), DEMO_MAX_FIGURE_PIXELS / max(figure.get_size_inches())))
+    notes = "\n".join(f"- {note}" for note in [*notes, *attentions.notes])
     return attentions.translation, figure, notes
 
 
-def build_demo(model_id: str, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS):
-    """The Gradio Blocks app for the vaswani_mt model in `model_id` (folder or Hub id), loaded with eager attention."""
+def build_demo(model_id: str, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS, *,
+               max_characters: int = DEMO_MAX_CHARACTERS, workers: int = DEMO_WORKERS,
+               queue_size: int = DEMO_QUEUE_SIZE):  # fmt: skip
+    """The Gradio Blocks app for the vaswani_mt model in `model_id` (folder or Hub id), loaded with eager attention,
+    behind a queue of `queue_size` requests that `workers` translations at a time drain."""
     import gradio as gr
 
-    from .evaluation import load_for_inference
+    from .allocator import return_freed_memory
+    from .loading import load_for_inference
 
-    model, tokenizer = load_for_inference(model_id, attn_implementation="eager")
+    model, tokenizer = load_for_inference(model_id, attn_implementation="eager")  # ModelFolderError: one line
     layers = model.config.num_decoder_layers
     search = model.generation_config  # the controls start from the model's own search (its saved alpha, say)
     beams = int(getattr(search, "num_beams", None) or 4)
@@ -56,17 +95,30 @@ def build_demo(model_id: str, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS):
     card = f"Model: `{model_id}` ({model.config.num_encoder_layers}+{layers} layers, d_model {model.config.d_model})"
 
     def run(text, num_beams, alpha, extra_tokens, layer):
-        return translate_for_demo(model, tokenizer, text, num_beams, alpha, extra_tokens, layer, max_source_tokens)
+        # The sliders bound their values, but not against NaN (JSON from the API may carry one): refused here with
+        # a message, as Gradio refuses a value out of range, rather than failing inside the search.
+        options = {"Beam size": num_beams, "α": alpha, "b": extra_tokens, "Layer": layer}
+        for name, value in options.items():
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise gr.Error(f"{name} must be a number, not {value!r}")
+        return_freed_memory()  # what the last answer's picture (drawn by Gradio after `run`) left behind
+        try:
+            return translate_for_demo(
+                model, tokenizer, text, num_beams, alpha, extra_tokens, layer, max_source_tokens, max_characters
+            )
+        finally:
+            return_freed_memory()
 
     with gr.Blocks(title="vaswani_mt: Attention Is All You Need") as demo:
         gr.Markdown(
             "# Attention Is All You Need: translation demo\n"
             f"{card}. Search: beam search with the GNMT length penalty (§6.1). Inputs longer than "
-            f"{max_source_tokens} tokens are cut."
+            f"{max_characters:,} characters or {max_source_tokens} tokens are cut. Translations run "
+            f"{workers} at a time; when {queue_size} are waiting, the page asks you to try again."
         )
         with gr.Row():
             with gr.Column():
-                source = gr.Textbox(label="Source text", lines=3, elem_id="source")
+                source = gr.Textbox(label="Source text", lines=3, max_length=max_characters, elem_id="source")
                 with gr.Accordion("Search options", open=True):
                     num_beams = gr.Slider(1, 8, value=min(beams, 8), step=1, label="Beam size", elem_id="num_beams")
                     alpha = gr.Slider(0.0, 2.0, value=min(alpha, 2.0), step=0.1, label="Length penalty α (GNMT)",
@@ -79,23 +131,81 @@ def build_demo(model_id: str, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS):
                 translation = gr.Textbox(label="Translation", lines=3, interactive=False, elem_id="translation")
                 notes = gr.Markdown(elem_id="notes")
                 heatmap = gr.Plot(show_label=False, elem_id="heatmap")
-        inputs = [source, num_beams, alpha, extra, layer]
-        button.click(run, inputs, [translation, heatmap, notes])
-        source.submit(run, inputs, [translation, heatmap, notes])
+        # One event for the button and Enter, so that both share the one concurrency limit (two events would get
+        # a limit each); its API name is /translate.
+        inputs, outputs = [source, num_beams, alpha, extra, layer], [translation, heatmap, notes]
+        gr.on([button.click, source.submit], run, inputs, outputs, api_name="translate")
+    # api_open=False: off a Space, Gradio opens /gradio_api/run/translate, a route that skips the queue and with it
+    # both bounds; closed, it answers 404 and every request goes through the queue.
+    return demo.queue(max_size=queue_size, default_concurrency_limit=workers, api_open=False)
+
+
+class _RefuseFilesAndLargeBodies:
+    """ASGI middleware in front of Gradio: refuses (403) its file, upload and proxy routes, and any request whose
+    body is over `max_body_bytes` (413) or of unstated length (411), before Gradio reads a byte of it."""
+
+    def __init__(self, app, max_body_bytes: int = DEMO_MAX_REQUEST_BYTES):
+        self.app, self.max_body_bytes = app, max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        refusal = _refusal(scope, self.max_body_bytes) if scope["type"] == "http" else None
+        if refusal is None:
+            return await self.app(scope, receive, send)
+        from starlette.responses import PlainTextResponse
+
+        await PlainTextResponse(refusal[1], status_code=refusal[0])(scope, receive, send)
+
+
+def _refusal(scope: dict, max_body_bytes: int) -> tuple[int, str] | None:
+    """(status, message) for a request the demo refuses, or None. `scope["path"]` is percent-decoded, as the router
+    that would match it sees it."""
+    path = scope["path"]
+    if _FILE_ROUTES.search(path):
+        return 403, f"the demo serves no files: {path!r}"
+    headers = dict(scope["headers"])
+    length = headers.get(b"content-length")
+    if length is None:
+        if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
+            return 411, f"a request body of unstated length ({scope['method']} {path!r}): send Content-Length"
+        return None
+    if not length.isdigit():
+        return 400, f"Content-Length {length.decode('latin-1')!r} is not a number of bytes"
+    if int(length) > max_body_bytes:
+        return 413, f"a request body of {int(length):,} bytes is over the demo's limit of {max_body_bytes:,} bytes"
+    return None
+
+
+def server_name(host: str | None = None) -> str:
+    """The address the demo listens on: `host` when given, else GRADIO_SERVER_NAME (a Space sets 0.0.0.0), else
+    127.0.0.1, reachable from this machine only."""
+    return host or os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1"
+
+
+def launch(model_id: str, host: str | None = None, port: int | None = None, *, workers: int = DEMO_WORKERS,
+           queue_size: int = DEMO_QUEUE_SIZE, max_body_bytes: int = DEMO_MAX_REQUEST_BYTES, **kwargs):  # fmt: skip
+    """Starts the app and returns its Blocks; blocks until the server stops unless `prevent_thread_lock=True` is
+    among `kwargs` (the rest go to Gradio's `launch`). The address is `server_name(host)`, the port `port`, else
+    GRADIO_SERVER_PORT, else 7860. A model folder that cannot be served raises `ModelFolderError` (one line) before
+    anything listens. No public share link unless `share=True` is given (GRADIO_SHARE alone does not open one)."""
+    import gradio as gr
+    from starlette.middleware import Middleware
+
+    demo = build_demo(model_id, workers=workers, queue_size=queue_size)
+    demo.launch(
+        server_name=server_name(host),
+        server_port=port or int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
+        theme=gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["monospace"]),
+        app_kwargs={"middleware": [Middleware(_RefuseFilesAndLargeBodies, max_body_bytes=max_body_bytes)]},
+        # Nothing the demo does not need: no traffic dashboard, MCP server, Node renderer or Hub-backed run history.
+        enable_monitoring=False, mcp_server=False, ssr_mode=False, run_history=False,
+        # show_error: a request Gradio refuses before the translation runs (too few values, a word for a number)
+        # gets Gradio's one-line reason instead of a bare "error"; the demo's own failures are messages already.
+        **{"share": False, "show_error": True, **kwargs},
+    )  # fmt: skip
     return demo
 
 
-def launch(model_id: str, host: str = "127.0.0.1", port: int | None = None, **kwargs):
-    """Starts the app (blocking). Gradio reads GRADIO_SERVER_NAME / GRADIO_SERVER_PORT when these are not given."""
-    import gradio as gr
-
-    demo = build_demo(model_id)
-    demo.launch(
-        server_name=os.environ.get("GRADIO_SERVER_NAME", host),
-        server_port=port or int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
-        theme=gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["monospace"]),
-        **kwargs,
-    )
-
-
-__all__ = ["DEMO_MAX_SOURCE_TOKENS", "build_demo", "launch", "translate_for_demo"]
+__all__ = [
+    "DEMO_MAX_CHARACTERS", "DEMO_MAX_FIGURE_PIXELS", "DEMO_MAX_REQUEST_BYTES", "DEMO_MAX_SOURCE_TOKENS",
+    "DEMO_QUEUE_SIZE", "DEMO_WORKERS", "build_demo", "launch", "server_name", "translate_for_demo",
+]  # fmt: skip
