@@ -220,17 +220,11 @@ def train_row(argv: Sequence[str], launcher: str | None = None) -> None:
 def dev_split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """The validation split's sources and references for the data options of `argv`."""
     from .arguments import parse_args
-    from .data import load_corpus, source_target
+    from .data import source_target
+    from .training import load_run_corpus
 
     _, data_args, _, _ = parse_args(list(argv))
-    corpus = load_corpus(
-        data_args.dataset,
-        data_args.dataset_config,
-        data_args.source_lang,
-        data_args.target_lang,
-        upsample_primary=data_args.upsample_primary,
-    )
-    dev = corpus["validation"]
+    dev = load_run_corpus(data_args)["validation"]
     if data_args.max_eval_samples:
         dev = dev.select(range(min(data_args.max_eval_samples, len(dev))))
     return source_target(dev, data_args.source_lang, data_args.target_lang)

@@ -255,6 +255,18 @@ def _paper_lambda(index: int, d_model: int, warmup: int) -> float:
 # The job
 
 
+def load_run_corpus(data_args: DataArguments):
+    """The corpus of `--dataset` with the run's data options. The split never depends on `--seed`: every run of a
+    corpus is scored on the same test pairs."""
+    return load_corpus(
+        data_args.dataset,
+        data_args.dataset_config,
+        data_args.source_lang,
+        data_args.target_lang,
+        upsample_primary=data_args.upsample_primary,
+    )
+
+
 def build_tokenizer(model_args: ModelArguments, corpus, data_args: DataArguments, output_dir: Path):
     """A given tokenizer, the run's own from an earlier attempt (resume), or a new one trained on the train split."""
     saved = output_dir / "tokenizer"
@@ -406,14 +418,7 @@ def run_training(
         model_args.label_smoothing = training_args.label_smoothing_factor
         training_args.label_smoothing_factor = 0.0
 
-    # The split never depends on --seed: every run of a corpus is scored on the same test pairs.
-    corpus = load_corpus(
-        data_args.dataset,
-        data_args.dataset_config,
-        data_args.source_lang,
-        data_args.target_lang,
-        upsample_primary=data_args.upsample_primary,
-    )
+    corpus = load_run_corpus(data_args)
     if data_args.max_train_samples:
         corpus["train"] = corpus["train"].select(range(min(data_args.max_train_samples, len(corpus["train"]))))
     if data_args.max_eval_samples:
