@@ -86,6 +86,19 @@ def insert(line: bytes, at: int, what: bytes) -> bytes:
     return text[:at].encode() + what + text[at:].encode()
 
 
+BYTE_FAULTS = {"not_utf8": "not UTF-8", "nul_byte": "NUL", "lone_cr": "carriage return"}  # fault -> the message's word
+
+
+def insert_byte_fault(line: bytes, fault: str, data) -> tuple[bytes, tuple[str, ...]]:
+    """`line` with the bytes of `fault` (one of BYTE_FAULTS) inserted at a drawn character, and the words its message
+    must say."""
+    what = {"not_utf8": data.draw(NOT_UTF8), "nul_byte": b"\0", "lone_cr": b"\r"}[fault]
+    line = insert(line, data.draw(st.integers(0, 10**6)), what)
+    if fault == "lone_cr" and line.endswith(b"\r"):
+        line += b" "  # not at the end: "\r" then the line end would be a CRLF, which is legal
+    return line, (BYTE_FAULTS[fault],)
+
+
 def check_error(load, expected_start: str, *words: str) -> str:
     """`load()` raises one DataError, in one line, starting with `expected_start`, saying each of `words`."""
     with pytest.raises(DataError) as caught:
@@ -204,12 +217,8 @@ def jsonl_with_fault(
     elif fault == "too_deep":
         lines[line] = b"[" * 100_000 + b"]" * 100_000
         words = ("nested too deeply",)
-    elif fault in ("not_utf8", "nul_byte", "lone_cr"):
-        what = {"not_utf8": data.draw(NOT_UTF8), "nul_byte": b"\0", "lone_cr": b"\r"}[fault]
-        lines[line] = insert(lines[line], data.draw(st.integers(0, 10**6)), what)
-        if fault == "lone_cr" and lines[line].endswith(b"\r"):
-            lines[line] += b" "  # not at the end: "\r" then the line end would be a CRLF, which is legal
-        words = ({"not_utf8": "not UTF-8", "nul_byte": "NUL", "lone_cr": "carriage return"}[fault],)
+    elif fault in BYTE_FAULTS:
+        lines[line], words = insert_byte_fault(lines[line], fault, data)
     return lines, line, words
 
 
@@ -252,12 +261,8 @@ def test_bad_tsv_names_file_line_and_problem(fault, data, pairs, how, long):
     elif fault == "extra_tab":
         lines[line + 1] = insert(lines[line + 1], data.draw(st.integers(0, 10**6)), b"\t")
         words = ("3 tab-separated fields, the header has 2",)
-    elif fault in ("not_utf8", "nul_byte", "lone_cr"):
-        what = {"not_utf8": data.draw(NOT_UTF8), "nul_byte": b"\0", "lone_cr": b"\r"}[fault]
-        lines[line + 1] = insert(lines[line + 1], data.draw(st.integers(0, 10**6)), what)
-        if fault == "lone_cr" and lines[line + 1].endswith(b"\r"):
-            lines[line + 1] += b" "
-        words = ({"not_utf8": "not UTF-8", "nul_byte": "NUL", "lone_cr": "carriage return"}[fault],)
+    elif fault in BYTE_FAULTS:
+        lines[line + 1], words = insert_byte_fault(lines[line + 1], fault, data)
     with tempfile.TemporaryDirectory() as tmp:
         path = write_lines(Path(tmp, "c.tsv"), lines, how)
         check_error(lambda: load_corpus(str(path)), f"{path}:{number}: ", *words)
@@ -291,12 +296,8 @@ def test_bad_plain_text_names_file_line_and_problem(fault, data, pairs, how, lon
             last = line == len(pairs) - 1 and not how["final"]
             files[side][line] = data.draw(st.text(st.sampled_from(LINE_SAFE), min_size=last, max_size=4)).encode()
             words = (f"the {('source', 'target')[side]!r} side is empty",)
-        elif fault in ("not_utf8", "nul_byte", "lone_cr"):
-            what = {"not_utf8": data.draw(NOT_UTF8), "nul_byte": b"\0", "lone_cr": b"\r"}[fault]
-            files[side][line] = insert(files[side][line], data.draw(st.integers(0, 10**6)), what)
-            if fault == "lone_cr" and files[side][line].endswith(b"\r"):
-                files[side][line] += b" "
-            words = ({"not_utf8": "not UTF-8", "nul_byte": "NUL", "lone_cr": "carriage return"}[fault],)
+        elif fault in BYTE_FAULTS:
+            files[side][line], words = insert_byte_fault(files[side][line], fault, data)
         elif fault == "one_file_missing":
             start, words = f"{paths[side]}: missing", ()
         for index, (path, lines) in enumerate(zip(paths, files, strict=True)):
