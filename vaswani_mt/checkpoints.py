@@ -24,6 +24,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from .loading import PICKLE_SUFFIXES
+
 if TYPE_CHECKING:
     from transformers import Seq2SeqTrainingArguments
 
@@ -34,7 +36,7 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 # (Trainer's optimizer.pt, scheduler.pt, rng_state.pth, training_args.bin; a pytorch_model.bin): its weights are the
 # safetensors written here, and loading it unpickles nothing.
 _NOT_PUBLISHED_NAMES = ("trainer_state.json", "model.safetensors.index.json")
-_NOT_PUBLISHED_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+_NOT_PUBLISHED_SUFFIXES = (".safetensors", *PICKLE_SUFFIXES)
 
 
 def _weight_files(folder: Path) -> list[Path]:
