@@ -353,6 +353,19 @@ def load_corpus(
     return corpus
 
 
+def load_run_corpus(data_args) -> datasets.DatasetDict:
+    """`load_corpus` with a run's `DataArguments` (`--dataset`, `--dataset_config`, the languages,
+    `--upsample_primary`). The split never depends on `--seed`: every run of a corpus is scored on the same test
+    pairs."""
+    return load_corpus(
+        data_args.dataset,
+        data_args.dataset_config,
+        data_args.source_lang,
+        data_args.target_lang,
+        upsample_primary=data_args.upsample_primary,
+    )
+
+
 def _normalise_hub_corpus(corpus, name: str, source_lang: str, target_lang: str, seed: int) -> datasets.DatasetDict:
     aliases = {"valid": "validation", "dev": "validation"}
     corpus = datasets.DatasetDict({aliases.get(k, k): v for k, v in corpus.items()})
@@ -394,6 +407,7 @@ __all__ = [
     "extract_ding_phrases",
     "load_corpus",
     "load_ding",
+    "load_run_corpus",
     "read_jsonl",
     "read_parallel_text",
     "read_tsv",

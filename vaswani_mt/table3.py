@@ -220,8 +220,7 @@ def train_row(argv: Sequence[str], launcher: str | None = None) -> None:
 def dev_split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """The validation split's sources and references for the data options of `argv`."""
     from .arguments import parse_args
-    from .data import source_target
-    from .training import load_run_corpus
+    from .data import load_run_corpus, source_target
 
     _, data_args, _, _ = parse_args(list(argv))
     dev = load_run_corpus(data_args)["validation"]

@@ -59,7 +59,7 @@ from .checkpoints import (
     unpickling_refused,
 )
 from .configuration_vaswani import VaswaniConfig
-from .data import BUILTIN_CORPORA, BUILTIN_CORPUS, load_corpus, remove_damaged_cache_files, source_target
+from .data import BUILTIN_CORPORA, BUILTIN_CORPUS, load_run_corpus, remove_damaged_cache_files, source_target
 from .evaluation import COMPOUND_SPLIT_LABEL, bleu, evaluate_bleu
 from .hardware import (
     apply_float32_overrides,
@@ -253,18 +253,6 @@ def _paper_lambda(index: int, d_model: int, warmup: int) -> float:
 
 # ---------------------------------------------------------------------------------------------------------------
 # The job
-
-
-def load_run_corpus(data_args: DataArguments):
-    """The corpus of `--dataset` with the run's data options. The split never depends on `--seed`: every run of a
-    corpus is scored on the same test pairs."""
-    return load_corpus(
-        data_args.dataset,
-        data_args.dataset_config,
-        data_args.source_lang,
-        data_args.target_lang,
-        upsample_primary=data_args.upsample_primary,
-    )
 
 
 def build_tokenizer(model_args: ModelArguments, corpus, data_args: DataArguments, output_dir: Path):
