@@ -13,8 +13,8 @@ its worker processes):
 5. `resume`: the sampler built again and set to the middle of the epoch the way the Trainer resumes (accelerate's
    `SkipBatchSampler`); the first batch after the skip must be the one a straight run reaches there.
 
-    python benchmarks/data_scale.py --work_dir /tmp/wmt_scale                  # 4.5M pairs, the WMT recipe's options
-    python benchmarks/data_scale.py --work_dir /tmp/small --pairs 20000 --vocab_size 2000 --json out.json
+    python benchmarks/data_scale.py --work_dir outputs/wmt_scale                 # 4.5M pairs, the WMT recipe's options
+    python benchmarks/data_scale.py --work_dir outputs/small --pairs 20000 --vocab_size 2000 --json out.json
 
 Target on a 2-core machine (the WMT recipe issue): the whole preparation in at most 20 minutes and 8 GiB.
 """
