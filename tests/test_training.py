@@ -20,7 +20,7 @@ from vaswani_mt.arguments import parse_args
 from vaswani_mt.batching import length_array
 from vaswani_mt.callbacks import trained_seconds
 from vaswani_mt.checkpoints import average_checkpoints, last_checkpoint, list_checkpoints, log_history, run_summary
-from vaswani_mt.data import SPLITS
+from vaswani_mt.data import SPLITS, load_corpus
 from vaswani_mt.tokenization import train_tokenizer
 from vaswani_mt.training import VaswaniTrainer, paper_learning_rate
 
@@ -382,13 +382,13 @@ def test_tokenization_in_several_processes_is_cached_beside_a_corpus_on_disk_and
     tokenizer = train_tokenizer([t for p in pairs for t in p.values()], vocab_size=120, min_frequency=1)
     one = parse_args(["--max_source_length", "12", "--max_target_length", "12"])[1]
     two = parse_args(["--max_source_length", "12", "--max_target_length", "12", "--preprocessing_num_workers", "2"])[1]
-    plain = training.tokenize_corpus(training.load_corpus(str(folder)), tokenizer, one)["train"]
-    first = training.tokenize_corpus(training.load_corpus(str(folder)), tokenizer, two)["train"]
+    plain = training.tokenize_corpus(load_corpus(str(folder)), tokenizer, one)["train"]
+    first = training.tokenize_corpus(load_corpus(str(folder)), tokenizer, two)["train"]
     assert first["input_ids"] == plain["input_ids"] and 0 < len(first) < 400  # the length filter dropped some
     cached = {Path(f["filename"]) for f in first.cache_files if Path(f["filename"]).parent.parent == folder}
     assert cached, "map wrote its result beside the corpus"
     stamps = {path: path.stat().st_mtime_ns for path in cached}
-    again = training.tokenize_corpus(training.load_corpus(str(folder)), tokenizer, two)["train"]
+    again = training.tokenize_corpus(load_corpus(str(folder)), tokenizer, two)["train"]
     assert {Path(f["filename"]) for f in again.cache_files} >= cached  # the same files, read again
     assert {path: path.stat().st_mtime_ns for path in cached} == stamps  # not written a second time
     assert again["labels"] == first["labels"]
