@@ -11,8 +11,8 @@ import argparse
 import os
 import sys
 
-from vaswani_mt.demo import launch
-from vaswani_mt.loading import ModelFolderError
+from vaswani_mt.inference.demo import launch
+from vaswani_mt.inference.loading import ModelFolderError
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from vaswani_mt.checkpoints import average_checkpoints, list_checkpoints, log_history
-from vaswani_mt.data import BUILTIN_CORPUS, load_corpus, source_target
-from vaswani_mt.evaluation import evaluate_bleu, token_nll
+from vaswani_mt.data.corpus import BUILTIN_CORPUS, load_corpus, source_target
+from vaswani_mt.evaluation.metrics import evaluate_bleu, token_nll
+from vaswani_mt.training.checkpoints import average_checkpoints, list_checkpoints, log_history
 
 
 def checkpoint_minutes(run: Path, step: int) -> float | None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Decoding speed: vaswani_mt's `generate()` vs CTranslate2 (float32 and int8) on the same model.
 
-The CTranslate2 models come from `vaswani_mt.export.export_model` (the exact Marian conversion through
+The CTranslate2 models come from `vaswani_mt.export.marian.export_model` (the exact Marian conversion through
 CTranslate2's converter). Every engine decodes the same batch of random source sentences of --source_tokens tokens
 for exactly --steps target tokens (EOS suppressed until then: the work is identical), with the same search (greedy,
 or beam 4 with length penalty 0.6), on --threads threads. Runs are interleaved (each repeat times every engine once,
@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 import transformers
 
-from vaswani_mt.evaluation import load_for_inference
-from vaswani_mt.export import export_model
+from vaswani_mt.evaluation.metrics import load_for_inference
+from vaswani_mt.export.marian import export_model
 
 
 def sources(vocab_size: int, batch: int, length: int, seed: int = 0) -> torch.Tensor:

@@ -4,7 +4,7 @@
 Runs at a time budget compare at equal minutes, not equal steps. For each run this reads its loss log (the run's
 or its last checkpoint's `trainer_state.json`: `loss` and `train_minutes` every `--logging_steps` updates) and
 prints, at each mark, the mean of the losses logged within `--window` minutes of it; then each run's updates,
-epochs, median target tokens per second and last logged loss (`vaswani_mt.checkpoints.run_summary`); then, for
+epochs, median target tokens per second and last logged loss (`vaswani_mt.training.checkpoints.run_summary`); then, for
 each further run, at how many of the steps both it and the first run logged the two losses are equal (the same
 seed under another version or machine should train the same numbers, only at another speed).
 
@@ -14,7 +14,7 @@ seed under another version or machine should train the same numbers, only at ano
 import argparse
 from pathlib import Path
 
-from vaswani_mt.checkpoints import log_history, run_summary
+from vaswani_mt.training.checkpoints import log_history, run_summary
 
 
 def logged_losses(run: Path) -> list[tuple[float, float]]:

@@ -2,10 +2,11 @@
 """Expected wall time of the paper's two training runs on 1 and 8 GPUs, from FLOPs counted from the model.
 
 For base (100k steps) and big (300k steps) at ~25,000 target tokens per step: the training FLOPs per target token
-counted by `vaswani_mt.flops.count_training_flops` (forward + backward, the fused loss included; cross-checked against
+counted by `vaswani_mt.training.flops.count_training_flops` (forward + backward, the fused loss included;
+cross-checked against
 the analytic count), the total, the paper's Table 2 cost beside it, and the hours each GPU kind needs at a stated
 MFU (model FLOPs utilisation) of its dense bf16 tensor peak (fp16 on P100 and V100; vendor data sheets, see
-`vaswani_mt.flops.GPU_PEAK_TFLOPS`), 8 GPUs assumed to keep the same MFU each. Prints only; writes no file.
+`vaswani_mt.training.flops.GPU_PEAK_TFLOPS`), 8 GPUs assumed to keep the same MFU each. Prints only; writes no file.
 
 Table 2's cost is the paper's own estimate, GPU-hours x 9.5 TFLOPS per P100 (fp32, 100% utilisation), so the
 counted total over it is the utilisation the paper's run had of that figure.
@@ -23,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, for a run without installing
 
-from vaswani_mt.flops import (
+from vaswani_mt.training.flops import (
     GPU_PEAK_TFLOPS,
     PAPER_P100_TFLOPS,
     PAPER_RUNS,

@@ -203,7 +203,7 @@ def tiny_model_folder(folder: Path) -> Path:
     import torch
 
     import vaswani_mt
-    from vaswani_mt.tokenization import train_tokenizer
+    from vaswani_mt.data.tokenization import train_tokenizer
 
     tokenizer = train_tokenizer([side for pair in PAIRS for side in pair] * 4, vocab_size=200, min_frequency=1)
     torch.manual_seed(0)

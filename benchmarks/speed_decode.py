@@ -62,7 +62,7 @@ from speed_common import (
 )
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani_mt.export import to_marian
+from vaswani_mt.export.marian import to_marian
 
 SEARCHES = {"beam4": 4, "greedy": 1}
 
@@ -289,8 +289,8 @@ def profile_calls(sides: dict, inputs: dict, kwargs: dict, title: str) -> None:
 def run_testset(args) -> dict:
     from transformers import AutoTokenizer
 
-    from vaswani_mt.data import load_corpus, source_target
-    from vaswani_mt.evaluation import bleu
+    from vaswani_mt.data.corpus import load_corpus, source_target
+    from vaswani_mt.evaluation.metrics import bleu
 
     if not args.model:
         raise SystemExit("--mode testset needs --model, a saved vaswani_mt folder (e.g. outputs/ding-cpu)")

@@ -62,8 +62,8 @@ from transformers import DataCollatorForSeq2Seq
 from transformers.trainer_pt_utils import LabelSmoother
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani_mt.export import hidden_permutation, to_marian
-from vaswani_mt.tokenization import config_token_ids
+from vaswani_mt.data.tokenization import config_token_ids
+from vaswani_mt.export.marian import hidden_permutation, to_marian
 
 MODELS = ("vaswani_mt", "vaswani_mt_bf16", "marian", "marian_bf16")
 # A step-mode side named with this suffix trains with activation checkpointing (`--gradient_checkpointing`).
@@ -297,10 +297,10 @@ def load_training_rows(args):
     """The built-in corpus's training split, tokenized with a BPE trained on it (kept in --work_dir for reuse)."""
     from transformers import AutoTokenizer
 
-    from vaswani_mt.arguments import DataArguments
-    from vaswani_mt.data import load_corpus, source_target
-    from vaswani_mt.tokenization import train_tokenizer
-    from vaswani_mt.training import tokenize_corpus
+    from vaswani_mt.data.corpus import load_corpus, source_target
+    from vaswani_mt.data.tokenization import train_tokenizer
+    from vaswani_mt.training.arguments import DataArguments
+    from vaswani_mt.training.job import tokenize_corpus
 
     corpus = load_corpus("ding")
     train = corpus["train"]
@@ -323,7 +323,7 @@ def load_training_rows(args):
 
 def batch_stream(kind: str, size: int, source_lengths, target_lengths, seed: int):
     """Endless index lists: token-budget batches (§5.1) or Trainer's default (shuffled, `size` sentences each)."""
-    from vaswani_mt.batching import TokenBudgetBatchSampler
+    from vaswani_mt.data.batching import TokenBudgetBatchSampler
 
     epoch = 0
     if kind == "tokens":

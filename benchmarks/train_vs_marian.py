@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Training quality side by side: vaswani_mt vs transformers.MarianMTModel of the same shape.
 
-Both go through the identical pipeline (vaswani_mt.training.run_training): the same corpus and split, the same
+Both go through the identical pipeline (vaswani_mt.training.job.run_training): the same corpus and split, the same
 tokenizer (trained once by the first run and reused), the same token-budget batches, Adam settings, Eq. (3)
 schedule, dropout, label smoothing 0.1 and wall-time budget, the same checkpoint averaging and the same test
 set. The only difference is the model: Marian keeps its own init and loss path (plain cross-entropy,
@@ -23,10 +23,10 @@ import torch
 import transformers
 from transformers import MarianMTModel
 
-from vaswani_mt.arguments import parse_args
-from vaswani_mt.checkpoints import run_summary
-from vaswani_mt.export import marian_config
-from vaswani_mt.training import build_model, run_training
+from vaswani_mt.export.marian import marian_config
+from vaswani_mt.training.arguments import parse_args
+from vaswani_mt.training.checkpoints import run_summary
+from vaswani_mt.training.job import build_model, run_training
 
 
 def marian_factory(model_args, tokenizer) -> MarianMTModel:

@@ -62,7 +62,7 @@ def _status_kib(pid: int, field: str) -> int:
 
 
 def run(args: argparse.Namespace, folder: Path) -> dict:
-    from vaswani_mt.evaluation import load_for_inference, translate
+    from vaswani_mt.evaluation.metrics import load_for_inference, translate
 
     lines = distinct_lines()
     model, tokenizer = load_for_inference(str(folder), device="cpu")

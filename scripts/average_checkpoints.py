@@ -7,7 +7,7 @@ python scripts/average_checkpoints.py --checkpoint_dir outputs/run --last 5 --ou
 import argparse
 import logging
 
-from vaswani_mt.checkpoints import average_checkpoints
+from vaswani_mt.training.checkpoints import average_checkpoints
 
 
 def main() -> None:

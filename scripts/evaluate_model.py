@@ -13,8 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from vaswani_mt.data import BUILTIN_CORPUS, load_corpus, read_parallel_text, source_target
-from vaswani_mt.evaluation import (
+from vaswani_mt.data.corpus import BUILTIN_CORPUS, load_corpus, read_parallel_text, source_target
+from vaswani_mt.evaluation.metrics import (
     COMPOUND_SPLIT_LABEL,
     ModelFolderError,
     evaluate_bleu,

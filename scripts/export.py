@@ -13,7 +13,7 @@ tokenizer.json beside it; see README.md for translating with it.
 import argparse
 import sys
 
-from vaswani_mt.export import export_model
+from vaswani_mt.export.marian import export_model
 
 
 def main() -> None:

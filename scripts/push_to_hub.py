@@ -15,7 +15,7 @@ which hosted inference can serve without remote code. A failed upload says why, 
 import argparse
 import sys
 
-from vaswani_mt.hub import HubUploadError, publish
+from vaswani_mt.hub.card import HubUploadError, publish
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Table 3 of the paper as runnable variants: train and score chosen rows at a chosen scale (vaswani_mt.table3).
+"""Table 3 of the paper as runnable variants: train and score chosen rows at a chosen scale
+(vaswani_mt.training.table3).
 
     python scripts/table3.py --rows base,A-h1,A-h4,A-h16,E-learned,D-drop0 --scale cpu
     python scripts/table3.py --rows A --scale paper --launcher "accelerate launch --multi_gpu --num_processes 8"
@@ -15,7 +16,7 @@ import argparse
 import logging
 import sys
 
-from vaswani_mt.table3 import ROWS_DIR, describe_rows, markdown_table, run_table
+from vaswani_mt.training.table3 import ROWS_DIR, describe_rows, markdown_table, run_table
 
 
 def main(argv: list[str] | None = None) -> None:

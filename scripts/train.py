@@ -7,8 +7,8 @@
     accelerate launch --multi_gpu --num_processes 2 scripts/train.py --use_cpu ...   # 2 CPU processes
 
 Every Seq2SeqTrainingArguments flag works, plus --preset, --dataset, --source_lang, --target_lang,
---max_tokens_per_batch, --vocab_size, --tokenizer, ... (`--help` lists them). The options are in vaswani_mt.arguments,
-the job in vaswani_mt.training.
+--max_tokens_per_batch, --vocab_size, --tokenizer, ... (`--help` lists them). The options are in
+vaswani_mt.training.arguments, the job in vaswani_mt.training.job.
 
 Started again with the same command, a run resumes from its last complete checkpoint. SIGINT (Ctrl-C) or SIGTERM
 (preemption) ends the current step, saves a checkpoint and exits with status 128 + the signal's number (130, 143),
@@ -19,10 +19,10 @@ import logging
 import shlex
 import sys
 
-from vaswani_mt.arguments import check_dataset_options, parse_args
-from vaswani_mt.checkpoints import CheckpointError
-from vaswani_mt.data import DataError
-from vaswani_mt.training import print_summary, run_training
+from vaswani_mt.data.corpus import DataError
+from vaswani_mt.training.arguments import check_dataset_options, parse_args
+from vaswani_mt.training.checkpoints import CheckpointError
+from vaswani_mt.training.job import print_summary, run_training
 
 
 def main() -> None:

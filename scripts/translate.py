@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from vaswani_mt.evaluation import ModelFolderError, load_for_inference, translate_stream
+from vaswani_mt.evaluation.metrics import ModelFolderError, load_for_inference, translate_stream
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ python scripts/visualize_attention.py --model outputs/ding-cpu --text "The house
 import argparse
 import sys
 
-from vaswani_mt.attention_plots import visualize
+from vaswani_mt.inference.attention_plots import visualize
 
 
 def main() -> None:

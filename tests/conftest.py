@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import vaswani_mt
-from vaswani_mt.tokenization import train_tokenizer
+from vaswani_mt.data.tokenization import train_tokenizer
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -112,7 +112,7 @@ def fit_tiny_model(tokenizer, steps: int = 40, seed: int = 0) -> vaswani_mt.Vasw
 
 def card_values(model, tokenizer, score: dict, examples: list[str]) -> dict:
     """The values training fills the model card with (`training._card_values`), for a model fitted in a test."""
-    from vaswani_mt.hub import search_summary, widget_yaml
+    from vaswani_mt.hub.card import search_summary, widget_yaml
 
     config = model.config
     return {
@@ -158,8 +158,8 @@ def card_values(model, tokenizer, score: dict, examples: list[str]) -> dict:
 def fitted_folder(tmp_path_factory, tokenizer):
     """A saved, fitted tiny model with its tokenizer and a model card rendered from a real evaluation (what
     scripts/train.py leaves in its output folder)."""
-    from vaswani_mt.evaluation import evaluate_bleu
-    from vaswani_mt.hub import render_model_card
+    from vaswani_mt.evaluation.metrics import evaluate_bleu
+    from vaswani_mt.hub.card import render_model_card
 
     folder = tmp_path_factory.mktemp("fitted")
     model = fit_tiny_model(tokenizer)

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from vaswani_mt import allocator
+from vaswani_mt.system import allocator
 
 # Allocates, fills and frees a 64 MiB tensor (above glibc's largest mmap threshold) over and over, as a training
 # step does with its large buffers, and counts the minor page faults per allocation once the heap has settled (the
@@ -15,7 +15,7 @@ from vaswani_mt import allocator
 _CHILD = """
 import json, resource, sys
 import torch
-from vaswani_mt.allocator import retain_freed_memory
+from vaswani_mt.system.allocator import retain_freed_memory
 applied = retain_freed_memory() if sys.argv[1] == "retain" else False
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -21,9 +21,9 @@ from conftest import SENTENCES, make_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vaswani_mt import demo as demo_module
-from vaswani_mt.demo import DEMO_MAX_REQUEST_BYTES, translate_for_demo
-from vaswani_mt.loading import load_for_inference
+from vaswani_mt.inference import demo as demo_module
+from vaswani_mt.inference.demo import DEMO_MAX_REQUEST_BYTES, translate_for_demo
+from vaswani_mt.inference.loading import load_for_inference
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -47,7 +47,7 @@ def test_search_controls_start_from_the_models_own_generation_config(fitted_fold
     pytest.importorskip("gradio")
     from transformers import GenerationConfig
 
-    from vaswani_mt.demo import build_demo
+    from vaswani_mt.inference.demo import build_demo
 
     folder = tmp_path / "alpha"
     shutil.copytree(fitted_folder, folder)
@@ -93,7 +93,7 @@ def test_demo_cuts_text_over_its_character_limit_and_says_so(demo_model):
 
 def test_heatmap_draws_tokens_that_hold_dollar_signs_as_they_are():
     # A token with two "$" is matplotlib mathtext: "$\\frac{$" cannot be drawn, and the page would get an error.
-    from vaswani_mt.tokenization import train_tokenizer
+    from vaswani_mt.data.tokenization import train_tokenizer
 
     tokenizer = train_tokenizer(["$\\frac{$ costs $x$"] * 20 + [en for en, _ in SENTENCES], 120, min_frequency=1)
     assert "▁$\\frac{$" in tokenizer.get_vocab()
@@ -105,7 +105,7 @@ def test_heatmap_draws_tokens_that_hold_dollar_signs_as_they_are():
 
 
 def test_demo_listens_on_loopback_unless_told_otherwise(monkeypatch):
-    from vaswani_mt.demo import server_name
+    from vaswani_mt.inference.demo import server_name
 
     monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
     assert server_name() == "127.0.0.1"

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from vaswani_mt import training
-from vaswani_mt.arguments import check_dataset_options, parse_args
-from vaswani_mt.training import build_model
+from vaswani_mt.training import job as training
+from vaswani_mt.training.arguments import check_dataset_options, parse_args
+from vaswani_mt.training.job import build_model
 
 ROOT = Path(__file__).resolve().parent.parent
 MAIN_JOB = str(ROOT / "configs" / "ding_cpu.yaml")

@@ -20,7 +20,7 @@ import pytest
 import torch
 from conftest import SENTENCES, make_model
 
-from vaswani_mt.loading import ModelFolderError, load_for_inference
+from vaswani_mt.inference.loading import ModelFolderError, load_for_inference
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from ddp_budget_worker import BUDGET, budget_dataset, train_with_budget
 
-from vaswani_mt.batching import TokenBudgetBatchSampler
+from vaswani_mt.data.batching import TokenBudgetBatchSampler
 
 ACCELERATE = str(Path(sys.executable).parent / "accelerate")
 

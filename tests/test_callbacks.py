@@ -7,8 +7,8 @@ import signal
 import pytest
 from transformers import TrainerControl, TrainerState
 
-from vaswani_mt.arguments import parse_args
-from vaswani_mt.callbacks import (
+from vaswani_mt.training.arguments import parse_args
+from vaswani_mt.training.callbacks import (
     BudgetProgressCallback,
     PreemptionCallback,
     WallClockCallback,

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani_mt.configuration_vaswani import PRESETS
+from vaswani_mt.model.configuration_vaswani import PRESETS
 
 
 def test_base_and_big_presets_match_table_3():

@@ -10,8 +10,8 @@ from pathlib import Path
 import datasets
 import pytest
 
-from vaswani_mt import data
-from vaswani_mt.data import (
+from vaswani_mt.data import corpus as data
+from vaswani_mt.data.corpus import (
     DataError,
     _cached_extraction,
     extract_ding_pairs,

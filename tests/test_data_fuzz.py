@@ -2,7 +2,7 @@
 file and line (or the split and row) and the problem; every good input, whatever its text, loads unchanged.
 
 Each example builds a corpus from generated sentences, then injects one fault at a generated place. The policy the
-readers follow (`vaswani_mt.readers._read_lines`, `_side_problem`, `check_translations`):
+readers follow (`vaswani_mt.data.readers._read_lines`, `_side_problem`, `check_translations`):
 
 - Local files (jsonl, tsv, `P.src` / `P.tgt`): UTF-8; a byte-order mark at the start is dropped; a line ends at
   "\\n" or "\\r\\n", the last one optionally; other Unicode line breaks (U+2028, NEL, form feed) are text inside a
@@ -31,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vaswani_mt.data import SPLITS, DataError, load_corpus, split_by_group
+from vaswani_mt.data.corpus import SPLITS, DataError, load_corpus, split_by_group
 
 datasets.disable_progress_bars()
 

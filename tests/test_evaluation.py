@@ -9,7 +9,7 @@ import pytest
 import sacrebleu
 from conftest import make_model
 
-from vaswani_mt.evaluation import (
+from vaswani_mt.evaluation.metrics import (
     COMPOUND_SPLIT_LABEL,
     bleu,
     compound_split,

@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 from conftest import make_model, padded_batch
 
-import vaswani_mt.fast_paths_vaswani as fast_paths
-import vaswani_mt.modeling_vaswani as modeling
+import vaswani_mt.model.fast_paths_vaswani as fast_paths
+import vaswani_mt.model.modeling_vaswani as modeling
 from vaswani_mt import sinusoidal_position_encoding
-from vaswani_mt.export import to_marian
+from vaswani_mt.export.marian import to_marian
 
 LABELS = torch.tensor([[5, 6, 7, 8, 2, -100, -100], [9, 10, 2, 1, 1, 1, 1], [11, 12, 13, 14, 15, 16, 2]])
 

@@ -24,9 +24,9 @@ from safetensors.torch import load_file
 from transformers import TrainerState
 
 from vaswani_mt import VaswaniForConditionalGeneration
-from vaswani_mt.arguments import parse_args
-from vaswani_mt.callbacks import trained_seconds
-from vaswani_mt.checkpoints import (
+from vaswani_mt.training.arguments import parse_args
+from vaswani_mt.training.callbacks import trained_seconds
+from vaswani_mt.training.checkpoints import (
     CheckpointError,
     incomplete_reason,
     is_complete,
@@ -35,7 +35,7 @@ from vaswani_mt.checkpoints import (
     resume_point,
     unpickling_refused,
 )
-from vaswani_mt.training import VaswaniTrainer
+from vaswani_mt.training.job import VaswaniTrainer
 
 STEPS = 10  # about 6 steps an epoch: the runs cross an epoch boundary, where the sampler reshuffles
 SEED = int(os.environ.get("VASWANI_FAULT_SEED", "26"))

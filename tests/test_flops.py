@@ -5,8 +5,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from vaswani_mt import VaswaniConfig
-from vaswani_mt.fast_paths_vaswani import projected_label_smoothed_cross_entropy
-from vaswani_mt.flops import (
+from vaswani_mt.model.fast_paths_vaswani import projected_label_smoothed_cross_entropy
+from vaswani_mt.training.flops import (
     PAPER_RUNS,
     PAPER_TOKENS_PER_STEP,
     analytic_training_flops_per_token,

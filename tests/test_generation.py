@@ -7,7 +7,7 @@ import torch
 from conftest import make_model, padded_batch
 
 from vaswani_mt import gnmt_length_penalty
-from vaswani_mt.modeling_vaswani import PerSentenceMaxLength, VaswaniForConditionalGeneration
+from vaswani_mt.model.modeling_vaswani import PerSentenceMaxLength, VaswaniForConditionalGeneration
 
 
 def teacher_forced_log_prob(model, ids, mask, sequence, eos=2):

@@ -6,16 +6,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration, hardware
-from vaswani_mt.arguments import parse_args
-from vaswani_mt.hardware import (
+from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani_mt.training import hardware
+from vaswani_mt.training.arguments import parse_args
+from vaswani_mt.training.hardware import (
     apply_float32_overrides,
     configure_process,
     native_bf16,
     resolve_attention,
     resolve_precision,
 )
-from vaswani_mt.training import VaswaniTrainer, build_model
+from vaswani_mt.training.job import VaswaniTrainer, build_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,7 +86,7 @@ def test_float32_runs_take_the_overrides_where_auto_bf16_finds_no_bf16(
 def test_bf16_without_native_support_is_kept_but_warned_about(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(hardware, "native_bf16", lambda: False)
     _, _, recipe, args = parse_args(["--output_dir", str(tmp_path), "--report_to", "none", "--bf16", "true"])
-    with caplog.at_level("WARNING", logger="vaswani_mt.hardware"):
+    with caplog.at_level("WARNING", logger="vaswani_mt.training.hardware"):
         resolve_precision(recipe, args)
     assert args.bf16 and "emulated" in caplog.text
 

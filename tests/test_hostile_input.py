@@ -33,9 +33,9 @@ from conftest import SENTENCES
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from vaswani_mt.demo import translate_for_demo
-from vaswani_mt.evaluation import load_for_inference, read_text_lines, translate, translate_stream
-from vaswani_mt.pipeline_vaswani import TranslationPipeline, encode_source
+from vaswani_mt.evaluation.metrics import load_for_inference, read_text_lines, translate, translate_stream
+from vaswani_mt.inference.demo import translate_for_demo
+from vaswani_mt.model.pipeline_vaswani import TranslationPipeline, encode_source
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGLISH = [english for english, _ in SENTENCES]
@@ -404,7 +404,7 @@ def test_evaluate_script_names_the_line_of_bytes_that_are_not_utf8(quick_scripts
 
 def test_reading_lines_replaces_bad_bytes_and_cuts_endless_lines_with_warnings(caplog):
     data = b"\xef\xbb\xbfok\r\nbad \xff\xc3(\n" + b"x" * 5000 + "é".encode() * 10 + b"\nlast"
-    with caplog.at_level("WARNING", logger="vaswani_mt.evaluation"):
+    with caplog.at_level("WARNING", logger="vaswani_mt.evaluation.metrics"):
         lines = list(read_text_lines(io.BytesIO(data), "in.txt", max_line_bytes=1000))
     assert lines == ["ok", "bad \ufffd\ufffd(", "x" * 1000, "last"]
     assert "in.txt:2: bytes that are not UTF-8 (b'\\xff' at byte 5) read as U+FFFD" in caplog.text

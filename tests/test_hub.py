@@ -12,7 +12,7 @@ import pytest
 import yaml
 from conftest import card_values, make_model
 
-from vaswani_mt.hub import (
+from vaswani_mt.hub.card import (
     COMPOUND_SPLIT_METRIC_NAME,
     REMOTE_CODE_FILES,
     TRANSFORMERS_REQUIREMENT,

@@ -8,7 +8,7 @@ from torch import nn
 from transformers import AutoModel, AutoModelForSeq2SeqLM, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from vaswani_mt import VaswaniForConditionalGeneration, VaswaniModel, sinusoidal_position_encoding
-from vaswani_mt.modeling_vaswani import _CACHE_OUTPUT_FIELD, shift_tokens_right
+from vaswani_mt.model.modeling_vaswani import _CACHE_OUTPUT_FIELD, shift_tokens_right
 
 
 def test_positional_encoding_is_the_papers_interleaved_formula():
@@ -288,7 +288,7 @@ def test_gradient_accumulation_under_seq2seq_trainer_matches_one_big_batch(tmp_p
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dropout_keeps_1_minus_p_scales_by_its_inverse_and_passes_the_same_mask_back(dtype):
-    from vaswani_mt.fast_paths_vaswani import apply_dropout
+    from vaswani_mt.model.fast_paths_vaswani import apply_dropout
 
     x = (torch.rand(400, 2500) + 0.5).to(dtype).requires_grad_()
     torch.manual_seed(0)

@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import SENTENCES, make_model
 
-from vaswani_mt.evaluation import load_for_inference, translate
-from vaswani_mt.pipeline_vaswani import TranslationPipeline, encode_source
+from vaswani_mt.evaluation.metrics import load_for_inference, translate
+from vaswani_mt.model.pipeline_vaswani import TranslationPipeline, encode_source
 
 FRESH_PROCESS = r"""
 import json, sys

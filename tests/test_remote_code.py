@@ -13,8 +13,8 @@ import torch
 from conftest import SENTENCES, make_model
 
 import vaswani_mt
-from vaswani_mt.hub import REMOTE_CODE_FILES, check_hub_files
-from vaswani_mt.loading import PICKLE_SUFFIXES
+from vaswani_mt.hub.card import REMOTE_CODE_FILES, check_hub_files
+from vaswani_mt.inference.loading import PICKLE_SUFFIXES
 
 PACKAGE = Path(vaswani_mt.__file__).parent
 

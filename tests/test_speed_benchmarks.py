@@ -152,7 +152,7 @@ def test_real_data_modes_batch_each_side_its_own_way(bench, tmp_path, monkeypatc
 
 
 def _rows(pairs):
-    from vaswani_mt.tokenization import train_tokenizer
+    from vaswani_mt.data.tokenization import train_tokenizer
 
     tokenizer = train_tokenizer([side for pair in pairs for side in pair], vocab_size=300, min_frequency=1)
     encoded = tokenizer([en for en, _ in pairs], text_target=[de for _, de in pairs])

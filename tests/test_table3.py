@@ -1,5 +1,5 @@
 """The paper's recipes as config files (§5, §6.1), the WMT 2014 data path without the Hub, and Table 3's rows as
-runnable variants (vaswani_mt.table3, scripts/table3.py)."""
+runnable variants (vaswani_mt.training.table3, scripts/table3.py)."""
 
 import importlib.util
 import json
@@ -17,9 +17,9 @@ import yaml
 from conftest import write_jsonl
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani_mt.arguments import parse_args
-from vaswani_mt.data import load_corpus
-from vaswani_mt.table3 import PAPER_D_MODEL, load_rows, markdown_table, row_argv, scale_row, select_rows
+from vaswani_mt.data.corpus import load_corpus
+from vaswani_mt.training.arguments import parse_args
+from vaswani_mt.training.table3 import PAPER_D_MODEL, load_rows, markdown_table, row_argv, scale_row, select_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable

@@ -2,7 +2,7 @@ import pytest
 from conftest import SENTENCES
 from transformers import AutoTokenizer
 
-from vaswani_mt.tokenization import train_tokenizer
+from vaswani_mt.data.tokenization import train_tokenizer
 
 
 def test_special_tokens_in_fairseq_order(tokenizer):

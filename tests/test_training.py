@@ -16,13 +16,19 @@ from safetensors.torch import load_file
 from transformers import TrainerState
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration, training
-from vaswani_mt.arguments import parse_args
-from vaswani_mt.batching import length_array
-from vaswani_mt.callbacks import trained_seconds
-from vaswani_mt.checkpoints import average_checkpoints, last_checkpoint, list_checkpoints, log_history, run_summary
-from vaswani_mt.data import SPLITS, load_corpus
-from vaswani_mt.tokenization import train_tokenizer
-from vaswani_mt.training import VaswaniTrainer, paper_learning_rate
+from vaswani_mt.data.batching import length_array
+from vaswani_mt.data.corpus import SPLITS, load_corpus
+from vaswani_mt.data.tokenization import train_tokenizer
+from vaswani_mt.training.arguments import parse_args
+from vaswani_mt.training.callbacks import trained_seconds
+from vaswani_mt.training.checkpoints import (
+    average_checkpoints,
+    last_checkpoint,
+    list_checkpoints,
+    log_history,
+    run_summary,
+)
+from vaswani_mt.training.job import VaswaniTrainer, paper_learning_rate
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable

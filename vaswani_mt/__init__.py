@@ -5,8 +5,9 @@ Importing the package registers the config and models with AutoConfig, AutoModel
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
-from .configuration_vaswani import PRESETS, VaswaniConfig
-from .modeling_vaswani import (
+from .model import (
+    PRESETS,
+    VaswaniConfig,
     VaswaniForConditionalGeneration,
     VaswaniModel,
     VaswaniPreTrainedModel,

@@ -4,7 +4,7 @@
 Every problem is one `DataError` whose message names the file and line (or the dataset, split and row) and what is
 wrong, in one short line: bytes that are not UTF-8, a NUL character, a stray carriage return, broken JSON, a missing
 language, a side that is not a string or is empty after stripping, a missing tab, files of different lengths.
-`vaswani_mt.data` builds the corpora from these readers.
+`vaswani_mt.data.corpus` builds the corpora from these readers.
 """
 
 from __future__ import annotations

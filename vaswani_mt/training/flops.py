@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .configuration_vaswani import VaswaniConfig
+from vaswani_mt.model.configuration_vaswani import VaswaniConfig
 
 # The paper's run (§5.2, Table 2): steps, ~25,000 source + 25,000 target tokens per step, wall time on 8 P100, and
 # Table 2's training cost, which is the paper's estimate "training time x number of GPUs x sustained single-precision
@@ -105,7 +105,7 @@ def count_training_flops(
     `target_length` tokens (every one real, none padding), counted by FlopCounterMode on the CPU in float32."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from .modeling_vaswani import VaswaniForConditionalGeneration
+    from vaswani_mt.model.modeling_vaswani import VaswaniForConditionalGeneration
 
     config = as_config(config, vocab_size)
     target_length = source_length if target_length is None else target_length
@@ -163,7 +163,7 @@ def analytic_training_flops_per_token(
 
 def non_embedding_parameters(config: VaswaniConfig | str, vocab_size: int = 37000) -> int:
     """Parameters outside the shared embedding (and learned positions): the `N` of the usual `6 N` per token."""
-    from .modeling_vaswani import VaswaniForConditionalGeneration
+    from vaswani_mt.model.modeling_vaswani import VaswaniForConditionalGeneration
 
     with torch.device("meta"):
         model = VaswaniForConditionalGeneration(as_config(config, vocab_size))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .pipeline_vaswani import default_max_source_tokens, encode_source
+from vaswani_mt.model.pipeline_vaswani import default_max_source_tokens, encode_source
 
 KINDS = {
     "encoder": "encoder self-attention",
@@ -146,7 +146,7 @@ def plot_attentions(attentions: Attentions, output_dir: str | Path) -> list[Path
 
 def visualize(model: str, text: str, output_dir: str | Path, **generate_kwargs) -> tuple[Attentions, list[Path]]:
     """`scripts/visualize_attention.py`: loads the model (eager attention), translates `text`, writes the PNGs."""
-    from .evaluation import load_for_inference
+    from vaswani_mt.evaluation.metrics import load_for_inference
 
     loaded, tokenizer = load_for_inference(model, attn_implementation="eager")
     attentions = translate_with_attention(loaded, tokenizer, text, **generate_kwargs)

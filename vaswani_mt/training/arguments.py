@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, fields
 import torch
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
-from .configuration_vaswani import PRESETS
-from .data import BUILTIN_CORPUS
+from vaswani_mt.data.corpus import BUILTIN_CORPUS
+from vaswani_mt.model.configuration_vaswani import PRESETS
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class RecipeArguments:
         default=True,
         metadata={
             "help": "on Linux (glibc): malloc keeps freed memory for the next step instead of unmapping it, so the "
-            "step's large buffers are not page-faulted again at every step (vaswani_mt.allocator); false: as is"
+            "step's large buffers are not page-faulted again at every step (vaswani_mt.system.allocator); false: as is"
         },
     )
     config: str | None = field(default=None, metadata={"help": "a YAML or JSON file with any of these options"})
@@ -270,7 +270,7 @@ def float32_overrides(recipe: RecipeArguments) -> dict:
 
 def check_dataset_options(data_args: DataArguments, recipe: RecipeArguments) -> None:
     """Raises, naming where each value came from, when an option does not apply to the chosen dataset."""
-    from .data import BUILTIN_CORPORA
+    from vaswani_mt.data.corpus import BUILTIN_CORPORA
 
     extra = BUILTIN_CORPORA.get(data_args.dataset)
     if data_args.upsample_primary != 1 and extra is None:

@@ -12,7 +12,7 @@ d_model / 512, so that a row keeps its meaning: `A-h1` (h 1, d_k = d_v = 512 = d
 d_model, the same computation and parameters as the base row; and a row's max_steps (the big row's 300K) by the
 scale's max_steps / 100,000. Layer counts, h, dropout and label smoothing are taken as they are.
 
-    from vaswani_mt.table3 import run_table, markdown_table
+    from vaswani_mt.training.table3 import run_table, markdown_table
     rows = run_table(["base", "A-h1"], "configs/table3_cpu.yaml", ["--time_budget_minutes", "4"], "outputs/t3")
     print(markdown_table(rows))
 """
@@ -163,8 +163,9 @@ def scale_settings(scale_argv: Sequence[str]) -> dict:
     """What training with `scale_argv` (a config file and overrides) would use here, `--auto_bf16`'s float32
     overrides included: `d_model` and `max_steps` (what rows are scaled by), `tokenizer` (None: trained) and
     `eval_batch_size`."""
+    from vaswani_mt.model.configuration_vaswani import PRESETS, VaswaniConfig
+
     from .arguments import parse_args
-    from .configuration_vaswani import PRESETS, VaswaniConfig
     from .hardware import apply_float32_overrides, resolve_precision
 
     model_args, data_args, recipe, training_args = parse_args(list(scale_argv))
@@ -208,7 +209,7 @@ def train_row(argv: Sequence[str], launcher: str | None = None) -> None:
         subprocess.run(command, check=True)
         return
     from .arguments import parse_args
-    from .training import run_training
+    from .job import run_training
 
     model_args, data_args, recipe, training_args = parse_args(list(argv))
     run_training(model_args, data_args, recipe, training_args, command=shlex.join(["scripts/train.py", *argv]))
@@ -219,8 +220,9 @@ def train_row(argv: Sequence[str], launcher: str | None = None) -> None:
 
 def dev_split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """The validation split's sources and references for the data options of `argv`."""
+    from vaswani_mt.data.corpus import load_run_corpus, source_target
+
     from .arguments import parse_args
-    from .data import load_run_corpus, source_target
 
     _, data_args, _, _ = parse_args(list(argv))
     dev = load_run_corpus(data_args)["validation"]
@@ -233,8 +235,9 @@ def score_row(name: str, options: dict, output_dir: str | Path, dev: tuple[list[
               batch_size: int = 64) -> Table3Row:  # fmt: skip
     """Dev PPL (exp of the token NLL, no label smoothing) and dev BLEU (the model's saved search: beam 4 and the
     recipe's length penalty) of the model a row's training left in `output_dir` (its final weights)."""
+    from vaswani_mt.evaluation.metrics import evaluate_bleu, load_for_inference, token_nll
+
     from .checkpoints import log_history
-    from .evaluation import evaluate_bleu, load_for_inference, token_nll
 
     output_dir = Path(output_dir)
     model, tokenizer = load_for_inference(str(output_dir))

@@ -25,7 +25,7 @@ import evaluate
 import sacrebleu
 import torch
 
-from .loading import ModelFolderError, load_for_inference  # re-exported: the scripts' import
+from vaswani_mt.inference.loading import ModelFolderError, load_for_inference  # re-exported: the scripts' import
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def _translate_batches(
     first_line: int = 1, on_batch=None,
 ) -> list[str]:  # fmt: skip
     """`translate` of `sentences`, numbered from `first_line` in warnings; `on_batch(n)` after each batch of n."""
-    from .pipeline_vaswani import _single_line, encode_source
+    from vaswani_mt.model.pipeline_vaswani import _single_line, encode_source
 
     results: list[str] = [""] * len(sentences)
     blank = [i for i, sentence in enumerate(sentences) if not sentence.strip()]
@@ -181,7 +181,7 @@ def translate(
     vocabulary are named in a warning, lone surrogates become U+FFFD (the translation pipeline's rules,
     `pipeline_vaswani.encode_source`); a line break in a translation becomes a space.
     """
-    from .pipeline_vaswani import default_max_source_tokens
+    from vaswani_mt.model.pipeline_vaswani import default_max_source_tokens
 
     limit = max_source_tokens or default_max_source_tokens(model, tokenizer)
     model.eval()
@@ -212,7 +212,7 @@ def translate_chunks(
 
     `ready()`, when given, says whether another line can be read without waiting: a chunk then ends early when the
     input has nothing more for now, so a program that writes a line into a pipe and waits gets its answer."""
-    from .pipeline_vaswani import default_max_source_tokens
+    from vaswani_mt.model.pipeline_vaswani import default_max_source_tokens
 
     if batch_size < 1 or chunk_size < 1:
         raise ValueError(f"batch_size and chunk_size must be at least 1, got {batch_size} and {chunk_size}")

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import yaml
 
-from .loading import PICKLE_SUFFIXES
-from .modeling_vaswani import PAPER_SEARCH
+from vaswani_mt.inference.loading import PICKLE_SUFFIXES
+from vaswani_mt.model.modeling_vaswani import PAPER_SEARCH
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 NATIVE_FORMATS = ("vaswani", "marian")
@@ -39,7 +39,7 @@ REMOTE_CODE_FILES = ("configuration_vaswani.py", "fast_paths_vaswani.py", "model
 
 
 def model_card_template() -> str:
-    return resources.files("vaswani_mt").joinpath("model_card.md").read_text(encoding="utf-8")
+    return resources.files("vaswani_mt.hub").joinpath("model_card.md").read_text(encoding="utf-8")
 
 
 def widget_yaml(examples: list[str]) -> str:
@@ -238,8 +238,8 @@ def build_hub_folder(
     `native="marian"`: the exact `MarianMTModel` conversion with the tokenizer and its own card. An `output` folder
     that is not empty is an error unless `overwrite`, which empties it first.
     """
-    from .export import save_marian
-    from .loading import load_for_inference
+    from vaswani_mt.export.marian import save_marian
+    from vaswani_mt.inference.loading import load_for_inference
 
     if native not in NATIVE_FORMATS:
         raise ValueError(f"--native must be one of {NATIVE_FORMATS}, got {native!r}")
@@ -250,7 +250,7 @@ def build_hub_folder(
     if not card_path.is_file():
         raise ValueError(
             f"{model} has no model card (README.md): scripts/train.py writes one with the measured test BLEU; for a "
-            "model trained elsewhere, render model_card.md with vaswani_mt.hub.render_model_card"
+            "model trained elsewhere, render model_card.md with vaswani_mt.hub.card.render_model_card"
         )
     card = card_for_hub(card_path.read_text(encoding="utf-8"), repo_id, native)
     check_card(card)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from transformers import MarianConfig, MarianMTModel
 
-from .modeling_vaswani import VaswaniForConditionalGeneration, sinusoidal_position_encoding
+from vaswani_mt.model.modeling_vaswani import VaswaniForConditionalGeneration, sinusoidal_position_encoding
 
 _MARIAN_LAYER_NORM_EPS = 1e-5
 
@@ -218,7 +218,7 @@ def export_model(model: str | Path, fmt: str, output: str | Path, quantization: 
     """Exports a saved vaswani_mt model (folder or Hub id) as a native Marian folder (`fmt="marian"`) or a
     CTranslate2 model (`fmt="ctranslate2"`, through the Marian folder). A folder that is not a loadable vaswani_mt
     model raises `loading.ModelFolderError` (a `ValueError`), before anything is written."""
-    from .loading import load_for_inference
+    from vaswani_mt.inference.loading import load_for_inference
 
     if fmt not in ("marian", "ctranslate2"):
         raise ValueError(f"unknown export format {fmt!r}: choose 'marian' or 'ctranslate2'")

@@ -24,7 +24,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .loading import PICKLE_SUFFIXES
+from vaswani_mt.inference.loading import PICKLE_SUFFIXES
 
 if TYPE_CHECKING:
     from transformers import Seq2SeqTrainingArguments

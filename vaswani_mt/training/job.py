@@ -6,8 +6,7 @@
 - `run_training`: the whole job: corpus, tokenizer, model, training (resuming from the last complete checkpoint),
   checkpoint averaging (§6.1), test BLEU, and a Hub-ready folder with a model card.
 
-The options are in `vaswani_mt.arguments`, the callbacks in `vaswani_mt.callbacks`, what the hardware decides in
-`vaswani_mt.hardware`.
+The options are in `arguments.py`, the callbacks in `callbacks.py`, what the hardware decides in `hardware.py`.
 """
 
 from __future__ import annotations
@@ -38,8 +37,21 @@ from transformers import (
 from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from vaswani_mt.data.corpus import (
+    BUILTIN_CORPORA,
+    BUILTIN_CORPUS,
+    load_run_corpus,
+    remove_damaged_cache_files,
+    source_target,
+)
+from vaswani_mt.data.batching import TokenBudgetBatchSampler, length_array
+from vaswani_mt.data.tokenization import config_token_ids, train_tokenizer
+from vaswani_mt.evaluation.metrics import COMPOUND_SPLIT_LABEL, bleu, evaluate_bleu
+from vaswani_mt.hub.card import render_model_card, search_summary, widget_yaml
+from vaswani_mt.model.configuration_vaswani import VaswaniConfig
+from vaswani_mt.model.modeling_vaswani import VaswaniForConditionalGeneration
+
 from .arguments import DataArguments, ModelArguments, RecipeArguments, check_dataset_options
-from .batching import TokenBudgetBatchSampler, length_array
 from .callbacks import (
     BudgetProgressCallback,
     CurvesCallback,
@@ -58,9 +70,6 @@ from .checkpoints import (
     resume_point,
     unpickling_refused,
 )
-from .configuration_vaswani import VaswaniConfig
-from .data import BUILTIN_CORPORA, BUILTIN_CORPUS, load_run_corpus, remove_damaged_cache_files, source_target
-from .evaluation import COMPOUND_SPLIT_LABEL, bleu, evaluate_bleu
 from .hardware import (
     apply_float32_overrides,
     configure_process,
@@ -70,9 +79,6 @@ from .hardware import (
     resolve_precision,
     use_every_core,
 )
-from .hub import render_model_card, search_summary, widget_yaml
-from .modeling_vaswani import VaswaniForConditionalGeneration
-from .tokenization import config_token_ids, train_tokenizer
 
 logger = logging.getLogger(__name__)
 

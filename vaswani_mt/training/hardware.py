@@ -14,7 +14,8 @@ import os
 import torch
 from transformers import Seq2SeqTrainingArguments
 
-from .allocator import retain_freed_memory
+from vaswani_mt.system.allocator import retain_freed_memory
+
 from .arguments import DataArguments, ModelArguments, RecipeArguments
 
 logger = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ def resolve_attention(model_args: ModelArguments, training_args: Seq2SeqTraining
 
 def configure_process(recipe: RecipeArguments) -> None:
     """The process-wide settings training makes, in one place: malloc keeps freed memory (`--retain_freed_memory`,
-    `vaswani_mt.allocator`). Threads: torch's default (one per core); see `use_every_core`."""
+    `vaswani_mt.system.allocator`). Threads: torch's default (one per core); see `use_every_core`."""
     if recipe.retain_freed_memory:
         retain_freed_memory()
 

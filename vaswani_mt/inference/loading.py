@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .configuration_vaswani import VaswaniConfig
+from vaswani_mt.model.configuration_vaswani import VaswaniConfig
 
 # What a model folder may hold as weights, and the suffixes of pickle files, refused here and by hub.check_hub_files.
 _SAFETENSORS, _SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -130,7 +130,7 @@ def _saved_shapes(model: str, folder: Path) -> dict[str, tuple[int, ...]]:
 
 
 def _check_weights_match_config(model: str, folder: Path, config: VaswaniConfig) -> None:
-    from .modeling_vaswani import VaswaniForConditionalGeneration
+    from vaswani_mt.model.modeling_vaswani import VaswaniForConditionalGeneration
 
     saved = _saved_shapes(model, folder)
     with torch.device("meta"):  # shapes only: no memory, no initialisation cost
@@ -206,7 +206,7 @@ def load_for_inference(model: str, device: str | None = None, attn_implementatio
     """A saved vaswani_mt model (folder or Hub id) and its tokenizer, in eval mode on `device` (default: GPU if
     there is one). Anything else raises `ModelFolderError`, one line that says what is wrong with the folder.
     `attn_implementation="eager"` is what `output_attentions` needs."""
-    from .modeling_vaswani import VaswaniForConditionalGeneration
+    from vaswani_mt.model.modeling_vaswani import VaswaniForConditionalGeneration
 
     model = str(model)
     folder, config = check_model_folder(model)

@@ -83,7 +83,8 @@ def build_demo(model_id: str, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS, *
     behind a queue of `queue_size` requests that `workers` translations at a time drain."""
     import gradio as gr
 
-    from .allocator import return_freed_memory
+    from vaswani_mt.system.allocator import return_freed_memory
+
     from .loading import load_for_inference
 
     model, tokenizer = load_for_inference(model_id, attn_implementation="eager")  # ModelFolderError: one line

@@ -1,0 +1,29 @@
+"""The model, exactly as it ships to the Hub: every file here but this one is copied into a saved folder as remote
+code, and imports only torch, transformers and its siblings (relatively), so that a folder loads in a process
+without vaswani_mt.
+
+- configuration_vaswani.py: `VaswaniConfig` and the presets (base and big of Table 3, and CPU-sized ones);
+- modeling_vaswani.py: the paper's encoder-decoder (§3), its label-smoothed loss (§5.4);
+- generation_vaswani.py: the paper's beam search (§6.1) as hooks into transformers' `generate()`;
+- fast_paths_vaswani.py: faster computations of the same numbers (dropout masks, packed GEMM, fused loss);
+- pipeline_vaswani.py: the translation pipeline (`pipeline("translation", model=folder, trust_remote_code=True)`).
+"""
+
+from .configuration_vaswani import PRESETS, VaswaniConfig
+from .modeling_vaswani import (
+    VaswaniForConditionalGeneration,
+    VaswaniModel,
+    VaswaniPreTrainedModel,
+    gnmt_length_penalty,
+    sinusoidal_position_encoding,
+)
+
+__all__ = [
+    "PRESETS",
+    "VaswaniConfig",
+    "VaswaniForConditionalGeneration",
+    "VaswaniModel",
+    "VaswaniPreTrainedModel",
+    "gnmt_length_penalty",
+    "sinusoidal_position_encoding",
+]
