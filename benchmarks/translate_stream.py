@@ -6,7 +6,7 @@ The script runs as a program of its own, as a user runs it: this process writes 
 (outputs read before it ends show that the script answers while input still arrives) and
 reads its standard output line by line. The input cycles through 60 distinct lines of 1 to 3 sentences, in a
 shuffled order, so that the length sort inside each chunk reorders them; each output must be the translation of
-its own line alone (batch invariance, tests/test_hostile_input.py), which is computed here first. The peak RSS is
+its own line alone (batch invariance, tests/inference/test_hostile_input.py), which is computed here first. The peak RSS is
 the script's `VmHWM` from /proc, read every 10,000 lines of output (printed to stderr as it goes), with the
 script's own CPU seconds: on a shared machine lines per CPU second is the throughput, wall time is not.
 

@@ -4,7 +4,7 @@ Run as `python tests/ddp_budget_worker.py OUT ACCUMULATION` (one process) or wit
 `accelerate launch --multi_gpu --num_processes 2 tests/ddp_budget_worker.py OUT ACCUMULATION --use_cpu`
 (2 processes). Every rank writes OUT/rank{R}.json: the row ids of each micro-batch `training_step` received (the
 first source token of row i is 4 + i), its padded shapes and real token counts, and the Trainer's log history.
-tests/test_batching.py imports `budget_dataset`, `train_with_budget` and `BUDGET` from here.
+tests/data/test_batching.py imports `budget_dataset`, `train_with_budget` and `BUDGET` from here.
 """
 
 import json

@@ -37,6 +37,7 @@ from transformers import (
 from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from vaswani_mt.data.batching import TokenBudgetBatchSampler, length_array
 from vaswani_mt.data.corpus import (
     BUILTIN_CORPORA,
     BUILTIN_CORPUS,
@@ -44,7 +45,6 @@ from vaswani_mt.data.corpus import (
     remove_damaged_cache_files,
     source_target,
 )
-from vaswani_mt.data.batching import TokenBudgetBatchSampler, length_array
 from vaswani_mt.data.tokenization import config_token_ids, train_tokenizer
 from vaswani_mt.evaluation.metrics import COMPOUND_SPLIT_LABEL, bleu, evaluate_bleu
 from vaswani_mt.hub.card import render_model_card, search_summary, widget_yaml

@@ -37,7 +37,7 @@ from vaswani_mt.evaluation.metrics import load_for_inference, read_text_lines, t
 from vaswani_mt.inference.demo import translate_for_demo
 from vaswani_mt.model.pipeline_vaswani import TranslationPipeline, encode_source
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ENGLISH = [english for english, _ in SENTENCES]
 LONG_LINE = ("The girl ate an apple. " * 4348 + "x")[:100_000]  # 100,000 characters, about 26,000 tokens
 HOSTILE = [

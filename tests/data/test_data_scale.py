@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "data_scale.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "data_scale.py"
 
 
 def test_data_preparation_benchmark_measures_each_stage_and_resumes_at_the_same_batch(tmp_path):

@@ -18,7 +18,7 @@ from vaswani_mt.training.hardware import (
 )
 from vaswani_mt.training.job import VaswaniTrainer, build_model
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(("native", "expected"), [(True, ("small", 256, 0.1, 2048)), (False, ("mini", 128, 0.0, 1024))])

@@ -20,7 +20,7 @@ from vaswani_mt.evaluation.metrics import (
     translate,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bleu_equals_sacrebleu_and_carries_its_signature():

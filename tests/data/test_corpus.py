@@ -22,7 +22,7 @@ from vaswani_mt.data.corpus import (
     split_by_group,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 DING_SAMPLE = """# Version :: devel
 Haus {n} | Das Haus ist klein. | Das Haus ist groß.; Das Haus ist riesig. :: \

@@ -21,7 +21,7 @@ from vaswani_mt.data.corpus import load_corpus
 from vaswani_mt.training.arguments import parse_args
 from vaswani_mt.training.table3 import PAPER_D_MODEL, load_rows, markdown_table, row_argv, scale_row, select_rows
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 BASE, BIG = ROOT / "configs" / "wmt14_en_de_base.yaml", ROOT / "configs" / "wmt14_en_de_big.yaml"

@@ -22,7 +22,7 @@ from conftest import SENTENCES, make_model
 
 from vaswani_mt.inference.loading import ModelFolderError, load_for_inference
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # Bad folder -> what its message must say, besides the folder's name.
 BAD_FOLDERS = {

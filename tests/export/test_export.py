@@ -9,7 +9,7 @@ from transformers import MarianMTModel
 
 from vaswani_mt.export.marian import hidden_permutation, to_marian
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_permutation_puts_sines_first():

@@ -30,7 +30,7 @@ from vaswani_mt.training.checkpoints import (
 )
 from vaswani_mt.training.job import VaswaniTrainer, paper_learning_rate
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 ACCELERATE = str(Path(PYTHON).parent / "accelerate")
 

@@ -73,7 +73,7 @@ def test_bad_arguments_are_refused():
 # The sampler inside VaswaniTrainer: what training really receives, alone and under 2-process DDP
 # (tests/ddp_budget_worker.py records every micro-batch `training_step` gets and the logged token counts).
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SEED = 3  # the worker's --seed, which the sampler takes (no --data_seed)
 
 

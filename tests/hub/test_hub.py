@@ -29,7 +29,7 @@ from vaswani_mt.hub.card import (
     upload_folder,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCORE = {
     "score": 12.3456,
     "chrf": 40.0,
@@ -105,7 +105,7 @@ def test_card_for_the_hub_names_the_repository_and_the_marian_card_says_what_it_
     assert split_card(ours)[0]["model-index"][0]["name"] == "tiny-en-de" and "\n# tiny-en-de\n" in ours
     assert 'AutoModelForSeq2SeqLM.from_pretrained("alice/tiny-en-de", trust_remote_code=True)' in ours
     # The card names the transformers versions the package requires (and is tested with).
-    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8")
+    pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text(encoding="utf-8")
     assert re.findall(r'^\s*"(transformers[^"]*)",', pyproject, flags=re.MULTILINE) == [TRANSFORMERS_REQUIREMENT]
     assert f'pip install "{TRANSFORMERS_REQUIREMENT}"' in ours
     assert "USER/" not in ours

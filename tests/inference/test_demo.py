@@ -25,7 +25,7 @@ from vaswani_mt.inference import demo as demo_module
 from vaswani_mt.inference.demo import DEMO_MAX_REQUEST_BYTES, translate_for_demo
 from vaswani_mt.inference.loading import load_for_inference
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -16,7 +16,7 @@ readers follow (`vaswani_mt.data.readers._read_lines`, `_side_problem`, `check_t
 - A local dataset folder of JSON-lines files (`datasets.load_dataset`, as for a Hub id): what datasets cannot load,
   and rows the checks above refuse, are read again with the jsonl reader, whose message names the file and line.
 
-`VASWANI_MT_FUZZ_REPORT=FILE pytest tests/test_data_fuzz.py` writes how many inputs of each kind were tried.
+`VASWANI_MT_FUZZ_REPORT=FILE pytest tests/data/test_readers_fuzz.py` writes how many inputs of each kind were tried.
 """
 
 import json
