@@ -1,32 +1,9 @@
 """The demo web app: `python app.py` (for a Hugging Face Space, this file is the entry point).
 
-The model is the first argument, else VASWANI_MODEL (a folder or a Hub id), else outputs/ding-cpu:
-    python app.py outputs/ding-cpu
-then open http://127.0.0.1:7860. It listens on this machine only unless told otherwise: `--host 0.0.0.0` (or
-GRADIO_SERVER_NAME, which a Space sets) and `--port` (or GRADIO_SERVER_PORT). A folder that is not a loadable model
-ends it with one line, `error: ...`, and exit status 1.
+The same as the command `vaswani-mt-demo` (`vaswani_mt.cli.demo.main`); `--help` says the rest.
 """
 
-import argparse
-import os
-import sys
-
-from vaswani_mt.inference.demo import launch
-from vaswani_mt.inference.loading import ModelFolderError
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="The vaswani_mt translation demo (Gradio).")
-    parser.add_argument("model", nargs="?", default=os.environ.get("VASWANI_MODEL", "outputs/ding-cpu"),
-                        help="model folder or Hub id (default: VASWANI_MODEL, else outputs/ding-cpu)")  # fmt: skip
-    parser.add_argument("--host", help="address to listen on (default: GRADIO_SERVER_NAME, else 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="port (default: GRADIO_SERVER_PORT, else 7860)")
-    args = parser.parse_args(argv)
-    try:
-        launch(args.model, host=args.host, port=args.port)
-    except ModelFolderError as error:
-        sys.exit(f"error: {error}")
-
+from vaswani_mt.cli.demo import main
 
 if __name__ == "__main__":
     main()

@@ -119,8 +119,8 @@ def run_stage(args: argparse.Namespace) -> dict:
 
     from vaswani_mt.data.batching import TokenBudgetBatchSampler, length_array
     from vaswani_mt.data.corpus import load_corpus
+    from vaswani_mt.data.tokenization import build_tokenizer, tokenize_corpus
     from vaswani_mt.training.arguments import parse_args as training_args
-    from vaswani_mt.training.job import build_tokenizer, tokenize_corpus
 
     work = Path(args.work_dir)
     model_args, data_args, _, _ = training_args(

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 import transformers
 
-from vaswani_mt.evaluation.metrics import load_for_inference
 from vaswani_mt.export.marian import export_model
+from vaswani_mt.inference.loading import load_for_inference
 
 
 def sources(vocab_size: int, batch: int, length: int, seed: int = 0) -> torch.Tensor:

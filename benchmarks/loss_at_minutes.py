@@ -14,7 +14,9 @@ seed under another version or machine should train the same numbers, only at ano
 import argparse
 from pathlib import Path
 
-from vaswani_mt.training.checkpoints import log_history, run_summary
+from run_logs import run_summary
+
+from vaswani_mt.training.checkpoints import log_history
 
 
 def logged_losses(run: Path) -> list[tuple[float, float]]:

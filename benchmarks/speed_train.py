@@ -298,9 +298,8 @@ def load_training_rows(args):
     from transformers import AutoTokenizer
 
     from vaswani_mt.data.corpus import load_corpus, source_target
-    from vaswani_mt.data.tokenization import train_tokenizer
+    from vaswani_mt.data.tokenization import tokenize_corpus, train_tokenizer
     from vaswani_mt.training.arguments import DataArguments
-    from vaswani_mt.training.job import tokenize_corpus
 
     corpus = load_corpus("ding")
     train = corpus["train"]

@@ -4,9 +4,9 @@
 Both go through the identical pipeline (vaswani_mt.training.job.run_training): the same corpus and split, the same
 tokenizer (trained once by the first run and reused), the same token-budget batches, Adam settings, Eq. (3)
 schedule, dropout, label smoothing 0.1 and wall-time budget, the same checkpoint averaging and the same test
-set. The only difference is the model: Marian keeps its own init and loss path (plain cross-entropy,
-label-smoothed by Seq2SeqTrainer's --label_smoothing_factor) and its own beam search (transformers' length
-penalty, beam 4, alpha 0.6). The runs are sequential in one process, so both see the same machine.
+set. The only difference is the model (`job.build_model` is swapped for the Marian run): Marian keeps its own
+init and loss path (cross-entropy, label-smoothed as Seq2SeqTrainer's LabelSmoother does) and its own beam search
+(transformers' length penalty, beam 4, alpha 0.6). The runs are sequential in one process, so both see the same machine.
 
     python benchmarks/train_vs_marian.py --config configs/ding_cpu.yaml --time_budget_minutes 20
 """
@@ -21,23 +21,46 @@ from pathlib import Path
 
 import torch
 import transformers
+from run_logs import run_summary
+from torch.nn import functional as F
 from transformers import MarianMTModel
 
 from vaswani_mt.export.marian import marian_config
+from vaswani_mt.training import job
 from vaswani_mt.training.arguments import parse_args
-from vaswani_mt.training.checkpoints import run_summary
-from vaswani_mt.training.job import build_model, run_training
 
 
-def marian_factory(model_args, tokenizer) -> MarianMTModel:
-    """MarianMTModel with our config's shape, its own initialisation, and a paper-like beam search."""
-    shape = build_model(model_args, tokenizer).config
-    marian = MarianMTModel(marian_config(shape))
+class LabelSmoothedMarian(MarianMTModel):
+    """MarianMTModel whose training loss is label-smoothed cross-entropy (eps_ls = config.label_smoothing), as
+    Seq2SeqTrainer's `LabelSmoother` computes it: (1 - eps) * NLL + eps * the mean over the vocabulary of -log p,
+    averaged over the target tokens that are not padding."""
+
+    def forward(self, *args, labels=None, **kwargs):
+        if labels is None or not self.training:
+            return super().forward(*args, labels=labels, **kwargs)
+        if kwargs.get("decoder_input_ids") is None:
+            kwargs["decoder_input_ids"] = self.prepare_decoder_input_ids_from_labels(labels)
+        output = super().forward(*args, **kwargs)  # without labels: no second, unsmoothed loss
+        logits = output.logits.float().flatten(0, 1)
+        eps = self.config.label_smoothing
+        output.loss = F.cross_entropy(logits, labels.flatten(), ignore_index=-100, label_smoothing=eps)
+        return output
+
+
+def marian_model(model_args, tokenizer) -> MarianMTModel:
+    """In place of `job.build_model`: MarianMTModel with our config's shape, its own initialisation, label smoothing
+    and a paper-like beam search, trained and scored by exactly the same job."""
+    shape = build_vaswani_model(model_args, tokenizer).config
+    marian = LabelSmoothedMarian(marian_config(shape))
+    marian.config.label_smoothing = shape.label_smoothing
     marian.config._attn_implementation = model_args.attn_implementation
     generation = marian.generation_config
     generation.num_beams, generation.length_penalty, generation.max_new_tokens = 4, 0.6, 128
     generation.bad_words_ids = None
     return marian
+
+
+build_vaswani_model = job.build_model
 
 
 def main() -> None:
@@ -56,13 +79,10 @@ def main() -> None:
         argv = ["--config", args.config, "--output_dir", f"{args.output_dir}/{name}", *overrides]
         if tokenizer_dir:
             argv += ["--tokenizer", tokenizer_dir]
-        if name == "marian":
-            argv += ["--label_smoothing_factor", "0.1"]
         model_args, data_args, recipe, training_args = parse_args(argv)
         started = time.monotonic()
-        result = run_training(
-            model_args, data_args, recipe, training_args, model_factory=marian_factory if name == "marian" else None
-        )
+        job.build_model = marian_model if name == "marian" else build_vaswani_model
+        result = job.run_training(model_args, data_args, recipe, training_args)
         tokenizer_dir = tokenizer_dir or str(Path(training_args.output_dir) / "tokenizer")
         results[name] = {
             "test_bleu": round(result["test"]["score"], 2),

@@ -6,8 +6,8 @@ The script runs as a program of its own, as a user runs it: this process writes 
 (outputs read before it ends show that the script answers while input still arrives) and
 reads its standard output line by line. The input cycles through 60 distinct lines of 1 to 3 sentences, in a
 shuffled order, so that the length sort inside each chunk reorders them; each output must be the translation of
-its own line alone (batch invariance, tests/inference/test_hostile_input.py), which is computed here first. The peak RSS is
-the script's `VmHWM` from /proc, read every 10,000 lines of output (printed to stderr as it goes), with the
+its own line alone (batch invariance, tests/inference/test_hostile_input.py), which is computed here first. The
+peak RSS is the script's `VmHWM` from /proc, read every 10,000 lines of output (printed to stderr as it goes), with the
 script's own CPU seconds: on a shared machine lines per CPU second is the throughput, wall time is not.
 
 Without `--model` it builds the tests' tiny model (d_model 32, 2+2 layers, a 200-token vocabulary) fitted to six
@@ -62,7 +62,8 @@ def _status_kib(pid: int, field: str) -> int:
 
 
 def run(args: argparse.Namespace, folder: Path) -> dict:
-    from vaswani_mt.evaluation.metrics import load_for_inference, translate
+    from vaswani_mt.inference.loading import load_for_inference
+    from vaswani_mt.inference.translate import translate
 
     lines = distinct_lines()
     model, tokenizer = load_for_inference(str(folder), device="cpu")

@@ -1,25 +1,10 @@
 #!/usr/bin/env python
 """Average the last K checkpoints of a run (§6.1: 5 for base, 20 for big) into a folder for from_pretrained.
 
-python scripts/average_checkpoints.py --checkpoint_dir outputs/run --last 5 --output outputs/run-avg5
+The same as the command `vaswani-mt-average` (`vaswani_mt.cli.average.main`); `--help` says the rest.
 """
 
-import argparse
-import logging
-
-from vaswani_mt.training.checkpoints import average_checkpoints
-
-
-def main() -> None:
-    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint_dir", required=True, help="folder holding checkpoint-N folders")
-    parser.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints to average")
-    parser.add_argument("--up_to_step", type=int, default=None, help="only checkpoints of this step or earlier")
-    parser.add_argument("--output", required=True, help="folder to write (replaced if it is a model folder)")
-    args = parser.parse_args()
-    print(average_checkpoints(args.checkpoint_dir, args.last, args.output, up_to_step=args.up_to_step))
-
+from vaswani_mt.cli.average import main
 
 if __name__ == "__main__":
     main()

@@ -1,50 +1,10 @@
 #!/usr/bin/env python
 """Train vaswani_mt with the paper's recipe (§5) through Seq2SeqTrainer.
 
-    python scripts/train.py --output_dir outputs/run --preset small ...
-    python scripts/train.py configs/ding_cpu.yaml
-    accelerate launch scripts/train.py ...                                # one or many GPUs (DDP)
-    accelerate launch --multi_gpu --num_processes 2 scripts/train.py --use_cpu ...   # 2 CPU processes
-
-Every Seq2SeqTrainingArguments flag works, plus --preset, --dataset, --source_lang, --target_lang,
---max_tokens_per_batch, --vocab_size, --tokenizer, ... (`--help` lists them). The options are in
-vaswani_mt.training.arguments, the job in vaswani_mt.training.job.
-
-Started again with the same command, a run resumes from its last complete checkpoint. SIGINT (Ctrl-C) or SIGTERM
-(preemption) ends the current step, saves a checkpoint and exits with status 128 + the signal's number (130, 143),
-not 0: the job is not finished, and the same command resumes it. A second signal stops at once.
+The same as the command `vaswani-mt-train` (`vaswani_mt.cli.train.main`); `--help` says the rest.
 """
 
-import logging
-import shlex
-import sys
-
-from vaswani_mt.data.corpus import DataError
-from vaswani_mt.training.arguments import check_dataset_options, parse_args
-from vaswani_mt.training.checkpoints import CheckpointError
-from vaswani_mt.training.job import print_summary, run_training
-
-
-def main() -> None:
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    try:
-        model_args, data_args, recipe, training_args = parse_args()
-        check_dataset_options(data_args, recipe)
-    except ValueError as error:  # a bad option or config file: one line that names it, no traceback
-        sys.exit(f"error: {error}")
-    command = "python " + shlex.join(["scripts/train.py", *sys.argv[1:]])
-    try:
-        result = run_training(model_args, data_args, recipe, training_args, command=command)
-    except (CheckpointError, DataError) as error:  # bad data (file:line), a full disk, a bad checkpoint: one line
-        sys.exit(f"error: {error}")
-    if "preempted" in result:
-        stop = result["preempted"]
-        print(f"stopped by {stop['signal']} at step {stop['step']}; {stop['checkpoint']} saved: run the same command "
-              "to resume", file=sys.stderr)  # fmt: skip
-        sys.exit(stop["exit_code"])
-    if "test" in result or "examples" in result:
-        print_summary(result)
-
+from vaswani_mt.cli.train import main
 
 if __name__ == "__main__":
     main()

@@ -1,32 +1,10 @@
 #!/usr/bin/env python
-"""Draw a translation's attention, like the paper's appendix figures: encoder self-attention, decoder
-self-attention and encoder-decoder attention, one PNG per kind and layer with a panel per head.
+"""Draw a translation's attention weights as heatmaps, like the paper's appendix figures.
 
-python scripts/visualize_attention.py --model outputs/ding-cpu --text "The house is small." --output_dir attention
+The same as the command `vaswani-mt-visualize` (`vaswani_mt.cli.visualize.main`); `--help` says the rest.
 """
 
-import argparse
-import sys
-
-from vaswani_mt.inference.attention_plots import visualize
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="saved model folder or Hub id")
-    parser.add_argument("--text", required=True, help="the source sentence")
-    parser.add_argument("--output_dir", default="attention", help="where the PNG files go")
-    parser.add_argument("--num_beams", type=int, default=None, help="default: the model's (4)")
-    args = parser.parse_args()
-    kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
-    try:
-        attentions, paths = visualize(args.model, args.text, args.output_dir, **kwargs)
-    except ValueError as error:
-        sys.exit(f"error: {error}")
-    print(f"translation: {attentions.translation}")
-    for path in paths:
-        print(path)
-
+from vaswani_mt.cli.visualize import main
 
 if __name__ == "__main__":
     main()

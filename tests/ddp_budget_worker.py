@@ -18,7 +18,7 @@ from datasets import Dataset
 from transformers import DataCollatorForSeq2Seq
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani_mt.training.job import VaswaniTrainer
+from vaswani_mt.training.trainer import VaswaniTrainer
 
 BUDGET = 40  # padded tokens per batch and side
 PAIRS = 40  # with these lengths and the seed: 10 batches, an even count, so 2 ranks share the 1-process batch list

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from transformers import DataCollatorForSeq2Seq
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani_mt.training.job import VaswaniTrainer
+from vaswani_mt.training.trainer import VaswaniTrainer
 
 out, per_device = sys.argv[1], int(sys.argv[2])
 rows = uneven_pairs()

@@ -14,11 +14,11 @@ from vaswani_mt.evaluation.metrics import (
     bleu,
     compound_split,
     compound_split_bleu,
-    load_for_inference,
     score_translations,
     token_nll,
-    translate,
 )
+from vaswani_mt.inference.loading import load_for_inference
+from vaswani_mt.inference.translate import translate
 
 ROOT = Path(__file__).resolve().parents[2]
 

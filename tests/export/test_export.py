@@ -83,8 +83,8 @@ def _expected_greedy(model, tokenizer, sentences, steps=16):
 def test_marian_export_loads_with_the_auto_classes_and_gives_our_greedy_tokens(fitted_folder, tmp_path):
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from vaswani_mt.evaluation.metrics import load_for_inference
     from vaswani_mt.export.marian import export_model
+    from vaswani_mt.inference.loading import load_for_inference
 
     export_model(fitted_folder, "marian", tmp_path / "marian")
     marian = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "marian").eval()
@@ -101,8 +101,8 @@ def test_marian_export_loads_with_the_auto_classes_and_gives_our_greedy_tokens(f
 
 def test_ctranslate2_float32_gives_our_greedy_tokens_and_int8_runs(fitted_folder, tmp_path):
     ctranslate2 = pytest.importorskip("ctranslate2")
-    from vaswani_mt.evaluation.metrics import load_for_inference
     from vaswani_mt.export.marian import ctranslate2_generate, export_model
+    from vaswani_mt.inference.loading import load_for_inference
 
     output = export_model(fitted_folder, "ctranslate2", tmp_path / "ct2")
     assert {"model.bin", "config.json", "shared_vocabulary.json", "tokenizer.json"} <= {

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from vaswani_mt.evaluation.metrics import load_for_inference
 from vaswani_mt.inference.attention_plots import heatmap_figure, plot_attentions, translate_with_attention
+from vaswani_mt.inference.loading import load_for_inference
 
 
 def test_attentions_are_those_of_the_translation_per_layer_and_head(fitted_folder):

@@ -114,10 +114,8 @@ def test_demo_listens_on_loopback_unless_told_otherwise(monkeypatch):
 
 
 def _load_app():
-    spec = importlib.util.spec_from_file_location("app", ROOT / "app.py")
-    app = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(app)
-    return app
+    """What app.py and `vaswani-mt-demo` run."""
+    return importlib.import_module("vaswani_mt.cli.demo")
 
 
 def test_app_passes_its_host_and_port_flags_to_the_demo(monkeypatch):

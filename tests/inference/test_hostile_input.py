@@ -33,8 +33,9 @@ from conftest import SENTENCES
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from vaswani_mt.evaluation.metrics import load_for_inference, read_text_lines, translate, translate_stream
 from vaswani_mt.inference.demo import translate_for_demo
+from vaswani_mt.inference.loading import load_for_inference
+from vaswani_mt.inference.translate import read_text_lines, translate, translate_stream
 from vaswani_mt.model.pipeline_vaswani import TranslationPipeline, encode_source
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -282,7 +283,9 @@ def test_each_sentence_translates_to_the_same_tokens_alone_and_in_a_mixed_batch(
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_script", ROOT / "scripts" / f"{name}.py")
+    """What scripts/<name>.py and its `vaswani-mt-*` command run (the module's own copy, so patches stay here)."""
+    module = {"translate": "translate", "evaluate_model": "evaluate"}[name]
+    spec = importlib.util.find_spec(f"vaswani_mt.cli.{module}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -404,7 +407,7 @@ def test_evaluate_script_names_the_line_of_bytes_that_are_not_utf8(quick_scripts
 
 def test_reading_lines_replaces_bad_bytes_and_cuts_endless_lines_with_warnings(caplog):
     data = b"\xef\xbb\xbfok\r\nbad \xff\xc3(\n" + b"x" * 5000 + "é".encode() * 10 + b"\nlast"
-    with caplog.at_level("WARNING", logger="vaswani_mt.evaluation.metrics"):
+    with caplog.at_level("WARNING", logger="vaswani_mt.inference.translate"):
         lines = list(read_text_lines(io.BytesIO(data), "in.txt", max_line_bytes=1000))
     assert lines == ["ok", "bad \ufffd\ufffd(", "x" * 1000, "last"]
     assert "in.txt:2: bytes that are not UTF-8 (b'\\xff' at byte 5) read as U+FFFD" in caplog.text

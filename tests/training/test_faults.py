@@ -35,7 +35,7 @@ from vaswani_mt.training.checkpoints import (
     resume_point,
     unpickling_refused,
 )
-from vaswani_mt.training.job import VaswaniTrainer
+from vaswani_mt.training.trainer import VaswaniTrainer
 
 STEPS = 10  # about 6 steps an epoch: the runs cross an epoch boundary, where the sampler reshuffles
 SEED = int(os.environ.get("VASWANI_FAULT_SEED", "26"))

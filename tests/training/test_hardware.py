@@ -7,16 +7,17 @@ import pytest
 import torch
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani_mt.system import native_bf16
 from vaswani_mt.training import hardware
 from vaswani_mt.training.arguments import parse_args
 from vaswani_mt.training.hardware import (
     apply_float32_overrides,
     configure_process,
-    native_bf16,
     resolve_attention,
     resolve_precision,
 )
-from vaswani_mt.training.job import VaswaniTrainer, build_model
+from vaswani_mt.training.job import build_model
+from vaswani_mt.training.trainer import VaswaniTrainer
 
 ROOT = Path(__file__).resolve().parents[2]
 

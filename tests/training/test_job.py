@@ -26,9 +26,8 @@ from vaswani_mt.training.checkpoints import (
     last_checkpoint,
     list_checkpoints,
     log_history,
-    run_summary,
 )
-from vaswani_mt.training.job import VaswaniTrainer, paper_learning_rate
+from vaswani_mt.training.trainer import VaswaniTrainer, paper_learning_rate
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -284,7 +283,7 @@ def test_end_to_end_job_on_local_jsonl(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint-N folder"):
         loss_at_minutes.logged_losses(tmp_path)
     # run_summary (printed under the table): updates, epochs, the median logged tokens per second, the last loss
-    summary = run_summary(output)
+    summary = loss_at_minutes.run_summary(output)
     speeds = sorted(r["target_tokens_per_second"] for r in logged)
     assert summary["steps"] == 8 and summary["epochs"] == history[-1]["epoch"] > 0
     assert summary["final_train_loss"] == logged[-1]["loss"]

@@ -231,7 +231,7 @@ def test_scale_row_keeps_a_rows_meaning_at_another_width():
 def test_table3_script_trains_and_scores_two_rows_at_a_tiny_scale(tmp_path, capsys):
     """scripts/table3.py with the CPU scale file shrunk to the tiny preset, 3 steps a row: the table holds the two
     rows with their shapes (A-h1: h 1, d_k = d_v = d_model; C-N4: 4 layers), parameter counts and finite PPL."""
-    spec = importlib.util.spec_from_file_location("table3_script", ROOT / "scripts" / "table3.py")
+    spec = importlib.util.find_spec("vaswani_mt.cli.table3")  # what scripts/table3.py runs
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     data = write_jsonl(tmp_path / "pairs.jsonl", count=300)

@@ -391,6 +391,29 @@ def _normalise_hub_corpus(corpus, name: str, source_lang: str, target_lang: str,
     return datasets.DatasetDict({split: corpus[split] for split in SPLITS})
 
 
+def describe_corpus(dataset: str, dataset_config: str | None = None, upsample_primary: int = 1) -> dict:
+    """What a model card says of the training data (`vaswani_mt.hub.card.card_values`): licence, name, a note on
+    what was used, and the limitations it implies. The built-in corpora carry the Ding dictionary's GPL-2+."""
+    if dataset not in BUILTIN_CORPORA:
+        return {
+            "license": "apache-2.0",
+            "dataset_id": dataset,
+            "dataset_name": dataset,
+            "dataset_note": f"{dataset} {dataset_config or ''}".strip(),
+            "limitations": "Quality outside the training domain is unknown.",
+        }
+    return {
+        "license": "gpl-2.0",
+        "dataset_id": "trans-de-en (Debian, Ding dictionary)",
+        "dataset_name": "Ding de-en dictionary sentence pairs",
+        "dataset_note": "sentence-like example pairs of the Ding dictionary (GPL-2+), split by dictionary entry"
+        + (", plus the multi-word phrases of the training entries" if dataset != BUILTIN_CORPUS else "")
+        + (f"; each sentence {upsample_primary} times" if upsample_primary > 1 else ""),
+        "limitations": "Trained on short dictionary example sentences (about 8 words): expect poor output on long, "
+        "technical or informal text, and on names and numbers the dictionary does not contain.",
+    }
+
+
 def source_target(corpus: datasets.Dataset, source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:
     """The source and target sentences of a split, as two aligned lists."""
     rows = corpus["translation"]
@@ -403,6 +426,7 @@ __all__ = [
     "BUILTIN_CORPUS_WITH_PHRASES",
     "DataError",
     "check_translations",
+    "describe_corpus",
     "extract_ding_pairs",
     "extract_ding_phrases",
     "load_corpus",

@@ -7,10 +7,18 @@ round-trip exactly. Special tokens follow fairseq's order: `<s>`=0, `<pad>`=1, `
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from .corpus import remove_damaged_cache_files
+
+logger = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}
 
@@ -73,4 +81,105 @@ def config_token_ids(tokenizer) -> dict[str, int]:
     }
 
 
-__all__ = ["SPECIAL_TOKENS", "config_token_ids", "train_tokenizer"]
+def build_tokenizer(
+    corpus,
+    languages: tuple[str, str],
+    output_dir: str | os.PathLike,
+    *,
+    tokenizer: str | None = None,
+    model_name_or_path: str | None = None,
+    vocab_size: int = 37000,
+    sample: int = 0,
+):
+    """The run's tokenizer: a given one (`tokenizer`, else the one saved with `model_name_or_path`), the run's own
+    from an earlier attempt (`output_dir/tokenizer`, so that a resumed run keeps its vocabulary), or a new joint BPE
+    learned on the train split of `corpus` (§5.1), on a random `sample` of its pairs when 0 < sample < its size."""
+    saved = Path(output_dir) / "tokenizer"
+    if tokenizer:
+        return AutoTokenizer.from_pretrained(tokenizer)
+    if model_name_or_path:
+        return AutoTokenizer.from_pretrained(model_name_or_path)
+    if (saved / "tokenizer.json").is_file():
+        logger.info("reusing this run's tokenizer from %s", saved)
+        return AutoTokenizer.from_pretrained(saved)
+    train = corpus["train"]
+    if 0 < sample < len(train):
+        rows = np.random.default_rng(0).choice(len(train), sample, replace=False)
+        train = train.select(np.sort(rows))
+    trained = train_tokenizer(side_texts(train, languages), vocab_size=vocab_size)
+    tmp = Path(output_dir) / "tokenizer.tmp"
+    trained.save_pretrained(tmp)
+    os.replace(tmp, saved)  # whole or not at all: a resumed run must find the very same vocabulary
+    logger.info("trained a %d-token BPE vocabulary on %d sentences", len(trained), len(train) * 2)
+    return trained
+
+
+def side_texts(pairs, languages: tuple[str, ...], batch_size: int = 10_000) -> Iterator[str]:
+    """Every sentence of `pairs` (a `datasets.Dataset` of `translation` rows) on each side in turn (all sources,
+    then all targets), streamed in batches: a corpus of millions of pairs is never a Python list."""
+    for lang in languages:
+        for batch in pairs.iter(batch_size=batch_size):
+            yield from (row[lang] for row in batch["translation"])
+
+
+def tokenize_corpus(
+    corpus,
+    tokenizer,
+    source_lang: str,
+    target_lang: str,
+    *,
+    max_source_length: int = 256,
+    max_target_length: int = 256,
+    num_proc: int | None = None,
+) -> dict:
+    """Adds input_ids / labels (both ending in EOS) and their lengths with `datasets.map` (in `num_proc`
+    processes; cached next to a corpus read from disk, so a rerun reuses it); drops over-long training pairs, with
+    a count.
+
+    The cache is keyed by datasets' fingerprint of the corpus and of `encode` / `short_enough` with what they
+    capture (the tokenizer's vocabulary and settings, the languages, the maximum lengths), so a changed tokenizer,
+    corpus or limit never reads an old result; cache files that are not whole are removed first and recomputed
+    (`remove_damaged_cache_files`). The rows themselves were checked when the corpus was loaded."""
+    src, tgt = source_lang, target_lang
+    max_source, max_target = max_source_length, max_target_length
+
+    def encode(batch):
+        sources = [row[src] for row in batch["translation"]]
+        targets = [row[tgt] for row in batch["translation"]]
+        encoded = tokenizer(sources, text_target=targets)
+        encoded["source_length"] = [len(ids) for ids in encoded["input_ids"]]
+        encoded["target_length"] = [len(ids) for ids in encoded["labels"]]
+        return encoded
+
+    def short_enough(source_lengths, target_lengths):
+        return [s <= max_source and t <= max_target for s, t in zip(source_lengths, target_lengths, strict=True)]
+
+    out = {}
+    for split, dataset in corpus.items():
+        remove_damaged_cache_files(dataset)
+        dataset = dataset.map(encode, batched=True, remove_columns=dataset.column_names, num_proc=num_proc,
+                              desc=f"tokenizing {split}")  # fmt: skip
+        if split == "train":
+            before = len(dataset)
+            dataset = dataset.filter(short_enough, input_columns=["source_length", "target_length"], batched=True,
+                                     batch_size=10_000, num_proc=num_proc)  # fmt: skip
+            if len(dataset) < before:
+                logger.warning(
+                    "dropped %d of %d training pairs longer than %d source / %d target tokens",
+                    before - len(dataset),
+                    before,
+                    max_source,
+                    max_target,
+                )
+        out[split] = dataset
+    return out
+
+
+__all__ = [
+    "SPECIAL_TOKENS",
+    "build_tokenizer",
+    "config_token_ids",
+    "side_texts",
+    "tokenize_corpus",
+    "train_tokenizer",
+]

@@ -121,6 +121,72 @@ def compound_split_metric(value) -> str:
     return f"    - type: bleu\n      value: {value}\n      name: {json.dumps(COMPOUND_SPLIT_METRIC_NAME)}\n"
 
 
+def card_values(
+    model,
+    tokenizer,
+    *,
+    source_lang: str,
+    target_lang: str,
+    corpus: dict,
+    examples: list[str],
+    training: dict,
+    test: dict,
+    command: str = "",
+) -> dict:
+    """The values `model_card.md` is rendered with (`render_model_card`), for a trained model.
+
+    `corpus`: the training data's licence, name and notes (`vaswani_mt.data.corpus.describe_corpus`); `examples`:
+    test sources for the widget; `training`: preset, train_pairs, test_pairs, lr_scale, warmup, max_tokens, steps,
+    train_minutes, hardware and precision of the run; `test`: its test scores (`evaluate_bleu`), empty if none.
+    """
+    config = model.config
+    src, tgt = source_lang, target_lang
+    examples = examples or ["Hello."]
+    averaged = getattr(model, "averaged_from", [])
+    return {
+        "source_lang": src,
+        "target_lang": tgt,
+        "license": corpus["license"],
+        "dataset_id": corpus["dataset_id"],
+        "dataset_name": corpus["dataset_name"],
+        "dataset_note": corpus["dataset_note"],
+        "widget": widget_yaml(examples),
+        "model_name": f"vaswani-mt-{training['preset']}-{src}-{tgt}",
+        "architecture": f"N = {config.num_encoder_layers}+{config.num_decoder_layers} layers, "
+        f"d_model = {config.d_model}, d_ff = {config.d_ff}, h = {config.num_heads}, d_k = d_v = {config.d_k}",
+        "vocab_size": len(tokenizer),
+        "parameters": f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M",
+        "preset": training["preset"],
+        "initialisation": f"every weight from N(0, {config.init_std}) (as MarianMTModel; the paper names none)"
+        if config.init_std
+        else "Xavier-uniform linear layers, N(0, d_model^-0.5) embeddings (tensor2tensor's)",
+        "train_pairs": training["train_pairs"],
+        "lr_scale": training["lr_scale"],
+        "warmup": training["warmup"],
+        "label_smoothing": config.label_smoothing,
+        "dropout": config.dropout,
+        "max_tokens": training["max_tokens"],
+        "steps": training["steps"],
+        "train_minutes": training["train_minutes"],
+        "hardware": training["hardware"],
+        "precision": training["precision"],
+        "weights_note": f"the average of {len(averaged)} checkpoints ({', '.join(averaged)})"
+        if averaged
+        else "the final weights",
+        "test_pairs": training["test_pairs"],
+        "bleu": round(test["score"], 2) if test else "null",
+        "chrf": round(test["chrf"], 2) if test else "not evaluated",
+        "signature": test.get("signature", "not evaluated"),
+        "compound_split_bleu": round(test["compound_split_bleu"], 2) if test else "not evaluated",
+        "compound_split_signature": test.get("compound_split_signature", "not evaluated"),
+        "search": search_summary(model.generation_config),
+        "command": command or "scripts/train.py",
+        "limitations": corpus["limitations"],
+        "repo_id": f"USER/vaswani-mt-{src}-{tgt}",
+        "example": examples[0].replace('"', '\\"'),
+    }
+
+
 def render_model_card(values: dict, template: str | None = None) -> str:
     """Fills every `{{name}}` of the template; a placeholder without a value is an error, not a blank.
 
@@ -421,6 +487,7 @@ __all__ = [
     "HubUploadError",
     "build_hub_folder",
     "card_for_hub",
+    "card_values",
     "check_card",
     "check_hub_files",
     "check_hub_folder",

@@ -146,7 +146,7 @@ def plot_attentions(attentions: Attentions, output_dir: str | Path) -> list[Path
 
 def visualize(model: str, text: str, output_dir: str | Path, **generate_kwargs) -> tuple[Attentions, list[Path]]:
     """`scripts/visualize_attention.py`: loads the model (eager attention), translates `text`, writes the PNGs."""
-    from vaswani_mt.evaluation.metrics import load_for_inference
+    from vaswani_mt.inference.loading import load_for_inference
 
     loaded, tokenizer = load_for_inference(model, attn_implementation="eager")
     attentions = translate_with_attention(loaded, tokenizer, text, **generate_kwargs)

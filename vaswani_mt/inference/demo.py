@@ -17,10 +17,17 @@ import math
 import os
 import re
 
-# Before gradio is imported: it reads these at import time.
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-os.environ.setdefault("DO_NOT_TRACK", "1")
+
+def _import_gradio_quietly():
+    """gradio, imported with its analytics and telemetry off unless the environment says otherwise: it reads these
+    variables when first imported, so the demo sets them then (and importing this module changes nothing)."""
+    quiet = {"GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1"}
+    for name, value in quiet.items():
+        os.environ.setdefault(name, value)
+    import gradio
+
+    return gradio
+
 
 # The demo's longest source, in tokens: the training pairs were at most 256 tokens long (`--max_source_length`),
 # and a CPU Space stays responsive. Longer text is cut, and the page says so.
@@ -81,9 +88,9 @@ def build_demo(model_id: str, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS, *
                queue_size: int = DEMO_QUEUE_SIZE):  # fmt: skip
     """The Gradio Blocks app for the vaswani_mt model in `model_id` (folder or Hub id), loaded with eager attention,
     behind a queue of `queue_size` requests that `workers` translations at a time drain."""
-    import gradio as gr
+    gr = _import_gradio_quietly()
 
-    from vaswani_mt.system.allocator import return_freed_memory
+    from vaswani_mt.system import return_freed_memory
 
     from .loading import load_for_inference
 
@@ -188,7 +195,7 @@ def launch(model_id: str, host: str | None = None, port: int | None = None, *, w
     among `kwargs` (the rest go to Gradio's `launch`). The address is `server_name(host)`, the port `port`, else
     GRADIO_SERVER_PORT, else 7860. A model folder that cannot be served raises `ModelFolderError` (one line) before
     anything listens. No public share link unless `share=True` is given (GRADIO_SHARE alone does not open one)."""
-    import gradio as gr
+    gr = _import_gradio_quietly()
     from starlette.middleware import Middleware
 
     demo = build_demo(model_id, workers=workers, queue_size=queue_size)

@@ -5,7 +5,8 @@ to the kernel at `free`; it also trims the top of its heap when more than a few 
 allocates the same large temporaries at every step (the loss's logits chunk: 1,680 target tokens x 8,000 types in
 float32 are 54 MB, its bf16 copy, the feed-forward activations), so at every step the kernel maps those pages
 again and zero-fills them on first touch: about 23,000 page faults per step at the CPU preset's shapes.
-Without them, `benchmarks/speed_train.py`'s allocator mode (`benchmarks/RESULTS.md`, ninth session) measured 1.11x
+Without them, `benchmarks/speed_train.py`'s allocator mode (at commit aca84f8^; `benchmarks/RESULTS.md`, 2026-11-23,
+the allocator) measured 1.11x
 the steps per second under bf16 autocast and 1.05x in float32 (and 1.28x for MarianMTModel's step, whose loss
 allocates more). `retain_freed_memory()` tells malloc to serve large blocks from its heap and not to trim it, so
 freed blocks are reused with their pages already mapped (the same fix as preloading jemalloc or tcmalloc, which

@@ -1,5 +1,5 @@
-"""What the hardware decides: native bf16, the precision and attention kernel trained with, the float32 fallback,
-and the process-wide settings (malloc, threads), each applied in one visible place.
+"""What the hardware decides (`vaswani_mt.system.native_bf16`): the precision and attention kernel trained with,
+the float32 fallback, and the process-wide settings (malloc, threads), each applied in one visible place.
 
 None of it changes what the model computes, only how fast (`--attn_implementation`, the allocator) or in which
 precision (`--bf16`, `--auto_bf16`); `--auto_bf16`'s float32 fallback (`--float32_overrides`) also trains another
@@ -10,28 +10,20 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import Seq2SeqTrainingArguments
 
-from vaswani_mt.system.allocator import retain_freed_memory
+from vaswani_mt.system import native_bf16, retain_freed_memory
 
-from .arguments import DataArguments, ModelArguments, RecipeArguments
+if TYPE_CHECKING:  # annotations only: importing this module imports neither the options nor datasets
+    from transformers import Seq2SeqTrainingArguments
+
+    from .arguments import DataArguments, ModelArguments, RecipeArguments
 
 logger = logging.getLogger(__name__)
 
 ATTENTION_IMPLEMENTATIONS = ("auto", "sdpa", "eager")
-
-
-def native_bf16() -> bool:
-    """Whether this machine multiplies bf16 natively: a CUDA GPU that supports it, or a CPU with AVX512-BF16 or AMX.
-
-    Elsewhere torch emulates bf16 products on the CPU, slower than float32, so `--auto_bf16` leaves them off.
-    """
-    if torch.cuda.is_available():
-        return torch.cuda.is_bf16_supported()
-    checks = (getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-    return any(check() for check in checks if check is not None)
 
 
 def resolve_precision(recipe: RecipeArguments, training_args: Seq2SeqTrainingArguments) -> None:
@@ -128,7 +120,6 @@ __all__ = [
     "auto_attention",
     "configure_process",
     "hardware_name",
-    "native_bf16",
     "precision_name",
     "resolve_attention",
     "resolve_precision",

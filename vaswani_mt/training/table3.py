@@ -33,10 +33,12 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parent.parent
-CONFIG_DIR = ROOT / "configs"
+# The repository's configs/ (relative to the working directory, as `scripts/train.py configs/ding_cpu.yaml` is):
+# the rows' override files and the scale files; `--rows_dir` and a path given as `--scale` name others.
+CONFIG_DIR = Path("configs")
 ROWS_DIR = CONFIG_DIR / "table3"
-TRAIN_SCRIPT = ROOT / "scripts" / "train.py"
+# What a launcher runs for a row: the training command as a module (`accelerate launch -m ...`).
+TRAIN_MODULE = "vaswani_mt.cli.train"
 # --scale NAME: these files of CONFIG_DIR; any other value is a path to a training config file.
 SCALES = {"paper": "wmt14_en_de_base.yaml", "big": "wmt14_en_de_big.yaml", "cpu": "table3_cpu.yaml"}
 # The paper's base row: the widths and step count a row's values are relative to.
@@ -201,10 +203,11 @@ def resolve_scale(scale: str | Path) -> Path:
 
 
 def train_row(argv: Sequence[str], launcher: str | None = None) -> None:
-    """Trains one row with `scripts/train.py`'s options `argv`: in this process (`run_training`), or, with a
-    `launcher` such as `accelerate launch --multi_gpu --num_processes 8`, as `<launcher> scripts/train.py argv`."""
+    """Trains one row with the training command's options `argv`: in this process (`run_training`), or, with a
+    `launcher` such as `accelerate launch --multi_gpu --num_processes 8`, as `<launcher> -m vaswani_mt.cli.train
+    argv` (the launcher must take `-m MODULE`, as `accelerate launch` and `torchrun` do)."""
     if launcher:
-        command = [*shlex.split(launcher), str(TRAIN_SCRIPT), *argv]
+        command = [*shlex.split(launcher), "-m", TRAIN_MODULE, *argv]
         logger.info("running %s", shlex.join(command))
         subprocess.run(command, check=True)
         return
@@ -235,7 +238,8 @@ def score_row(name: str, options: dict, output_dir: str | Path, dev: tuple[list[
               batch_size: int = 64) -> Table3Row:  # fmt: skip
     """Dev PPL (exp of the token NLL, no label smoothing) and dev BLEU (the model's saved search: beam 4 and the
     recipe's length penalty) of the model a row's training left in `output_dir` (its final weights)."""
-    from vaswani_mt.evaluation.metrics import evaluate_bleu, load_for_inference, token_nll
+    from vaswani_mt.evaluation.metrics import evaluate_bleu, token_nll
+    from vaswani_mt.inference.loading import load_for_inference
 
     from .checkpoints import log_history
 

@@ -1,0 +1,107 @@
+"""sacreBLEU, chrF and the paper's tokenized compound-split BLEU of a model on a test set, with the paper's search
+(beam 4, GNMT alpha 0.6, input + 50); or, with --hypotheses, of translations already made (no model loaded).
+
+python scripts/evaluate_model.py --model outputs/run                       # built-in corpus, test split
+python scripts/evaluate_model.py --model DIR --dataset wmt14 --dataset_config de-en --source_lang en --target_lang de
+python scripts/evaluate_model.py --model DIR --source_file test.en --reference_file test.de
+python scripts/evaluate_model.py --hypotheses out.de --references test.de  # score existing output
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from vaswani_mt.data.corpus import BUILTIN_CORPUS, load_corpus, read_parallel_text, source_target
+from vaswani_mt.evaluation.metrics import COMPOUND_SPLIT_LABEL, evaluate_bleu, score_translations
+from vaswani_mt.inference.loading import ModelFolderError, load_for_inference
+
+
+def read_lines(path: str) -> list[str]:
+    """The lines of a UTF-8 file, split at "\\n" only (as sacreBLEU and multi-bleu.perl read them); empty lines kept."""
+    try:
+        data = Path(path).read_bytes()
+        text = data.decode("utf-8")
+    except OSError as error:
+        sys.exit(f"error: cannot read {path}: {error.strerror or error}")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        sys.exit(f"error: {path}:{line}: bytes that are not UTF-8 ({data[error.start : error.end]!r})")
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="saved model folder or Hub id")
+    parser.add_argument("--hypotheses", help="score-only mode: translations, one per line (with --references)")
+    parser.add_argument("--references", help="score-only mode: references, line by line with --hypotheses")
+    parser.add_argument("--dataset", default=BUILTIN_CORPUS)
+    parser.add_argument("--dataset_config", default=None)
+    parser.add_argument("--split", default="test", choices=["train", "validation", "test"])
+    parser.add_argument("--source_lang", default="en")
+    parser.add_argument("--target_lang", default="de", help="also the Moses tokenizer's language (compound-split)")
+    parser.add_argument("--source_file", help="plain text, one sentence per line (with --reference_file)")
+    parser.add_argument("--reference_file")
+    parser.add_argument("--max_samples", type=int, default=None)
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--num_beams", type=int, default=None, help="default: the model's (4)")
+    parser.add_argument("--length_penalty", type=float, default=None, help="GNMT alpha; default: the model's (0.6)")
+    parser.add_argument("--output", help="also write the translations here")
+    args = parser.parse_args(argv)
+
+    if bool(args.hypotheses) != bool(args.references):
+        parser.error("--hypotheses and --references go together")
+    if bool(args.model) == bool(args.hypotheses):
+        parser.error("give either --model (translate, then score) or --hypotheses with --references (score only)")
+    if args.hypotheses:
+        hypotheses, references = read_lines(args.hypotheses), read_lines(args.references)
+        if len(hypotheses) != len(references):
+            sys.exit(
+                f"error: {args.hypotheses} has {len(hypotheses)} lines but {args.references} has {len(references)}: "
+                "the files are not aligned"
+            )
+        if args.max_samples:
+            hypotheses, references = hypotheses[: args.max_samples], references[: args.max_samples]
+        report(score_translations(hypotheses, references, args.target_lang), len(references))
+        return
+
+    if bool(args.source_file) != bool(args.reference_file):
+        parser.error("--source_file and --reference_file go together")
+    # The model first: a folder that cannot be served is reported before a corpus is read.
+    try:
+        model, tokenizer = load_for_inference(args.model)
+    except ModelFolderError as error:
+        sys.exit(f"error: {error}")
+    if args.source_file:
+        sources, references = map(list, zip(*read_parallel_text(args.source_file, args.reference_file), strict=True))
+    else:
+        corpus = load_corpus(args.dataset, args.dataset_config, args.source_lang, args.target_lang)
+        sources, references = source_target(corpus[args.split], args.source_lang, args.target_lang)
+    if args.max_samples:
+        sources, references = sources[: args.max_samples], references[: args.max_samples]
+    kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
+    if args.length_penalty is not None:
+        kwargs["length_penalty"] = args.length_penalty
+    result = evaluate_bleu(
+        model, tokenizer, sources, references, target_lang=args.target_lang, batch_size=args.batch_size,
+        progress=True, **kwargs,
+    )  # fmt: skip
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write("\n".join(result["translations"]) + "\n")
+    report(result, len(sources))
+
+
+def report(result: dict, sentences: int) -> None:
+    print(f"sacreBLEU = {result['score']:.2f}  chrF = {result['chrf']:.2f}  ({sentences} sentences)")
+    print(f"signature: {result['signature']}")
+    print(f"{COMPOUND_SPLIT_LABEL} = {result['compound_split_bleu']:.2f}  (the paper's scoring; not sacreBLEU)")
+    print(f"signature: {result['compound_split_signature']}")
+    print(json.dumps({k: v for k, v in result.items() if k != "translations"}))
+
+
+if __name__ == "__main__":
+    main()

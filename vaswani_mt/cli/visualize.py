@@ -1,0 +1,31 @@
+"""Draw a translation's attention, like the paper's appendix figures: encoder self-attention, decoder
+self-attention and encoder-decoder attention, one PNG per kind and layer with a panel per head.
+
+python scripts/visualize_attention.py --model outputs/ding-cpu --text "The house is small." --output_dir attention
+"""
+
+import argparse
+import sys
+
+from vaswani_mt.inference.attention_plots import visualize
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="saved model folder or Hub id")
+    parser.add_argument("--text", required=True, help="the source sentence")
+    parser.add_argument("--output_dir", default="attention", help="where the PNG files go")
+    parser.add_argument("--num_beams", type=int, default=None, help="default: the model's (4)")
+    args = parser.parse_args(argv)
+    kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
+    try:
+        attentions, paths = visualize(args.model, args.text, args.output_dir, **kwargs)
+    except ValueError as error:
+        sys.exit(f"error: {error}")
+    print(f"translation: {attentions.translation}")
+    for path in paths:
+        print(path)
+
+
+if __name__ == "__main__":
+    main()

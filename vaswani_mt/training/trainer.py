@@ -1,0 +1,206 @@
+"""The paper's training recipe (§5) as a transformers `Seq2SeqTrainer`.
+
+- `paper_learning_rate`: Eq. (3), `lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)`, as the paper
+  writes it: transformers' `get_inverse_sqrt_schedule` has the same shape but counts updates from 0 (its first
+  update has rate 0, the paper's step 1 has `d_model^-0.5 * warmup^-1.5`) and leaves the peak to the caller.
+- `VaswaniTrainer`: token-budget batches (§5.1; transformers batches by sentence count), the paper's schedule and
+  Adam settings, tokens per step / per second in the logs, checkpoints that are whole or absent.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+from torch.utils.data import DataLoader
+from transformers import Seq2SeqTrainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from vaswani_mt.data.batching import TokenBudgetBatchSampler, length_array
+
+from .callbacks import SamplerEpochCallback
+from .checkpoints import CheckpointError, describe_write_failure, is_complete
+
+logger = logging.getLogger(__name__)
+
+
+def paper_learning_rate(step: int, d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
+    """§5.3 Eq. (3): `scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)`, for update `step` >= 1.
+
+    The rate rises linearly for `warmup_steps` updates, peaks at `scale * (d_model * warmup_steps)^-0.5`, then
+    decays as the inverse square root of the step. `scale` is 1 in the paper; small models trained for minutes
+    on a CPU can need another peak, hence the factor (`--lr_scale`).
+    """
+    step = max(step, 1)
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The Trainer
+
+
+class VaswaniTrainer(Seq2SeqTrainer):
+    """`Seq2SeqTrainer` with the paper's batching and schedule, and token counts in the logs.
+
+    `max_tokens_per_batch` switches the training DataLoader to `TokenBudgetBatchSampler` (per device; each rank
+    gets distinct batches and the same number of steps). `lr_schedule="paper"` replaces `--lr_scheduler_type`
+    and `--learning_rate` with Eq. (3) times `lr_scale`. Logs gain `source_tokens_per_step`,
+    `target_tokens_per_step` (whole optimizer step, all processes), `target_tokens_per_second` (wall time) and
+    `train_minutes` (wall time of training: since this process's first step, plus what a resumed run had logged
+    before), so quality can be plotted against the clock.
+    """
+
+    def __init__(
+        self,
+        *args,
+        max_tokens_per_batch: int | None = None,
+        lr_schedule: str = "paper",
+        lr_scale: float = 1.0,
+        **kwargs,
+    ):
+        super().__init__(*args, **kwargs)
+        if lr_schedule not in ("paper", "trainer"):
+            raise ValueError(f"lr_schedule must be 'paper' or 'trainer', got {lr_schedule!r}")
+        if not lr_scale > 0:
+            raise ValueError(f"lr_scale (Eq. (3)'s multiplier) must be above 0, got {lr_scale}")
+        self.max_tokens_per_batch = max_tokens_per_batch
+        self.lr_schedule = lr_schedule
+        self.lr_scale = lr_scale
+        self.token_sampler: TokenBudgetBatchSampler | None = None
+        self._token_counts = torch.zeros(2, dtype=torch.long)  # source, target tokens since the last log
+        self._micro_batches = 0
+        self._steps = 0.0  # optimizer steps since the last log; a short last step of an epoch counts whole
+        self._window_start: float | None = None
+        self._train_start: float | None = None
+        if max_tokens_per_batch:
+            self.add_callback(SamplerEpochCallback(self))
+
+    def get_train_dataloader(self) -> DataLoader:
+        if not self.max_tokens_per_batch:
+            return super().get_train_dataloader()
+        dataset = self.train_dataset
+        sampler = TokenBudgetBatchSampler(
+            length_array(dataset, "source_length"),
+            length_array(dataset, "target_length"),
+            self.max_tokens_per_batch,
+            shuffle=True,
+            seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed,
+            num_replicas=max(1, self.args.world_size),
+            rank=self.args.process_index,
+        )
+        dataset = self._remove_unused_columns(dataset, description="training")
+        loader = DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            collate_fn=self.data_collator,
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory and torch.cuda.is_available(),
+        )
+        loader = self.accelerator.prepare(loader)
+        # The sampler already gives each rank its own batches; accelerate's BatchSamplerShard would split them
+        # again (transformers does the same for its BatchRebalanceSampler).
+        shard = getattr(loader, "batch_sampler", None)
+        if shard is not None and getattr(shard, "batch_sampler", None) is sampler:
+            shard.num_processes, shard.process_index = 1, 0
+        self.token_sampler = sampler
+        return loader
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        if self.lr_schedule != "paper":
+            return super().create_scheduler(num_training_steps, optimizer)
+        if self.lr_scheduler is None:
+            optimizer = optimizer if optimizer is not None else self.optimizer
+            warmup = self.args.get_warmup_steps(num_training_steps)
+            if warmup < 1:
+                raise ValueError(f"the paper's schedule needs warmup_steps >= 1, got {self.args.warmup_steps}")
+            for group in optimizer.param_groups:  # LambdaLR multiplies this base rate: Eq. (3)'s scale
+                group["lr"] = self.lr_scale
+            # LambdaLR's index 0 is the first update, the paper's step 1.
+            schedule = partial(_paper_lambda, d_model=self.model.config.d_model, warmup=warmup)
+            self.lr_scheduler = LambdaLR(optimizer, schedule)
+        return self.lr_scheduler
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if self._window_start is None:
+            self._window_start = time.perf_counter()
+        if self._train_start is None:
+            # A resumed run goes on from the training minutes it had logged before it stopped.
+            before = [row["train_minutes"] for row in self.state.log_history if "train_minutes" in row]
+            self._train_start = self._window_start - 60 * max(before, default=0.0)
+        self._micro_batches += 1
+        # transformers gives an epoch's last update fewer micro-batches when they do not divide evenly
+        self._steps += 1 / getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
+        self._token_counts[0] += int(inputs["attention_mask"].sum())
+        self._token_counts[1] += int(inputs["labels"].ne(-100).sum())
+        return super().training_step(model, inputs, num_items_in_batch)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs and "eval_loss" not in logs and self._micro_batches:
+            counts = self.accelerator.reduce(self._token_counts.to(self.args.device), reduction="sum").cpu()
+            steps = max(round(self._steps, 6), 1e-9)
+            seconds = max(time.perf_counter() - self._window_start, 1e-9)
+            logs["source_tokens_per_step"] = round(int(counts[0]) / steps, 1)
+            logs["target_tokens_per_step"] = round(int(counts[1]) / steps, 1)
+            logs["target_tokens_per_second"] = round(int(counts[1]) / seconds, 1)
+            logs["train_minutes"] = round((time.perf_counter() - self._train_start) / 60, 6)
+            self._token_counts.zero_()
+            self._micro_batches, self._steps, self._window_start = 0, 0.0, None
+        super().log(logs, start_time)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """Trainer's checkpoint, with two guarantees more.
+
+        - A folder of the same step from an earlier attempt (cut off by a kill, or a later checkpoint than the one
+          this run resumed from) is removed first: a checkpoint never mixes the files of two attempts.
+        - A failed write (a full disk, a file-size limit) removes the half-written folder and raises
+          `CheckpointError`, which names the folder and the cause. The checkpoints before it are intact: Trainer
+          deletes old ones (`--save_total_limit`) only after a new one is complete.
+
+        Trainer writes into the final folder, `trainer_state.json` last, and `checkpoints.incomplete_reason` tells a
+        cut-off folder from a complete one. A temporary folder renamed into place would not need that, but Trainer
+        refers to the folder by its final path while it writes it (best-model bookkeeping, Hub uploads of
+        checkpoints), so that would mean rewriting Trainer's method.
+        """
+        folder = Path(self._get_output_dir(trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        if self.args.should_save and folder.exists():
+            shutil.rmtree(folder)
+        self.accelerator.wait_for_everyone()  # under DDP every rank writes its RNG state there: after the removal
+        try:
+            super()._save_checkpoint(model, trial)
+        except Exception as error:
+            failure = describe_write_failure(folder, error)
+            if self.args.should_save and not is_complete(folder):
+                shutil.rmtree(folder, ignore_errors=True)
+            raise CheckpointError(
+                f"could not write checkpoint {folder}: {failure}; the checkpoints before it are intact, and the same "
+                "command resumes from the last of them"
+            ) from error
+
+    def leave_process_group(self) -> None:
+        """End this process's part in distributed training: wait for every rank, then close the process group.
+
+        Call it on every rank once training is over. A rank that exits with the group still open can abort in
+        gloo's teardown: a gloo worker thread frees the last collective's tensors after the interpreter started
+        finalizing, which raises SIGABRT ("terminate called without an active exception"), and the launcher then
+        kills the other ranks, rank 0 included, while it may still be writing the model. `destroy_process_group`
+        alone does not stop gloo's threads while the DDP wrapper still holds the group, so the wrapper goes first.
+        Afterwards rank 0 goes on as a single process with `self.model` (unwrapped). No-op without a group.
+        """
+        if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+            return
+        self.accelerator.wait_for_everyone()
+        self.model_wrapped = self.model
+        self.accelerator.free_memory()  # drops the DDP wrapper, optimizer and loaders accelerate holds; runs gc
+        self.accelerator.end_training()  # destroy_process_group; gloo's threads are joined as the group goes
+
+
+def _paper_lambda(index: int, d_model: int, warmup: int) -> float:
+    return paper_learning_rate(index + 1, d_model, warmup)
+
+
+__all__ = ["VaswaniTrainer", "paper_learning_rate"]
