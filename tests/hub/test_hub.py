@@ -16,18 +16,14 @@ from vaswani_mt.hub.card import (
     COMPOUND_SPLIT_METRIC_NAME,
     REMOTE_CODE_FILES,
     TRANSFORMERS_REQUIREMENT,
-    HubUploadError,
-    build_hub_folder,
     card_for_hub,
     check_card,
-    check_hub_files,
-    check_hub_folder,
     model_card_template,
     render_model_card,
     search_summary,
     split_card,
-    upload_folder,
 )
+from vaswani_mt.hub.publish import HubUploadError, build_hub_folder, check_hub_files, check_hub_folder, upload_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 SCORE = {

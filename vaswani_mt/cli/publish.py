@@ -14,7 +14,7 @@ which hosted inference can serve without remote code. A failed upload says why, 
 import argparse
 import sys
 
-from vaswani_mt.hub.card import HubUploadError, publish
+from vaswani_mt.hub.publish import HubUploadError, publish
 
 
 def main(argv: list[str] | None = None) -> None:

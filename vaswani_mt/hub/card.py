@@ -1,33 +1,16 @@
-"""Publishing on the Hugging Face Hub: the model card and the exact folder the Hub gets.
-
-- `model_card.md` (top level of the repository, shipped in the package) is the card's template; training renders it
-  with the run's measured values (`render_model_card`) into the model folder's README.md.
-- `build_hub_folder` writes what a Hub repository receives: safetensors weights, the remote code with its
-  `auto_map` and translation pipeline, the tokenizer, the generation config and the card retargeted to the repository
-  id; or, with `native="marian"`, the exact `MarianMTModel` conversion, which loads without remote code.
-- `check_hub_folder` proves it before any upload: the folder holds no pickle and no code but the model's own files
-  (`check_hub_files`), the card's YAML holds every field the Hub reads, and the folder loads through the Auto
-  classes (and the pipeline) in a fresh process where vaswani_mt is not importable, giving the tokens the model
-  gives here.
-- `upload_folder` sends it with `huggingface_hub`; its errors (no token, no network, refused token) are reported
-  plainly and the folder stays on disk.
+"""The model card: `model_card.md` (top level of the repository, shipped in the package) is its template; training
+renders it with the run's measured values (`card_values`, `render_model_card`) into the model folder's README.md, and
+publishing checks it (`check_card`) and retargets it to the Hub repository (`card_for_hub`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import subprocess
-import sys
-import tempfile
 from importlib import resources
-from pathlib import Path
 
 import yaml
 
-from vaswani_mt.inference.loading import PICKLE_SUFFIXES
 from vaswani_mt.model.modeling_vaswani import PAPER_SEARCH
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
@@ -293,211 +276,18 @@ def card_for_hub(card: str, repo_id: str, native: str = "vaswani") -> str:
     return join_card(metadata, body)
 
 
-def build_hub_folder(
-    model: str | os.PathLike, output: str | os.PathLike, repo_id: str, native: str = "vaswani", overwrite: bool = False
-):
-    """Writes the exact folder a Hub repository receives for the vaswani_mt model in `model` (a folder written by
-    training, with its README.md card) and returns `(output, model, tokenizer)` (the loaded model, for checks).
-
-    `native="vaswani"`: safetensors, config.json with `auto_map` and `custom_pipelines`, the code files
-    (configuration, modeling, its fast paths, pipeline), tokenizer, generation config, README.md.
-    `native="marian"`: the exact `MarianMTModel` conversion with the tokenizer and its own card. An `output` folder
-    that is not empty is an error unless `overwrite`, which empties it first.
-    """
-    from vaswani_mt.export.marian import save_marian
-    from vaswani_mt.inference.loading import load_for_inference
-
-    if native not in NATIVE_FORMATS:
-        raise ValueError(f"--native must be one of {NATIVE_FORMATS}, got {native!r}")
-    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo_id):
-        raise ValueError(f"--repo_id must look like USER/NAME, got {repo_id!r}")
-    loaded, tokenizer = load_for_inference(str(model), device="cpu")
-    card_path = Path(model, "README.md")
-    if not card_path.is_file():
-        raise ValueError(
-            f"{model} has no model card (README.md): scripts/train.py writes one with the measured test BLEU; for a "
-            "model trained elsewhere, render model_card.md with vaswani_mt.hub.card.render_model_card"
-        )
-    card = card_for_hub(card_path.read_text(encoding="utf-8"), repo_id, native)
-    check_card(card)
-    output = Path(output)
-    if output.exists() and any(output.iterdir()):
-        if not overwrite:
-            raise ValueError(f"{output} exists and is not empty: choose another --output, or pass --overwrite")
-        if output.resolve() == Path(model).resolve():
-            raise ValueError("--output must not be the model folder itself")
-        shutil.rmtree(output)
-    output.mkdir(parents=True, exist_ok=True)
-    if native == "marian":
-        save_marian(loaded, tokenizer, output)
-    else:
-        loaded.save_pretrained(output)
-        tokenizer.save_pretrained(output)
-    (output / "README.md").write_text(card, encoding="utf-8")
-    return output, loaded, tokenizer
-
-
-# Runs in a fresh interpreter in which `import vaswani_mt` fails: only the folder's own code may run.
-_FRESH_PROCESS_CHECK = r"""
-import json, sys
-sys.modules["vaswani_mt"] = None
-from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
-folder, native, sentences, new_tokens = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
-config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
-model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
-tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
-batch = tokenizer(sentences, return_tensors="pt", padding=True)
-tokens = model.generate(**batch, num_beams=1, max_new_tokens=new_tokens).tolist()
-result = {"model_type": config.model_type, "class": type(model).__name__, "module": type(model).__module__,
-          "tokens": tokens}
-if native == "vaswani":
-    translator = pipeline("translation", model=folder, trust_remote_code=True)
-    result["pipeline"] = translator(sentences, num_beams=1, max_new_tokens=new_tokens)
-print(json.dumps(result))
-"""
-
-
-def check_hub_files(folder: str | os.PathLike, native: str = "vaswani") -> list[str]:
-    """Raises RuntimeError if `folder` (or a folder inside it) holds a pickle (`.bin`, `.pt`, ...: loading one can run
-    code) or code other than the model's own `REMOTE_CODE_FILES` (none for `native="marian"`), or lacks one of them.
-    Returns the folder's files, relative to it."""
-    folder = Path(folder)
-    files = sorted(str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file())
-    pickles = [name for name in files if name.lower().endswith(PICKLE_SUFFIXES)]
-    if pickles:
-        raise RuntimeError(f"{folder} holds {', '.join(pickles)}: a Hub folder holds weights as safetensors only")
-    code = {name for name in files if name.endswith(".py")}
-    expected = set(REMOTE_CODE_FILES) if native == "vaswani" else set()
-    if code - expected:
-        raise RuntimeError(f"{folder} holds code that is not the model's: {', '.join(sorted(code - expected))}")
-    if expected - code:
-        raise RuntimeError(f"{folder} lacks the model's code files {', '.join(sorted(expected - code))}")
-    return files
-
-
-def check_hub_folder(folder: str | os.PathLike, model, tokenizer, native: str = "vaswani", new_tokens: int = 16):
-    """Validates a folder from `build_hub_folder`: its files (`check_hub_files`), its card (`check_card`), and in a
-    fresh process without vaswani_mt, offline, loading through the Auto classes with `trust_remote_code` (and the
-    translation pipeline), which must give the greedy tokens `model` gives here for the card's widget examples.
-    Returns the report."""
-    import torch
-
-    folder = Path(folder)
-    check_hub_files(folder, native)
-    metadata = check_card((folder / "README.md").read_text(encoding="utf-8"))
-    sentences = [w["text"] for w in metadata["widget"]]
-    with tempfile.TemporaryDirectory(prefix="vaswani-hub-check-") as scratch:
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
-        env.update({"HF_MODULES_CACHE": str(Path(scratch, "modules")), "HF_HUB_OFFLINE": "1"})
-        env.update({"TOKENIZERS_PARALLELISM": "false"})
-        process = subprocess.run(
-            [sys.executable, "-c", _FRESH_PROCESS_CHECK, str(folder.resolve()), native, json.dumps(sentences),
-             str(new_tokens)],
-            capture_output=True, text=True, cwd=scratch, env=env, stdin=subprocess.DEVNULL, timeout=600,
-        )  # fmt: skip
-    if process.returncode != 0:
-        raise RuntimeError(f"{folder} does not load in a fresh process without vaswani_mt:\n{process.stderr[-3000:]}")
-    report = json.loads(process.stdout.strip().splitlines()[-1])
-    batch = tokenizer(sentences, return_tensors="pt", padding=True)
-    with torch.no_grad():
-        expected = model.generate(**batch, num_beams=1, max_new_tokens=new_tokens).tolist()
-    if report["tokens"] != expected:
-        raise RuntimeError(f"{folder} loads in a fresh process but gives other greedy tokens than the model here")
-    if native == "vaswani":
-        texts = tokenizer.batch_decode(expected, skip_special_tokens=True)
-        if [r["translation_text"] for r in report["pipeline"]] != [t.strip() for t in texts]:
-            raise RuntimeError(f"the translation pipeline of {folder} translates otherwise than the model")
-    report.update(files=sorted(p.name for p in folder.iterdir()), sentences=sentences)
-    return report
-
-
-class HubUploadError(RuntimeError):
-    """An upload that did not happen, with the reason in plain words; the folder is still on disk."""
-
-
-def upload_folder(
-    folder: str | os.PathLike,
-    repo_id: str,
-    token: str | None = None,
-    private: bool = False,
-    message: str = "",
-    endpoint: str | None = None,
-) -> str:
-    """Creates `repo_id` (if needed) and uploads `folder` to it with `huggingface_hub`; returns the commit URL.
-    `endpoint`: another Hub than huggingface.co (default: HF_ENDPOINT or huggingface.co)."""
-    from huggingface_hub import HfApi, get_token
-    from huggingface_hub.errors import HfHubHTTPError
-
-    kept = f"The folder {folder} is kept; upload it once the problem is fixed with `hf upload {repo_id} {folder}`."
-    token = token or get_token()
-    if not token:
-        raise HubUploadError(
-            f"no Hugging Face token: run `hf auth login` or set HF_TOKEN (a token with write access). {kept}"
-        )
-    api = HfApi(token=token, endpoint=endpoint)
-    try:
-        api.create_repo(repo_id, private=private, exist_ok=True)
-        commit = api.upload_folder(
-            folder_path=str(folder), repo_id=repo_id, commit_message=message or "Upload vaswani_mt model"
-        )
-    except HfHubHTTPError as error:
-        status = getattr(getattr(error, "response", None), "status_code", None)
-        reason = {401: "the token was refused", 403: f"the token may not write to {repo_id}"}.get(status, str(error))
-        raise HubUploadError(f"upload to {repo_id} failed: {reason}. {kept}") from error
-    except Exception as error:  # network errors come from the HTTP client (httpx, requests) as their own types
-        names = " ".join(cls.__name__ for cls in type(error).__mro__)
-        if isinstance(error, OSError) or re.search(r"Connect|Timeout|Network|Offline|Transport", names):
-            reason = f"cannot reach the Hugging Face Hub ({type(error).__name__}: {error})"
-            raise HubUploadError(f"{reason}. {kept}") from error
-        raise HubUploadError(f"upload to {repo_id} failed: {type(error).__name__}: {error}. {kept}") from error
-    return str(getattr(commit, "commit_url", commit))
-
-
-def publish(
-    model: str | os.PathLike,
-    repo_id: str,
-    output: str | os.PathLike | None = None,
-    native: str = "vaswani",
-    dry_run: bool = False,
-    token: str | None = None,
-    private: bool = False,
-    overwrite: bool = False,
-    log=print,
-) -> dict:
-    """`scripts/push_to_hub.py`: builds the Hub folder, validates it in a fresh process and, unless `dry_run`,
-    uploads it. Returns the folder, the check's report and the commit URL (None on a dry run)."""
-    suffix = "-hub" if native == "vaswani" else "-hub-marian"
-    output = Path(output) if output else Path(str(model).rstrip("/\\") + suffix)
-    folder, loaded, tokenizer = build_hub_folder(model, output, repo_id, native, overwrite)
-    log(f"built {folder}: {', '.join(sorted(p.name for p in folder.iterdir()))}")
-    report = check_hub_folder(folder, loaded, tokenizer, native)
-    log(f"checked: loads as {report['class']} in a fresh process without vaswani_mt; same greedy tokens")
-    if dry_run:
-        log(f"dry run: not uploaded. The folder to upload is {folder}")
-        return {"folder": str(folder), "report": report, "url": None}
-    url = upload_folder(folder, repo_id, token=token, private=private)
-    log(f"uploaded to {url}")
-    return {"folder": str(folder), "report": report, "url": url}
-
-
 __all__ = [
     "COMPOUND_SPLIT_METRIC_NAME",
     "REMOTE_CODE_FILES",
     "TRANSFORMERS_REQUIREMENT",
-    "HubUploadError",
-    "build_hub_folder",
     "card_for_hub",
     "card_values",
     "check_card",
-    "check_hub_files",
-    "check_hub_folder",
     "compound_split_metric",
     "model_card_template",
-    "publish",
     "render_model_card",
     "search_summary",
     "split_card",
-    "upload_folder",
     "usage_section",
     "widget_yaml",
 ]

@@ -102,7 +102,7 @@ class RecipeArguments:
         default=1.0,
         metadata={
             "help": "multiplier of Eq. (3): lr = lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5); "
-            "the paper's is 1 (this option was --learning_rate before 0.2)"
+            "the paper's is 1"
         },
     )
     checkpoint_minutes: float | None = field(
@@ -199,9 +199,12 @@ def _read_config_file(path: str) -> dict:
 
 
 def parse_args(argv: list[str] | None = None):
-    """Parses `scripts/train.py`'s command line: every Seq2SeqTrainingArguments flag plus ours, with the recipe's
+    """Parses the training command line: every Seq2SeqTrainingArguments flag plus ours, with the recipe's
     defaults. `--config FILE` (YAML or JSON; also as the first argument) sets any of them; the command line wins.
-    Returns `(model_args, data_args, recipe, training_args)`."""
+    Returns `(model_args, data_args, recipe, training_args)`.
+
+    `HfArgumentParser` parses; the file is read here because its `parse_yaml_file` / `parse_json_file` take a file
+    alone (no command line to override it) and its `args_file_flag` reads files of command-line words, not YAML."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = HfArgumentParser(ARGUMENT_CLASSES)
     parser.set_defaults(**TRAINING_DEFAULTS)
@@ -230,7 +233,7 @@ def parse_args(argv: list[str] | None = None):
         where = "the command line" if "learning_rate" in recipe.from_command_line else config_file
         raise ValueError(
             f"--learning_rate (from {where}) is the Trainer's initial learning rate, which the paper's schedule does "
-            "not use: Eq. (3)'s multiplier is --lr_scale (named --learning_rate before 0.2); for a schedule of "
+            "not use: Eq. (3)'s multiplier is --lr_scale; for a schedule of "
             "the Trainer's, add --lr_schedule trainer"
         )
     recipe.float32_overrides = float32_overrides(recipe)
