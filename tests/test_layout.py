@@ -181,3 +181,14 @@ def test_importing_the_model_loads_no_data_demo_or_plotting_library():
 @pytest.mark.filterwarnings("ignore")
 def test_importing_every_module_changes_nothing_process_wide():
     assert _probe("all") == {}
+
+
+def test_the_console_commands_are_installed_and_run():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    bin_dir = Path(sys.executable).parent
+    missing = [name for name in project["scripts"] if not (bin_dir / name).is_file()]
+    if missing == list(project["scripts"]):
+        pytest.skip(f"the package is not installed with its commands in {bin_dir}")
+    assert missing == []
+    done = subprocess.run([bin_dir / "vaswani-mt-train", "--help"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.startswith("usage: vaswani-mt-train") and "--lr_scale" in done.stdout
