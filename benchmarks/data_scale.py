@@ -6,8 +6,8 @@ newstest-sized dev and test splits), saved with `save_to_disk` as the Hub's `wmt
 training job runs, each in a process of its own so that its peak RSS is its own (`ru_maxrss` of the stage and of
 its worker processes):
 
-1. `tokenizer`: the joint BPE (`training.build_tokenizer`, learned from a stream of `--tokenizer_sample` pairs);
-2. `tokenize`: `training.tokenize_corpus` (`datasets.map` in `--num_proc` processes, cached beside the corpus);
+1. `tokenizer`: the joint BPE (`data.tokenization.build_tokenizer`, learned from a stream of `--tokenizer_sample` pairs);
+2. `tokenize`: `data.tokenization.tokenize_corpus` (`datasets.map` in `--num_proc` processes, cached beside the corpus);
 3. `tokenize_again`: the same call, which must find that cache (a rerun or a resumed job);
 4. `sampler`: the token-budget sampler from the length arrays (`batching.length_array`), and one epoch of batches;
 5. `resume`: the sampler built again and set to the middle of the epoch the way the Trainer resumes (accelerate's
@@ -133,16 +133,17 @@ def run_stage(args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     if args.stage == "tokenizer":
         shutil.rmtree(work / "tokenizer", ignore_errors=True)  # learned afresh, not the run's saved one
-        tokenizer = build_tokenizer(model_args, corpus, data_args, work)
+        tokenizer = build_tokenizer(corpus, ("en", "de"), work, vocab_size=model_args.vocab_size,
+                                    sample=model_args.tokenizer_sample)  # fmt: skip
         figures["vocabulary"] = len(tokenizer)
     elif args.stage in ("tokenize", "tokenize_again"):
         tokenizer = AutoTokenizer.from_pretrained(work / "tokenizer")
-        train = tokenize_corpus(corpus, tokenizer, data_args)["train"]
+        train = tokenize_corpus(corpus, tokenizer, "en", "de", num_proc=data_args.preprocessing_num_workers)["train"]
         figures["train_pairs_kept"] = len(train)
         figures["cache_files"] = sorted({Path(f["filename"]).name for f in train.cache_files})
     else:
         tokenizer = AutoTokenizer.from_pretrained(work / "tokenizer")
-        train = tokenize_corpus(corpus, tokenizer, data_args)["train"]  # from the cache
+        train = tokenize_corpus(corpus, tokenizer, "en", "de", num_proc=data_args.preprocessing_num_workers)["train"]
         figures["cached_tokenization_seconds"] = round(time.perf_counter() - started, 2)
         started = time.perf_counter()
         lengths = length_array(train, "source_length"), length_array(train, "target_length")

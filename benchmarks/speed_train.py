@@ -299,7 +299,6 @@ def load_training_rows(args):
 
     from vaswani_mt.data.corpus import load_corpus, source_target
     from vaswani_mt.data.tokenization import tokenize_corpus, train_tokenizer
-    from vaswani_mt.training.arguments import DataArguments
 
     corpus = load_corpus("ding")
     train = corpus["train"]
@@ -315,7 +314,7 @@ def load_training_rows(args):
             sources, targets = source_target(train, "en", "de")
             tokenizer = train_tokenizer(sources + targets, vocab_size=args.vocab_size)
             tokenizer.save_pretrained(saved)
-    tokenized = tokenize_corpus({"train": train}, tokenizer, DataArguments())["train"]
+    tokenized = tokenize_corpus({"train": train}, tokenizer, "en", "de")["train"]
     rows = tokenized.select_columns(["input_ids", "attention_mask", "labels"]).to_list()
     return tokenizer, rows, tokenized["source_length"], tokenized["target_length"]
 

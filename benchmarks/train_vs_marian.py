@@ -35,12 +35,14 @@ class LabelSmoothedMarian(MarianMTModel):
     Seq2SeqTrainer's `LabelSmoother` computes it: (1 - eps) * NLL + eps * the mean over the vocabulary of -log p,
     averaged over the target tokens that are not padding."""
 
-    def forward(self, *args, labels=None, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, labels=None, **kwargs):
+        # Named arguments: the Trainer keeps the dataset columns that forward's signature names.
+        kwargs.update(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids)
         if labels is None or not self.training:
-            return super().forward(*args, labels=labels, **kwargs)
-        if kwargs.get("decoder_input_ids") is None:
+            return super().forward(labels=labels, **kwargs)
+        if decoder_input_ids is None:
             kwargs["decoder_input_ids"] = self.prepare_decoder_input_ids_from_labels(labels)
-        output = super().forward(*args, **kwargs)  # without labels: no second, unsmoothed loss
+        output = super().forward(**kwargs)  # without labels: no second, unsmoothed loss
         logits = output.logits.float().flatten(0, 1)
         eps = self.config.label_smoothing
         output.loss = F.cross_entropy(logits, labels.flatten(), ignore_index=-100, label_smoothing=eps)

@@ -1,15 +1,25 @@
+"""What several test files share: the six sentence pairs and the tiny model (`make_model`, fitted: `fitted_folder`),
+training runs read by several files (`reference`, `job_run`), the bad model folders, the hostile texts, and guards
+that put process-wide settings (threads, RNG states, environment) back. A fixture or helper lives here when two files
+need it; one file's own stays in that file."""
+
+import contextlib
 import json
 import os
+import random
+import shutil
+import socket
+import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
 import vaswani_mt
 from vaswani_mt.data.tokenization import train_tokenizer
-
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,6 +31,106 @@ SENTENCES = [
     ("She reads a book in the café.", "Sie liest ein Buch im Café."),
     ("We are annoyed about the oil price.", "Wir ärgern uns über den Ölpreis."),
 ]
+ENGLISH = [english for english, _ in SENTENCES]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Process-wide settings: set for the session through monkeypatch, put back after it, never left behind by a test
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tokenizers_parallelism_off():
+    """No tokenizers thread pool: the tests fork (datasets.map, subprocesses), and a pool used before a fork can
+    deadlock."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TOKENIZERS_PARALLELISM", os.environ.get("TOKENIZERS_PARALLELISM", "false"))
+        yield
+
+
+@contextlib.contextmanager
+def torch_threads(count: int | None = None):
+    """torch's intra-op thread count set to `count` (None: as it is) and put back on exit, whatever changed it inside
+    (an OpenMP library such as CTranslate2's sets the count its own way)."""
+    threads = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def one_torch_thread():
+    """Tiny matrices: one thread is many times faster on a busy 2-core machine (`torch_threads(1)`)."""
+    return torch_threads(1)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """`one_torch_thread` for a whole module (`pytestmark = pytest.mark.usefixtures("one_thread")`)."""
+    with one_torch_thread():
+        yield
+
+
+@pytest.fixture
+def restore_threads():
+    """torch's thread count put back after the test (`torch_threads`)."""
+    with torch_threads():
+        yield
+
+
+@contextlib.contextmanager
+def rng_kept():
+    """Python's, numpy's and torch's random states put back on exit: a Trainer seeds all three when it is built
+    (`set_seed(args.seed)`), and loading a checkpoint's RNG state sets them."""
+    states = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.random.set_rng_state(states[2])
+
+
+@pytest.fixture
+def restore_rng():
+    """`rng_kept` around a test (one that builds a Trainer in this process, say)."""
+    with rng_kept():
+        yield
+
+
+@contextlib.contextmanager
+def environ_kept():
+    """os.environ as it was on exit: a variable set inside is removed, one changed or removed is put back (for code
+    that sets variables process-wide, such as torch's inductor)."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        for name in set(os.environ) - set(saved):
+            del os.environ[name]
+        for name, value in saved.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
+
+
+@contextlib.contextmanager
+def recursion_limit_kept():
+    limit = sys.getrecursionlimit()
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The tiny model and its data
 
 
 @pytest.fixture(scope="session")
@@ -29,10 +139,15 @@ def tokenizer():
     return train_tokenizer(texts, vocab_size=200, min_frequency=1)
 
 
-def make_model(seed: int = 0, **overrides) -> vaswani_mt.VaswaniForConditionalGeneration:
-    torch.manual_seed(seed)
-    config = vaswani_mt.VaswaniConfig.from_preset("tiny", **{"vocab_size": 200, **overrides})
-    return vaswani_mt.VaswaniForConditionalGeneration(config).eval()
+def make_model(seed: int = 0, **config_overrides) -> vaswani_mt.VaswaniForConditionalGeneration:
+    """The tiny preset (vocabulary 200 unless `vocab_size` is given; any other `VaswaniConfig` field as a keyword),
+    initialised from `seed`, in eval mode. The seed is set inside `torch.random.fork_rng`: the global RNG is the
+    same afterwards as before."""
+    config = vaswani_mt.VaswaniConfig.from_preset("tiny", **{"vocab_size": 200, **config_overrides})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = vaswani_mt.VaswaniForConditionalGeneration(config)
+    return model.eval()
 
 
 @pytest.fixture
@@ -98,20 +213,17 @@ def fit_tiny_model(tokenizer, steps: int = 40, seed: int = 0) -> vaswani_mt.Vasw
     batch = tokenizer([en for en, _ in SENTENCES], text_target=[de for _, de in SENTENCES], padding=True)
     batch = {key: torch.tensor(value) for key, value in batch.items()}
     labels = batch["labels"].masked_fill(batch["labels"] == tokenizer.pad_token_id, -100)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: one thread is many times faster on a busy 2-core machine
-    try:
+    with one_torch_thread():
         for _ in range(steps):
             model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).loss.backward()
             optimizer.step()
             optimizer.zero_grad()
-    finally:
-        torch.set_num_threads(threads)
     return model.eval()
 
 
 def card_values(model, tokenizer, score: dict, examples: list[str]) -> dict:
-    """The values training fills the model card with (`training._card_values`), for a model fitted in a test."""
+    """The values training fills the model card with (`vaswani_mt.hub.card.card_values`), for a model fitted in a
+    test."""
     from vaswani_mt.hub.card import search_summary, widget_yaml
 
     config = model.config
@@ -171,6 +283,48 @@ def fitted_folder(tmp_path_factory, tokenizer):
     return folder
 
 
+@pytest.fixture(scope="module")
+def fitted(fitted_folder):
+    """The fitted tiny model and its tokenizer, loaded as the entry points load them (a copy of its own per module)."""
+    from vaswani_mt.inference.loading import load_for_inference
+
+    return load_for_inference(str(fitted_folder), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def demo_model(fitted_folder):
+    """The demo's own copy of the model, loaded as build_demo loads it (eager attention, for the heatmap)."""
+    from vaswani_mt.inference.loading import load_for_inference
+
+    return load_for_inference(str(fitted_folder), device="cpu", attn_implementation="eager")
+
+
+# Text that breaks careless handling (tests/inference/test_hostile_input.py states the policy it is held to).
+LONG_LINE = ("The girl ate an apple. " * 4348 + "x")[:100_000]  # 100,000 characters, about 26,000 tokens
+HOSTILE = [
+    "",
+    " ",
+    "\t \u3000\u2003",  # tab, ideographic and em spaces: blank
+    "\x00",
+    "The\x00girl\x00",
+    "\x1b[31mred\x1b[0m \x07\x08\x7f",  # terminal escapes, bell, backspace, DEL
+    "\u202eThe girl ate an apple.\u202c",  # right-to-left override
+    "שלום עולם",
+    "مرحبا بالعالم\u200f",  # Arabic and a right-to-left mark
+    "👩\u200d👩\u200d👧\u200d👦 🏳️\u200d🌈",  # emoji joined by zero-width joiners
+    "e\u0301\u0301\u0301\u0301 Z\u0334\u0327\u031b\u0347a\u0337",  # stacked combining marks
+    "\ud800",  # a lone high surrogate
+    "a\udfffb\ud800",  # lone low and high surrogates inside text
+    "\ud83d\ude00",  # a surrogate pair: 😀 as UTF-16 code units
+    "\ufeffThe girl ate an apple.",  # a byte-order mark
+    "one\u2028two\u2029three\x85four\x0cfive\x1csix\rseven",  # line breaks other than \n
+    "\ufffd\U0010ffff\ue000",  # the replacement character, a noncharacter, private use
+    LONG_LINE,
+]
+# A quick search for the fitted model: greedy, a few tokens.
+FAST = {"num_beams": 1, "max_new_tokens": 12}
+
+
 class PaddingOnlyTokenizer:
     """What DataCollatorForSeq2Seq needs of a tokenizer: right padding with id 1 (the workers' token-id data)."""
 
@@ -209,3 +363,133 @@ def train_command(data: Path, output: Path, *extra: str) -> list[str]:
         "--logging_steps", "1", "--save_steps", "2", "--save_total_limit", "10", "--report_to", "none",
         "--dropout", "0.0", "--seed", "3", "--test_bleu", "false", "--disable_tqdm", "true", *extra,
     ]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training runs that several files read (shared and read-only: copy a folder before changing it)
+
+REFERENCE_STEPS = 10  # about 6 steps an epoch: the runs cross an epoch boundary, where the sampler reshuffles
+# unbuffered: tests/training/test_faults.py reads the log live
+REFERENCE_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def reference_command(corpus: Path, output: Path) -> list[str]:
+    """The reference run's command: REFERENCE_STEPS steps with dropout on, so that the RNG state matters."""
+    return train_command(corpus, output, "--max_steps", str(REFERENCE_STEPS), "--dropout", "0.1")
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> Path:
+    """The reference run's training pairs (`write_jsonl`)."""
+    return write_jsonl(tmp_path_factory.mktemp("corpus") / "pairs.jsonl")
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory, corpus) -> Path:
+    """An uninterrupted run of `reference_command`: complete checkpoints every 2 steps (what tests/training's fault
+    tests resume to, and what tests/training/test_checkpoints.py damages copies of)."""
+    output = tmp_path_factory.mktemp("reference") / "run"
+    result = subprocess.run(reference_command(corpus, output), env=REFERENCE_ENV, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((output / "config.json").read_text())["dropout"] == 0.1
+    return output
+
+
+@pytest.fixture(scope="session")
+def job_run(tmp_path_factory) -> SimpleNamespace:
+    """The main job, small, as `scripts/train.py` runs it: 8 steps on 400 pairs, BLEU on 12 validation pairs at steps
+    4 and 8, the last 3 checkpoints averaged, the test split scored (a saved length penalty of 0.9), the Hub folder
+    written. `data` (the jsonl corpus), `output` (the run's folder) and `stdout`."""
+    root = tmp_path_factory.mktemp("job")
+    data = write_jsonl(root / "pairs.jsonl", count=400)
+    output = root / "run"
+    command = train_command(data, output, "--max_steps", "8", "--average_last", "3", "--test_bleu", "true")
+    command += ["--eval_bleu", "true", "--eval_strategy", "steps", "--eval_steps", "4", "--max_eval_samples", "12"]
+    command += ["--length_penalty", "0.9"]  # saved in generation_config.json: the test BLEU and later searches use it
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return SimpleNamespace(data=data, output=output, stdout=result.stdout)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Folders that are not servable vaswani_mt models (tests/inference: test_bad_models.py, test_loading.py)
+
+# Bad folder -> what its message must say, besides the folder's name.
+BAD_FOLDERS = {
+    "missing": "no such folder",
+    "empty": "it has no config.json",
+    "garbage_config": "config.json is not valid JSON",
+    "impossible_config": "config.json: dropout must be a number in [0, 1), got 1.5",
+    "config_disagrees_with_weights": "config.json does not match the weights",
+    "marian": "holds a 'marian' model, not a vaswani_mt one",
+    "bart": "holds a 'bart' model, not a vaswani_mt one",
+    "pickle_only": "has no model.safetensors, only pytorch_model.bin",
+    "truncated_weights": "model.safetensors is not a complete safetensors file",
+    "unreachable_hub_id": "is not a folder here, and downloading it from the Hub failed",
+}
+HUB_ID = "nobody-here/no-such-vaswani-model"  # HF_HUB_OFFLINE=1 in these tests: never fetched
+
+
+def edit_config(folder: Path, **changes) -> None:
+    values = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**values, **changes}))
+
+
+def _tiny_seq2seq(kind: str):
+    """A tiny model of another architecture, as transformers saves it."""
+    from transformers import BartConfig, BartForConditionalGeneration, MarianConfig, MarianMTModel
+
+    sizes = dict(vocab_size=200, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                 decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                 max_position_embeddings=64)  # fmt: skip
+    if kind == "marian":
+        return MarianMTModel(MarianConfig(**sizes, decoder_start_token_id=0, pad_token_id=1))
+    return BartForConditionalGeneration(BartConfig(**sizes))
+
+
+@pytest.fixture(scope="session")
+def bad(tmp_path_factory, tokenizer):
+    """The bad folders (name -> path or Hub id), built once from one saved tiny model, and the files to translate.
+    Read-only: a test that changes a folder copies it first."""
+    root = tmp_path_factory.mktemp("bad-models")
+    good = root / "good"
+    model = make_model()
+    model.save_pretrained(good)
+    tokenizer.save_pretrained(good)
+
+    def variant(name: str) -> Path:
+        return Path(shutil.copytree(good, root / name))
+
+    folders = {"missing": root / "missing", "unreachable_hub_id": HUB_ID, "empty": root / "empty"}
+    folders["empty"].mkdir()
+    folders["garbage_config"] = variant("garbage_config")
+    (folders["garbage_config"] / "config.json").write_text("{'d_model': 32,")
+    folders["impossible_config"] = variant("impossible_config")
+    edit_config(folders["impossible_config"], dropout=1.5)
+    folders["config_disagrees_with_weights"] = variant("config_disagrees")
+    edit_config(folders["config_disagrees_with_weights"], d_ff=128)
+    for kind in ("marian", "bart"):
+        folders[kind] = root / kind
+        _tiny_seq2seq(kind).save_pretrained(folders[kind])
+        tokenizer.save_pretrained(folders[kind])
+    folders["pickle_only"] = variant("pickle_only")
+    (folders["pickle_only"] / "model.safetensors").unlink()
+    torch.save(model.state_dict(), folders["pickle_only"] / "pytorch_model.bin")
+    folders["truncated_weights"] = variant("truncated_weights")
+    weights = folders["truncated_weights"] / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    assert set(folders) == set(BAD_FOLDERS)
+    (root / "source.en").write_text("\n".join(en for en, _ in SENTENCES[:2]) + "\n")
+    (root / "reference.de").write_text("\n".join(de for _, de in SENTENCES[:2]) + "\n")
+    return {"root": root, "good": good, **{name: str(path) for name, path in folders.items()}}
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+
+
+def assert_one_clear_line(message: str, model: str, expected: str) -> None:
+    assert message.startswith("error: ") and "\n" not in message.strip(), message
+    assert model in message and expected in message, message

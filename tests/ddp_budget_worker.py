@@ -4,7 +4,7 @@ Run as `python tests/ddp_budget_worker.py OUT ACCUMULATION` (one process) or wit
 `accelerate launch --multi_gpu --num_processes 2 tests/ddp_budget_worker.py OUT ACCUMULATION --use_cpu`
 (2 processes). Every rank writes OUT/rank{R}.json: the row ids of each micro-batch `training_step` received (the
 first source token of row i is 4 + i), its padded shapes and real token counts, and the Trainer's log history.
-tests/data/test_batching.py imports `budget_dataset`, `train_with_budget` and `BUDGET` from here.
+tests/training/test_trainer.py imports `budget_dataset`, `train_with_budget` and `BUDGET` from here.
 """
 
 import json
@@ -12,12 +12,10 @@ import random
 import sys
 from pathlib import Path
 
-import torch
-from conftest import PaddingOnlyTokenizer, one_sgd_step_arguments
+from conftest import PaddingOnlyTokenizer, make_model, one_sgd_step_arguments
 from datasets import Dataset
 from transformers import DataCollatorForSeq2Seq
 
-from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_mt.training.trainer import VaswaniTrainer
 
 BUDGET = 40  # padded tokens per batch and side
@@ -62,8 +60,7 @@ class RecordingTrainer(VaswaniTrainer):
 def train_with_budget(output_dir, accumulation: int, max_steps: int, use_cpu: bool = True) -> dict:
     """Trains the tiny model (no dropout: every process computes the same numbers) for `max_steps` optimizer steps
     on `budget_dataset()` under `BUDGET`; returns what this process saw and logged."""
-    torch.manual_seed(0)
-    model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny", vocab_size=200, dropout=0.0))
+    model = make_model(seed=0, dropout=0.0)
     # per device 1 is not used: the token budget makes the batches
     args = one_sgd_step_arguments(output_dir, 1, accumulation, use_cpu, max_steps=max_steps, learning_rate=0.1, seed=3)
     trainer = RecordingTrainer(

@@ -9,17 +9,15 @@ import json
 import sys
 
 import torch
-from conftest import PaddingOnlyTokenizer, one_sgd_step_arguments, uneven_pairs
+from conftest import PaddingOnlyTokenizer, make_model, one_sgd_step_arguments, uneven_pairs
 from safetensors.torch import save_file
 from transformers import DataCollatorForSeq2Seq
 
-from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_mt.training.trainer import VaswaniTrainer
 
 out, per_device = sys.argv[1], int(sys.argv[2])
 rows = uneven_pairs()
-torch.manual_seed(0)
-model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny", vocab_size=200, dropout=0.0))
+model = make_model(seed=0, dropout=0.0)  # tests/training/test_trainer.py checks the step moved it from there
 args = one_sgd_step_arguments(out, per_device, use_cpu="--use_cpu" in sys.argv)
 
 

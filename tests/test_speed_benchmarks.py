@@ -1,4 +1,6 @@
-"""The speed benchmarks run end to end on tiny shapes: equality checks pass and the ratio fields are printed."""
+"""The benchmark scripts run end to end on tiny shapes: the speed benchmarks' equality checks pass and their ratio
+fields are printed; the Marian comparison trains both models through one pipeline; the scripts that read a training
+run (search and averaging, losses at minute marks) read the main job's small run (tests/conftest.py's `job_run`)."""
 
 import importlib
 import json
@@ -9,17 +11,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import environ_kept, recursion_limit_kept, rng_kept, torch_threads, write_jsonl
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
 
 
 @pytest.fixture
 def bench(monkeypatch):
+    """Imports a module of benchmarks/; what the benchmark changes process-wide (torch's thread count, the seeds of
+    every RNG) is put back after the test, and so is sys.path."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
-    threads = torch.get_num_threads()
-    yield lambda name: importlib.import_module(name)
-    torch.set_num_threads(threads)
-    for name in ("speed_common", "speed_train", "speed_decode", "checkpoint_curve"):
+    with torch_threads(), rng_kept():
+        yield lambda name: importlib.import_module(name)
+    for name in ("speed_common", "speed_train", "speed_decode", "checkpoint_curve", "paper_time",
+                 "search_and_averaging", "loss_at_minutes", "run_logs"):  # fmt: skip
         sys.modules.pop(name, None)
 
 
@@ -103,11 +109,12 @@ def test_decoding_benchmark_times_the_static_cache_and_compiled_sides_with_the_s
     out = tmp_path / "decode.json"
     torch._dynamo.reset()
     try:
-        bench("speed_decode").main(
-            ["--preset", "tiny", "--vocab_size", "300", "--length", "6", "--steps", "4", "--batches", "3",
-             "--searches", "greedy", "--static_cache", "--compile", "--repeats", "1", "--threads", "1",
-             "--no-memory", "--json", str(out)]
-        )  # fmt: skip
+        with environ_kept(), recursion_limit_kept():  # inductor sets variables and raises the recursion limit
+            bench("speed_decode").main(
+                ["--preset", "tiny", "--vocab_size", "300", "--length", "6", "--steps", "4", "--batches", "3",
+                 "--searches", "greedy", "--static_cache", "--compile", "--repeats", "1", "--threads", "1",
+                 "--no-memory", "--json", str(out)]
+            )  # fmt: skip
     finally:
         torch._dynamo.reset()
     (case,) = json.loads(out.read_text())["cases"]
@@ -229,3 +236,125 @@ def test_gpu_check_dry_run_writes_one_json_with_every_figure(tmp_path):
     cases = result["decoding"]["cases"]
     assert len(cases) == 4 and all(case["identical_tokens_fp32"] for case in cases)
     assert set(cases[0]["speed_vs_marian_fp32"]) == {"vaswani_mt", "marian", "vaswani_mt_bf16", "marian_bf16"}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The benchmarks of training runs
+
+
+def test_marian_benchmark_runs_both_models_through_the_same_pipeline(tmp_path):
+    data = write_jsonl(tmp_path / "pairs.jsonl", count=300)
+    config = tmp_path / "bench.yaml"
+    config.write_text(
+        f"dataset: {data}\npreset: tiny\nvocab_size: 300\nmax_tokens_per_batch: 256\nwarmup_steps: 4\n"
+        "max_steps: 4\nsave_steps: 2\naverage_last: 2\nreport_to: none\nlogging_steps: 1\n"
+    )
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "train_vs_marian.py"), "--config", str(config),
+         "--output_dir", str(tmp_path / "bench"), "--max_eval_samples", "10", "--disable_tqdm", "true"],
+        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| vaswani_mt |" in result.stdout and "| marian |" in result.stdout
+    marian_config = json.loads((tmp_path / "bench" / "marian" / "config.json").read_text())
+    assert marian_config["model_type"] == "marian" and marian_config["d_model"] == 32
+    # the same tokenizer for both: Marian reused the first run's
+    ours = json.loads((tmp_path / "bench" / "vaswani_mt" / "tokenizer.json").read_text())["model"]["vocab"]
+    theirs = json.loads((tmp_path / "bench" / "marian" / "tokenizer.json").read_text())["model"]["vocab"]
+    assert ours == theirs
+    # the BLEU-vs-minutes curve of both runs, from their checkpoints
+    curves = tmp_path / "curves.json"
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "checkpoint_curve.py"), str(tmp_path / "bench" / "vaswani_mt"),
+         str(tmp_path / "bench" / "marian"), "--dataset", str(data), "--max_samples", "8", "--average_last", "2",
+         "--json", str(curves), "--plot", str(tmp_path / "curves.png")],
+        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    points = json.loads(curves.read_text())
+    for name in ("vaswani_mt:validation", "marian:validation"):
+        assert [p["step"] for p in points[name]] == [2, 4]
+        assert 0 < points[name][0]["minutes"] < points[name][1]["minutes"]
+        assert all(0 <= p["bleu"] <= 100 and p["nll"] > 0 and p["train_nll"] > 0 for p in points[name])
+        assert "avg2_bleu" in points[name][1]
+    assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def _logged_rows(output: Path) -> tuple[list[dict], list[dict]]:
+    """A run's log history and its rows with a training loss."""
+    history = json.loads((output / "trainer_state.json").read_text())["log_history"]
+    return history, [row for row in history if "loss" in row]
+
+
+def test_search_and_averaging_scores_each_weights_under_each_search_on_the_same_test_pairs(bench, job_run, tmp_path):
+    """benchmarks/search_and_averaging.py: {final, mean of last 2, mean of last 3} x {beam 4, greedy, the saved
+    search, the alphas and the searches given} on the same 12 test pairs."""
+    search_and_averaging = bench("search_and_averaging")
+    output, data = job_run.output, job_run.data
+    results = json.loads((output / "results.json").read_text())
+    table = tmp_path / "search.json"
+    search_and_averaging.main([
+        str(output), "--dataset", str(data), "--average_last", "2,3", "--length_penalties", "1.0",
+        "--search", "max_len_a=0,max_len_b=1", "--max_samples", "12", "--json", str(table),
+    ])  # fmt: skip
+    rows = {(r["weights"].split(" (")[0], r["search"]): r for r in json.loads(table.read_text())["rows"]}
+    searches = (
+        "beam 4 (paper)", "greedy", "beam 4, alpha 0.9 (saved)", "beam 4, alpha 1.0", "beam 4, max_len_a=0,max_len_b=1"
+    )  # fmt: skip
+    assert set(rows) == {(w, s) for w in ("final", "mean of last 2", "mean of last 3") for s in searches}
+    assert "checkpoint-4 .. checkpoint-8" in rows["mean of last 3", "greedy"]["weights"]
+    assert "checkpoint-6 .. checkpoint-8" in rows["mean of last 2", "greedy"]["weights"]
+    # the averaged model with its saved search is what the job published and scored
+    assert rows["mean of last 3", "beam 4, alpha 0.9 (saved)"]["bleu"] == round(results["test"]["score"], 2)
+    # --search reaches generate(): at most one token per sentence (its EOS) leaves nothing to score
+    assert rows["final", "beam 4, max_len_a=0,max_len_b=1"]["bleu"] == 0.0
+    with pytest.raises(SystemExit, match="'no_repeat_ngram_size' is not KEY=VALUE"):
+        search_and_averaging.parse_search("length_penalty=1.0,no_repeat_ngram_size")
+    assert search_and_averaging.parse_search("length_penalty=1.2,no_repeat_ngram_size=3,do_sample=false") == {
+        "length_penalty": 1.2,
+        "no_repeat_ngram_size": 3,
+        "do_sample": False,
+    }
+
+
+def test_loss_at_minutes_reads_a_runs_logged_losses_summary_and_equal_steps(bench, job_run, tmp_path):
+    """benchmarks/loss_at_minutes.py: the losses logged near each minute mark, from the last checkpoint's log; the
+    run's summary; the steps at which two runs logged the same loss."""
+    loss_at_minutes = bench("loss_at_minutes")
+    output = job_run.output
+    history, logged = _logged_rows(output)
+    points = loss_at_minutes.logged_losses(output)
+    assert len(points) == len(logged) and points[-1][1] == logged[-1]["loss"]
+    minute = points[-1][0]
+    mean = sum(r["loss"] for r in logged) / len(logged)
+    assert loss_at_minutes.loss_at(points, minute, window=1e9) == mean
+    assert loss_at_minutes.loss_at(points, minute + 10, window=1.0) is None
+    rows = loss_at_minutes.table([output], [minute + 10, minute], window=1.0).splitlines()
+    assert rows[0] == f"| minute | {output.name} |" and rows[2] == f"| {minute + 10:g} |  |"
+    assert rows[3] == f"| {minute:g} | {loss_at_minutes.loss_at(points, minute, 1.0):.3f} |"
+    with pytest.raises(FileNotFoundError, match="no checkpoint-N folder"):
+        loss_at_minutes.logged_losses(tmp_path)
+    # run_summary (printed under the table): updates, epochs, the median logged tokens per second, the last loss
+    summary = loss_at_minutes.run_summary(output)
+    speeds = sorted(r["target_tokens_per_second"] for r in logged)
+    assert summary["steps"] == 8 and summary["epochs"] == history[-1]["epoch"] > 0
+    assert summary["final_train_loss"] == logged[-1]["loss"]
+    assert summary["median_target_tokens_per_second"] == speeds[len(speeds) // 2]
+    rows = loss_at_minutes.summary([output]).splitlines()
+    median, epochs = speeds[len(speeds) // 2], summary["epochs"]
+    assert rows[2] == f"| {output.name} | 8 | {epochs:.2f} | {median:,.0f} | {logged[-1]['loss']:.3f} |"
+    # same_steps: a run against itself has every logged loss equal; a changed loss is found at its step
+    same = loss_at_minutes.same_steps(output, output)
+    assert same == {
+        "common": len(logged),
+        "last_common": logged[-1]["step"],
+        "equal": len(logged),
+        "first_different": None,
+    }
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    edited = [dict(row, loss=row["loss"] + 1) if row.get("step") == logged[1]["step"] and "loss" in row else row
+              for row in history]  # fmt: skip
+    (changed / "trainer_state.json").write_text(json.dumps({"log_history": edited}))
+    same = loss_at_minutes.same_steps(output, changed)
+    assert (same["equal"], same["first_different"]) == (len(logged) - 1, logged[1]["step"])

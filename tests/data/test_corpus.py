@@ -1,6 +1,7 @@
-"""Corpora: the built-in Ding extraction, every local format, Hub datasets, and each bad-data error."""
+"""Corpora (`vaswani_mt.data.corpus`): the built-in Ding extraction and its cache, every local format giving the same
+corpus, Hub datasets, and one error line from the training command for bad data. The readers' message for each bad
+file: test_readers.py."""
 
-import gc
 import json
 import re
 import subprocess
@@ -18,7 +19,6 @@ from vaswani_mt.data.corpus import (
     extract_ding_phrases,
     load_corpus,
     load_ding,
-    remove_damaged_cache_files,
     split_by_group,
 )
 
@@ -154,54 +154,6 @@ def test_hub_dataset_code_path_with_a_locally_built_dataset(tmp_path):
         load_corpus(str(folder), source_lang="fr")
 
 
-@pytest.mark.parametrize(
-    ("name", "content", "message"),
-    [
-        ("bad.jsonl", '{"translation": {"en": "Hi.", "de": "Hallo."}}\n{"translation": {"en": "x"}}\n',
-         r"bad.jsonl:2: language 'de' missing"),
-        ("bad.jsonl", '{"translation": {"en": "Hi.", "de": "  "}}\n', r"bad.jsonl:1: the 'de' side is empty"),
-        ("bad.jsonl", '{"translation": {"en": "Hi.", "de": "Hallo."}}\n{oops\n', r"bad.jsonl:2: not valid JSON"),
-        ("bad.jsonl", '{"en": "Hi.", "de": "Hallo."}\n', r"bad.jsonl:1: expected"),
-        ("bad.tsv", "en\tfr\nHi.\tSalut.\n", r"bad.tsv:1: the header .* does not name language 'de'"),
-        ("bad.tsv", "en\tde\nHi.\tHallo.\nonly one field\n", r"bad.tsv:3: 1 tab-separated fields, the header has 2"),
-        ("bad.tsv", "en\tde\nHi.\t\n", r"bad.tsv:2: the 'de' side is empty"),
-    ],
-)  # fmt: skip
-def test_bad_local_files_name_file_line_and_problem(tmp_path, name, content, message):
-    path = tmp_path / name
-    path.write_text(content, encoding="utf-8")
-    with pytest.raises(DataError, match=message):
-        load_corpus(str(path))
-
-
-def test_undecodable_bytes_are_reported_with_their_line(tmp_path):
-    path = tmp_path / "latin1.tsv"
-    path.write_bytes("en\tde\nHi.\tHallo.\nStreet.\tStra\xdfe.\n".encode("latin-1"))
-    with pytest.raises(DataError, match=r"latin1.tsv:3: bytes that are not UTF-8"):
-        load_corpus(str(path))
-
-
-def test_misaligned_and_missing_plain_text_files(tmp_path):
-    (tmp_path / "c.en").write_text("One.\nTwo.\nThree.\n")
-    (tmp_path / "c.de").write_text("Eins.\nZwei.\n")
-    with pytest.raises(DataError, match=r"c.en has 3 lines but .*c.de has 2"):
-        load_corpus(str(tmp_path / "c"))
-    (tmp_path / "d.en").write_text("One.\n")
-    with pytest.raises(DataError, match=r"d.de: missing"):
-        load_corpus(str(tmp_path / "d"))
-    (tmp_path / "e.en").write_text("One.\n\nThree.\n")
-    (tmp_path / "e.de").write_text("Eins.\nZwei.\nDrei.\n")
-    with pytest.raises(DataError, match=r"e.en:2: the 'source' side is empty"):
-        load_corpus(str(tmp_path / "e"))
-
-
-def test_unknown_file_format_is_refused(tmp_path):
-    path = tmp_path / "corpus.csv"
-    path.write_text("en,de\n")
-    with pytest.raises(DataError, match="unknown format"):
-        load_corpus(str(path))
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # The on-disk caches
 
@@ -233,26 +185,6 @@ def test_ding_extraction_cache_is_redone_when_cut_short_unvouched_or_stale(tmp_p
         f.write("Maus {f} | Die Maus ist sehr klein. :: mouse | The mouse is very small.\n")
     assert _cached_extraction("t", counting)[-1]["en"] == "The mouse is very small." and len(calls) == 5
     assert _cached_extraction("t", counting)[-1]["en"] == "The mouse is very small." and len(calls) == 5
-
-
-def test_a_damaged_map_cache_file_is_removed_and_computed_again(tmp_path):
-    datasets.Dataset.from_dict({"text": [f"row {i}" for i in range(500)]}).save_to_disk(tmp_path / "saved")
-    dataset = datasets.load_from_disk(tmp_path / "saved")
-
-    def length(batch):
-        return {"length": [len(t) for t in batch["text"]]}
-
-    expected = list(dataset.map(length, batched=True)["length"])
-    gc.collect()  # nothing maps the cache file any more: cutting a mapped file short would crash this process
-    caches = sorted((tmp_path / "saved").glob("cache-*.arrow"))
-    assert len(caches) == 1 and remove_damaged_cache_files(dataset) == []  # a whole file stays
-    whole = caches[0].read_bytes()
-    for cut in (len(whole) // 2, len(whole) - 8):  # mid-batch; only the end-of-stream marker missing
-        caches[0].write_bytes(whole[:cut])
-        assert remove_damaged_cache_files(dataset) == caches and not caches[0].exists()
-        assert list(dataset.map(length, batched=True)["length"]) == expected
-        gc.collect()
-        assert caches[0].read_bytes() == whole  # computed again, in full
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -33,8 +33,6 @@ from hypothesis import strategies as st
 
 from vaswani_mt.data.corpus import SPLITS, DataError, load_corpus, split_by_group
 
-datasets.disable_progress_bars()
-
 SLOW_IS_FINE = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example]
 FUZZ = settings(deadline=None, derandomize=True, database=None, suppress_health_check=SLOW_IS_FINE)
 TRIED: Counter = Counter()  # (reader, kind) -> inputs tried; written out by the module fixture below
@@ -51,6 +49,16 @@ NOT_UTF8 = st.sampled_from([b"\xff", b"\xc3", b"\xe2\x82", b"\xed\xa0\x80", b"\x
 NON_STRING = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.lists(st.integers(), max_size=3),
                        st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))  # fmt: skip
 MEGABYTE_LINE = "long " * 200_000  # 1 MB of legal text in one line
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_progress_bars():
+    """datasets draws no progress bar for the hundreds of tiny corpora here; turned back on after this module."""
+    enabled = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    yield
+    if enabled:
+        datasets.enable_progress_bars()
 
 
 @pytest.fixture(scope="module", autouse=True)

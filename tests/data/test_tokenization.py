@@ -1,8 +1,18 @@
+"""The joint BPE vocabulary (§5.1, `vaswani_mt.data.tokenization`): fairseq's special tokens, one vocabulary for both
+sides, exact round trips; a run's tokenizer learned from a stream of its corpus; the corpus tokenized in several
+processes, cached beside it."""
+
+from pathlib import Path
+
+import datasets
 import pytest
 from conftest import SENTENCES
 from transformers import AutoTokenizer
 
-from vaswani_mt.data.tokenization import train_tokenizer
+from vaswani_mt.data import tokenization
+from vaswani_mt.data.batching import length_array
+from vaswani_mt.data.corpus import SPLITS, load_corpus
+from vaswani_mt.data.tokenization import build_tokenizer, tokenize_corpus, train_tokenizer
 
 
 def test_special_tokens_in_fairseq_order(tokenizer):
@@ -47,3 +57,49 @@ def test_saves_tokenizer_json_and_loads_with_auto_tokenizer(tokenizer, tmp_path)
     loaded = AutoTokenizer.from_pretrained(tmp_path)
     for english, german in SENTENCES:
         assert loaded(english, text_target=german) == tokenizer(english, text_target=german)
+
+
+def test_the_bpe_is_learned_from_a_stream_of_the_corpus_or_a_sample_of_it(tmp_path, monkeypatch):
+    pairs = [{"en": f"The house number {i} is small.", "de": f"Das Haus Nummer {i} ist klein."} for i in range(300)]
+    corpus = {"train": datasets.Dataset.from_dict({"translation": pairs})}
+    seen = {}
+    real = tokenization.train_tokenizer
+
+    def spy(texts, **kwargs):
+        seen["type"] = type(texts)
+        texts = list(texts)
+        seen["texts"] = texts
+        return real(texts, **kwargs)
+
+    monkeypatch.setattr(tokenization, "train_tokenizer", spy)
+    full = build_tokenizer(corpus, ("en", "de"), tmp_path / "full", vocab_size=120)  # what --vocab_size 120 gives
+    assert not issubclass(seen["type"], (list, tuple))  # a stream, never a list of every sentence
+    # all sources, then all targets, in corpus order: the vocabulary the old list gave, token for token
+    assert seen["texts"] == [p["en"] for p in pairs] + [p["de"] for p in pairs]
+    assert full.get_vocab() == real(seen["texts"], vocab_size=120).get_vocab()
+    build_tokenizer(corpus, ("en", "de"), tmp_path / "sample", vocab_size=120, sample=50)  # --tokenizer_sample 50
+    assert len(seen["texts"]) == 100 and set(seen["texts"][:50]) <= {p["en"] for p in pairs}
+    assert seen["texts"][50:] == [next(p["de"] for p in pairs if p["en"] == en) for en in seen["texts"][:50]]
+
+
+def test_tokenization_in_several_processes_is_cached_beside_a_corpus_on_disk_and_reused(tmp_path):
+    pairs = [{"en": "The house is" + " very" * (i % 9) + " small.", "de": "Das Haus ist" + " sehr" * (i % 9) + "."}
+             for i in range(400)]  # fmt: skip
+    features = datasets.Features({"translation": datasets.Translation(languages=["de", "en"])})
+    folder = tmp_path / "corpus"
+    datasets.DatasetDict(
+        {split: datasets.Dataset.from_dict({"translation": pairs}, features=features) for split in SPLITS}
+    ).save_to_disk(str(folder))
+    tokenizer = train_tokenizer([t for p in pairs for t in p.values()], vocab_size=120, min_frequency=1)
+    limits = {"max_source_length": 12, "max_target_length": 12}  # --max_source_length 12 --max_target_length 12
+    plain = tokenize_corpus(load_corpus(str(folder)), tokenizer, "en", "de", **limits)["train"]
+    first = tokenize_corpus(load_corpus(str(folder)), tokenizer, "en", "de", **limits, num_proc=2)["train"]
+    assert first["input_ids"] == plain["input_ids"] and 0 < len(first) < 400  # the length filter dropped some
+    cached = {Path(f["filename"]) for f in first.cache_files if Path(f["filename"]).parent.parent == folder}
+    assert cached, "map wrote its result beside the corpus"
+    stamps = {path: path.stat().st_mtime_ns for path in cached}
+    again = tokenize_corpus(load_corpus(str(folder)), tokenizer, "en", "de", **limits, num_proc=2)["train"]
+    assert {Path(f["filename"]) for f in again.cache_files} >= cached  # the same files, read again
+    assert {path: path.stat().st_mtime_ns for path in cached} == stamps  # not written a second time
+    assert again["labels"] == first["labels"]
+    assert list(length_array(again, "source_length")) == list(again["source_length"])  # through the filter's mapping

@@ -1,3 +1,7 @@
+"""Scores (`vaswani_mt.evaluation.metrics`): sacreBLEU with its signature, the paper's compound-split BLEU
+(tensor2tensor's get_ende_bleu.sh and multi-bleu.perl), the loss per target token, and the translate and evaluate
+commands."""
+
 import json
 import math
 import subprocess
@@ -17,8 +21,6 @@ from vaswani_mt.evaluation.metrics import (
     score_translations,
     token_nll,
 )
-from vaswani_mt.inference.loading import load_for_inference
-from vaswani_mt.inference.translate import translate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -145,16 +147,6 @@ def test_token_nll_is_the_unsmoothed_loss_per_target_token(tokenizer):
     assert token_nll(model, tokenizer, sources, references) == pytest.approx(expected, rel=1e-5)
 
 
-def test_translate_keeps_order_and_matches_one_by_one(tokenizer):
-    model = make_model(seed=2)
-    sentences = ["The girl ate an apple.", "How are you?", "", "She reads a book in the café.", "   "]
-    batched = translate(model, tokenizer, sentences, batch_size=2, max_new_tokens=6, num_beams=2)
-    assert batched[2] == "" and batched[4] == ""
-    for sentence, out in zip(sentences, batched, strict=True):
-        if sentence.strip():
-            assert translate(model, tokenizer, [sentence], max_new_tokens=6, num_beams=2) == [out]
-
-
 def test_translate_script_reads_stdin_and_writes_a_line_per_line(tokenizer, tmp_path):
     model = make_model(seed=2)
     model.save_pretrained(tmp_path / "m")
@@ -191,13 +183,3 @@ def test_evaluate_script_prints_the_signature(tokenizer, tmp_path):
         capture_output=True, text=True,
     )  # fmt: skip
     assert explicit.stdout == result.stdout  # alpha 0.6 is the model's own (the paper's)
-
-
-def test_loading_something_else_says_what_it_is(tmp_path):
-    with pytest.raises(ValueError, match=r"no config\.json"):
-        load_for_inference(str(tmp_path))
-    from transformers import MarianConfig
-
-    MarianConfig().save_pretrained(tmp_path / "marian")
-    with pytest.raises(ValueError, match="'marian' model, not a vaswani_mt"):
-        load_for_inference(str(tmp_path / "marian"))

@@ -8,7 +8,6 @@ import io
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -17,7 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import SENTENCES, make_model
+from conftest import SENTENCES, free_port, make_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -40,7 +39,8 @@ def test_demo_answers_blank_and_over_long_input_with_a_message(fitted_folder):
     assert translate_for_demo(model, tokenizer, "   ") == ("", None, "Nothing to translate: type a sentence.")
     text = " ".join(["The girl ate an apple."] * 20)
     translation, figure, notes = translate_for_demo(model, tokenizer, text, num_beams=1, max_source_tokens=32)
-    assert translation and figure is not None and "cut to the first 32" in notes
+    assert translation and "cut to the first 32" in notes
+    assert len(figure.axes[0].get_xticklabels()) == 32  # the heatmap shows the 32 tokens translated
 
 
 def test_search_controls_start_from_the_models_own_generation_config(fitted_folder, tmp_path):
@@ -78,11 +78,6 @@ def test_demo_gives_a_translation_or_a_note_for_any_text(demo_model, text):
         figure.savefig(io.BytesIO(), format="png", dpi=10)  # as Gradio draws it (the text layout is the same)
     else:
         assert figure is None and notes == "Nothing to translate: type a sentence."
-
-
-@pytest.fixture(scope="module")
-def demo_model(fitted_folder):
-    return load_for_inference(str(fitted_folder), device="cpu", attn_implementation="eager")
 
 
 def test_demo_cuts_text_over_its_character_limit_and_says_so(demo_model):
@@ -142,7 +137,7 @@ def served(fitted_folder):
     """The demo as `app.py` starts it (no host given, GRADIO_SERVER_NAME unset), in this process on a free port,
     with a queue of QUEUE_SIZE."""
     pytest.importorskip("gradio")
-    port = _free_port()
+    port = free_port()
     with pytest.MonkeyPatch.context() as env:
         env.delenv("GRADIO_SERVER_NAME", raising=False)
         env.setenv("HF_HUB_OFFLINE", "1")
@@ -294,12 +289,6 @@ def test_served_demo_refuses_a_request_beyond_its_queue_with_a_message(served, m
     assert _translate(served, ["How are you today?", *SEARCH])[1][0] == "Wie geht es Ihnen heute?"  # served again
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_until_served(url: str, process: subprocess.Popen, seconds: float = 300) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -318,7 +307,7 @@ def _wait_until_served(url: str, process: subprocess.Popen, seconds: float = 300
 def test_app_in_headless_chromium_translates_a_typed_sentence_and_draws_the_attention(fitted_folder, tmp_path):
     from playwright import sync_api as playwright  # a dev dependency: missing, the test fails rather than skips
 
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "GRADIO_SERVER_PORT": str(port), "GRADIO_SERVER_NAME": "127.0.0.1", "HF_HUB_OFFLINE": "1"}
     env["VASWANI_MODEL"] = str(fitted_folder)
     app = subprocess.Popen(

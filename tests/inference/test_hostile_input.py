@@ -5,6 +5,8 @@ and give exactly one translation per input, in input order, without an exception
 same tokens alone and inside a batch of mixed lengths (greedy and beam 4), and scripts/translate.py streams: its
 output arrives while its input still does, in order, with flat memory.
 
+The hand-picked hostile texts (`HOSTILE`) are in tests/conftest.py, which test_translate.py shares.
+
 The policy these tests hold the code to: a lone surrogate becomes U+FFFD (a high-low pair, the character it
 encodes); bytes that are not UTF-8 on translate.py's input become U+FFFD, with a warning naming the line; a source
 longer than `max_source_tokens` is cut, with a warning; a translation never holds a line break; blank lines
@@ -28,40 +30,19 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-import torch
-from conftest import SENTENCES
+from conftest import ENGLISH, FAST, HOSTILE, LONG_LINE
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from vaswani_mt.inference.demo import translate_for_demo
 from vaswani_mt.inference.loading import load_for_inference
-from vaswani_mt.inference.translate import read_text_lines, translate, translate_stream
+from vaswani_mt.inference.translate import translate, translate_stream
 from vaswani_mt.model.pipeline_vaswani import TranslationPipeline, encode_source
 
 ROOT = Path(__file__).resolve().parents[2]
-ENGLISH = [english for english, _ in SENTENCES]
-LONG_LINE = ("The girl ate an apple. " * 4348 + "x")[:100_000]  # 100,000 characters, about 26,000 tokens
-HOSTILE = [
-    "",
-    " ",
-    "\t \u3000\u2003",  # tab, ideographic and em spaces: blank
-    "\x00",
-    "The\x00girl\x00",
-    "\x1b[31mred\x1b[0m \x07\x08\x7f",  # terminal escapes, bell, backspace, DEL
-    "\u202eThe girl ate an apple.\u202c",  # right-to-left override
-    "שלום עולם",
-    "مرحبا بالعالم\u200f",  # Arabic and a right-to-left mark
-    "👩\u200d👩\u200d👧\u200d👦 🏳️\u200d🌈",  # emoji joined by zero-width joiners
-    "e\u0301\u0301\u0301\u0301 Z\u0334\u0327\u031b\u0347a\u0337",  # stacked combining marks
-    "\ud800",  # a lone high surrogate
-    "a\udfffb\ud800",  # lone low and high surrogates inside text
-    "\ud83d\ude00",  # a surrogate pair: 😀 as UTF-16 code units
-    "\ufeffThe girl ate an apple.",  # a byte-order mark
-    "one\u2028two\u2029three\x85four\x0cfive\x1csix\rseven",  # line breaks other than \n
-    "\ufffd\U0010ffff\ue000",  # the replacement character, a noncharacter, private use
-    LONG_LINE,
-]
-# Any code point, surrogates and controls included, and runs of the troublesome categories.
+
+# The hand-picked HOSTILE texts (tests/conftest.py), any code point (surrogates and controls included), and runs of
+# the troublesome categories.
 any_text = st.text(st.characters(exclude_categories=()), max_size=30)
 odd_text = st.text(st.characters(categories=("Cc", "Cf", "Cs", "Mn", "Me", "Zs", "Zl", "Zp", "So")), max_size=12)
 hostile_text = st.one_of(st.sampled_from(HOSTILE), any_text, odd_text)
@@ -72,30 +53,10 @@ FUZZ = settings(
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
 )
-# The search of the in-process fuzzing: greedy, a few tokens, short sources (LONG_LINE is cut to 48 tokens).
-FAST = {"num_beams": 1, "max_new_tokens": 12}
+# The search of the in-process fuzzing: FAST (greedy, a few tokens), short sources (LONG_LINE is cut to 48 tokens).
 SHORT_SOURCE = 48
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices: one thread is many times faster on a busy 2-core machine (restored after this module)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def fitted(fitted_folder):
-    """The fitted tiny model and its tokenizer, loaded as the entry points load them (a copy of its own)."""
-    return load_for_inference(str(fitted_folder), device="cpu")
-
-
-@pytest.fixture(scope="module")
-def demo_model(fitted_folder):
-    """The demo's own copy of the model, loaded as build_demo loads it (eager attention, for the heatmap)."""
-    return load_for_inference(str(fitted_folder), device="cpu", attn_implementation="eager")
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny matrices: one thread is many times faster
 
 
 @pytest.fixture(scope="module")
@@ -221,16 +182,26 @@ def test_pipeline_loaded_as_remote_code_takes_the_hostile_texts(fitted_folder, f
 @given(text=hostile_text)
 @example(text=LONG_LINE)
 @example(text="a\udfffb\ud800")
+@example(text="$\\frac{$ \x00 \u202e$x$")  # dollars: matplotlib's mathtext, unless escaped
 def test_demo_answers_hostile_text_with_a_translation_and_notes(demo_model, text):
-    import matplotlib.pyplot as plt
-
     model, tokenizer = demo_model
     translation, figure, notes = translate_for_demo(model, tokenizer, text, num_beams=1, extra_tokens=4,
                                                     max_source_tokens=SHORT_SOURCE)  # fmt: skip
     assert isinstance(translation, str) and isinstance(notes, str)
     if text.strip():
-        assert figure is not None
-        plt.close(figure)
+        # the heatmap of the translation's encoder-decoder attention: one column per source token (as the model
+        # read the text: cut, lone surrogates replaced) and one row per output token, each labelled with its token
+        # as it is ("$" escaped, so that matplotlib draws it rather than reading mathtext), and it draws
+        source = tokenizer.convert_ids_to_tokens(encode_source(tokenizer, text, SHORT_SOURCE))
+        heatmap = figure.axes[0]
+        columns = [label.get_text() for label in heatmap.get_xticklabels()]
+        rows = [label.get_text() for label in heatmap.get_yticklabels()]
+        assert columns == [token.replace("$", r"\$") for token in source]
+        assert 1 <= len(rows) <= len(source) + 4  # at most |X| + b tokens (b = extra_tokens)
+        assert heatmap.images[0].get_array().shape == (len(rows), len(columns))
+        output = tokenizer.convert_tokens_to_ids([row.replace(r"\$", "$") for row in rows])
+        assert tokenizer.decode(output, skip_special_tokens=True).strip() == translation  # the rows are its tokens
+        figure.savefig(io.BytesIO(), format="png", dpi=10)  # as Gradio draws it (the text layout is the same)
     else:
         assert translation == "" and figure is None
     if any(0xD800 <= ord(c) <= 0xDFFF for c in text):
@@ -403,29 +374,6 @@ def test_evaluate_script_names_the_line_of_bytes_that_are_not_utf8(quick_scripts
         scripts["evaluate_model"], ["--hypotheses", str(tmp_path / "hyp"), "--references", str(tmp_path / "ref")]
     )
     assert status != 0 and f"error: {tmp_path / 'hyp'}:2: bytes that are not UTF-8" in stderr
-
-
-def test_reading_lines_replaces_bad_bytes_and_cuts_endless_lines_with_warnings(caplog):
-    data = b"\xef\xbb\xbfok\r\nbad \xff\xc3(\n" + b"x" * 5000 + "é".encode() * 10 + b"\nlast"
-    with caplog.at_level("WARNING", logger="vaswani_mt.inference.translate"):
-        lines = list(read_text_lines(io.BytesIO(data), "in.txt", max_line_bytes=1000))
-    assert lines == ["ok", "bad \ufffd\ufffd(", "x" * 1000, "last"]
-    assert "in.txt:2: bytes that are not UTF-8 (b'\\xff' at byte 5) read as U+FFFD" in caplog.text
-    assert "in.txt:3: a line of more than 1000 bytes: only its first 1000 bytes are read" in caplog.text
-    cut_inside_a_character = list(read_text_lines(io.BytesIO(b"a" + "é".encode() * 10), max_line_bytes=4))
-    assert cut_inside_a_character == ["aé"]  # the half character at the cut is dropped, not turned into U+FFFD
-
-
-def test_stream_translation_equals_translating_the_whole_list(fitted):
-    """Chunks change which sentences share a batch, not what they translate to."""
-    model, tokenizer = fitted
-    lines = [ENGLISH[i % 6] if i % 4 else HOSTILE[i % len(HOSTILE)].replace("\n", " ") for i in range(30)]
-    data = "\n".join(lines).encode("utf-8", "surrogatepass")
-    sink = io.BytesIO()
-    assert translate_stream(model, tokenizer, io.BytesIO(data), sink, batch_size=4, chunk_size=7, **FAST) == 30
-    whole = translate(model, tokenizer, [line.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-                                         for line in lines], batch_size=16, **FAST)  # fmt: skip
-    assert sink.getvalue().decode("utf-8").split("\n") == [*whole, ""]
 
 
 # ---------------------------------------------------------------------------------------------------------------

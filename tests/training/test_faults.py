@@ -3,7 +3,8 @@ and SIGINT (preemption), a full disk, and a planted pickle. Every interrupted ru
 command, ends with the very weights of an uninterrupted run (same seed, CPU, dropout on so that the RNG state
 matters), and its learning rate, steps and trained minutes go on where they stopped.
 
-The kill steps come from a seeded RNG (`VASWANI_FAULT_SEED`, default 26) and are printed (`pytest -s`)."""
+The kill steps come from a seeded RNG (`VASWANI_FAULT_SEED`, default 26) and are printed (`pytest -s`). What makes
+a checkpoint complete, file by file: test_checkpoints.py."""
 
 import json
 import os
@@ -16,10 +17,9 @@ import subprocess
 import threading
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from conftest import train_command, write_jsonl
+from conftest import REFERENCE_ENV, REFERENCE_STEPS, reference_command
 from safetensors.torch import load_file
 from transformers import TrainerState
 
@@ -27,19 +27,16 @@ from vaswani_mt import VaswaniForConditionalGeneration
 from vaswani_mt.training.arguments import parse_args
 from vaswani_mt.training.callbacks import trained_seconds
 from vaswani_mt.training.checkpoints import (
-    CheckpointError,
     incomplete_reason,
     is_complete,
     last_checkpoint,
     list_checkpoints,
-    resume_point,
     unpickling_refused,
 )
 from vaswani_mt.training.trainer import VaswaniTrainer
 
-STEPS = 10  # about 6 steps an epoch: the runs cross an epoch boundary, where the sampler reshuffles
+STEPS, ENV = REFERENCE_STEPS, REFERENCE_ENV  # the reference run's (tests/conftest.py): the runs here resume to it
 SEED = int(os.environ.get("VASWANI_FAULT_SEED", "26"))
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}  # unbuffered: the test reads the log live
 
 # Records each torch.load of the run it is imported into (the file and its weights_only argument).
 _RECORDER = """
@@ -61,25 +58,6 @@ class _OpensAFile:
 
     def __reduce__(self):
         return (open, (str(self.path), "w"))
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return write_jsonl(tmp_path_factory.mktemp("corpus") / "pairs.jsonl")
-
-
-def _command(corpus: Path, output: Path) -> list[str]:
-    return train_command(corpus, output, "--max_steps", str(STEPS), "--dropout", "0.1")
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, corpus) -> Path:
-    """The uninterrupted run."""
-    output = tmp_path_factory.mktemp("reference") / "run"
-    result = subprocess.run(_command(corpus, output), env=ENV, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads((output / "config.json").read_text())["dropout"] == 0.1
-    return output
 
 
 def _interrupt(command: list[str], lines: int, signum: int, log: Path, env: dict = ENV) -> int:
@@ -144,7 +122,7 @@ def test_sigkill_sigint_and_a_cut_off_checkpoint_resume_to_the_uninterrupted_wei
     interrupt = rng.randint(max(kill + 1, 5), STEPS - 1)  # after step 5, checkpoint-4 is whole: one to fall back on
     print(f"\nVASWANI_FAULT_SEED={SEED}: SIGKILL after step {kill}, SIGINT after step {interrupt}")
     output = tmp_path / "run"
-    command = _command(corpus, output)
+    command = reference_command(corpus, output)
 
     # SIGKILL: nothing is saved; the newest complete checkpoint is where the same command resumes.
     assert _interrupt(command, kill, signal.SIGKILL, tmp_path / "kill.log") == -signal.SIGKILL
@@ -186,7 +164,7 @@ def test_sigkill_sigint_and_a_cut_off_checkpoint_resume_to_the_uninterrupted_wei
 
 def test_sigterm_and_a_full_disk_stop_cleanly_and_the_same_command_finishes_the_run(reference, corpus, tmp_path):
     output = tmp_path / "run"
-    command = _command(corpus, output)
+    command = reference_command(corpus, output)
 
     # SIGTERM (a scheduler's preemption): the step ends, a checkpoint is saved, the exit status is 128 + 15.
     term = random.Random(SEED + 1).randint(1, 3)
@@ -238,7 +216,7 @@ def _limit_files(size: int) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
 
 
-def test_a_resume_refuses_a_pickle_that_would_run_code(reference, tmp_path):
+def test_a_resume_refuses_a_pickle_that_would_run_code(reference, tmp_path, restore_rng):
     """Trainer's own loaders, as a resume calls them, on a checkpoint whose state files would run code."""
     checkpoint, marker = tmp_path / "checkpoint-2", tmp_path / "code-ran"
     shutil.copytree(reference / "checkpoint-2", checkpoint)
@@ -246,8 +224,7 @@ def test_a_resume_refuses_a_pickle_that_would_run_code(reference, tmp_path):
     trainer = VaswaniTrainer(model=model, args=parse_args(["--output_dir", str(tmp_path), "--report_to", "none"])[3])
     trainer.create_optimizer_and_scheduler(num_training_steps=STEPS)
     trainer._load_optimizer_and_scheduler(str(checkpoint))  # the genuine files load
-    rng_states = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
-    trainer._load_rng_state(str(checkpoint))  # sets them all: put back below, for the tests that come after
+    trainer._load_rng_state(str(checkpoint))  # sets every RNG of this process: restore_rng puts them back
     for planted in ("rng_state.pth", "optimizer.pt"):
         torch.save({"python": _OpensAFile(marker)}, checkpoint / planted)
         assert incomplete_reason(checkpoint) is None  # a whole file: only weights_only stands in its way
@@ -259,89 +236,3 @@ def test_a_resume_refuses_a_pickle_that_would_run_code(reference, tmp_path):
         assert message.startswith(f"could not resume from {checkpoint}: {planted} holds more than tensors")
         assert "GLOBAL io.open" in message and "\n" not in message
         shutil.copy2(reference / "checkpoint-2" / planted, checkpoint / planted)
-    random.setstate(rng_states[0])
-    np.random.set_state(rng_states[1])
-    torch.random.set_rng_state(rng_states[2])
-
-
-def _cut(file: str, keep: int | None = None):
-    def damage(checkpoint: Path):
-        path = checkpoint / file
-        path.write_bytes(path.read_bytes()[: keep if keep is not None else path.stat().st_size // 2])
-
-    return damage
-
-
-def _scramble_header(checkpoint: Path):
-    path = checkpoint / "model.safetensors"
-    data = path.read_bytes()
-    path.write_bytes(data[:8] + b"\xff" * 8 + data[16:])
-
-
-def _remove(file: str):
-    return lambda checkpoint: (checkpoint / file).unlink()
-
-
-def _write(file: str, text: str):
-    return lambda checkpoint: (checkpoint / file).write_text(text)
-
-
-@pytest.mark.parametrize(
-    ("damage", "reason"),
-    [
-        (_cut("model.safetensors"), r"model.safetensors is truncated \(\d+ of \d+ bytes\)"),
-        (_cut("model.safetensors", keep=4), r"model.safetensors is truncated \(4 bytes, no complete header\)"),
-        (_cut("model.safetensors", keep=500), r"model.safetensors is truncated \(500 bytes, no complete header\)"),
-        (_scramble_header, r"model.safetensors has an unreadable header"),
-        (_remove("model.safetensors"), r"no model.safetensors"),
-        (_remove("optimizer.pt"), r"no optimizer.pt"),
-        (_remove("scheduler.pt"), r"no scheduler.pt"),
-        (_remove("rng_state.pth"), r"no rng_state.pth"),
-        (_cut("optimizer.pt"), r"optimizer.pt is truncated \(no zip directory at its end\)"),
-        (_cut("rng_state.pth"), r"rng_state.pth is truncated \(no zip directory at its end\)"),
-        (_remove("trainer_state.json"), r"no trainer_state.json"),
-        (_cut("trainer_state.json"), r"trainer_state.json is not complete JSON"),
-        (_write("trainer_state.json", "[]"), r"trainer_state.json is not a JSON object"),
-    ],
-)
-def test_a_checkpoint_cut_off_while_it_was_written_is_never_complete(reference, tmp_path, damage, reason):
-    checkpoint = tmp_path / "checkpoint-2"
-    shutil.copytree(reference / "checkpoint-2", checkpoint)
-    assert incomplete_reason(checkpoint) is None
-    damage(checkpoint)
-    assert re.fullmatch(reason, incomplete_reason(checkpoint) or "")
-    assert not is_complete(checkpoint) and last_checkpoint(tmp_path) is None
-
-
-def test_averaging_needs_only_the_weights_and_trainer_state(reference, tmp_path):
-    checkpoint = tmp_path / "checkpoint-2"
-    shutil.copytree(reference / "checkpoint-2", checkpoint)
-    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
-        (checkpoint / name).unlink()
-    assert incomplete_reason(checkpoint) == "no optimizer.pt"
-    assert incomplete_reason(checkpoint, resumable=False) is None
-    with (checkpoint / "model.safetensors").open("ab") as weights:
-        weights.write(b"\0" * 3)
-    assert (
-        incomplete_reason(checkpoint, resumable=False)
-        == "model.safetensors has 3 bytes after the data its header describes"
-    )
-
-
-def test_a_checkpoint_given_to_resume_from_must_be_complete(reference, corpus, tmp_path):
-    checkpoint = tmp_path / "checkpoint-2"
-    shutil.copytree(reference / "checkpoint-2", checkpoint)
-    (checkpoint / "rng_state.pth").unlink()
-
-    def resume_from(*extra: str):
-        args = parse_args([*_command(corpus, tmp_path)[2:], "--resume_from_checkpoint", str(checkpoint), *extra])
-        return resume_point(args[3], tmp_path)
-
-    with pytest.raises(
-        CheckpointError, match=rf"{re.escape(str(checkpoint))}: not a complete checkpoint \(no rng_state.pth\)"
-    ):
-        resume_from()
-    assert resume_from("--save_only_model", "true") == str(checkpoint)  # such a run saves only the weights
-    checkpoint = tmp_path / "nowhere"
-    with pytest.raises(CheckpointError, match="nowhere: not a complete checkpoint \\(no such folder\\)"):
-        resume_from()

@@ -16,6 +16,9 @@ from vaswani_mt.training.flops import (
     peak_tflops,
 )
 
+# count_training_flops seeds torch's global RNG (torch.manual_seed) to initialise its model: put back after each test
+pytestmark = pytest.mark.usefixtures("restore_rng")
+
 
 def test_base_at_length_30_costs_381_mflop_per_target_token_as_counted_by_hand():
     counted = count_training_flops("base", 30)
@@ -42,7 +45,7 @@ def test_base_at_length_30_costs_381_mflop_per_target_token_as_counted_by_hand()
     ],
 )
 def test_counted_flops_equal_the_analytic_count_for_other_shapes(overrides, source_length, target_length):
-    config = VaswaniConfig.from_preset("tiny", vocab_size=300, **overrides)
+    config = VaswaniConfig.from_preset("tiny", vocab_size=300, **overrides)  # the config is what is counted
     counted = count_training_flops(config, source_length, target_length, batch=3)
     analytic = analytic_training_flops_per_token(config, source_length, target_length)
     assert counted.target_tokens == 3 * target_length

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import make_model
 
-from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani_mt import VaswaniConfig
 from vaswani_mt.system import native_bf16
 from vaswani_mt.training import hardware
 from vaswani_mt.training.arguments import parse_args
@@ -48,14 +49,13 @@ def test_training_keeps_freed_memory_unless_told_not_to(monkeypatch):
 
 
 @pytest.mark.parametrize("native", [True, False])
-def test_auto_bf16_turns_on_bf16_autocast_only_where_bf16_is_native(tmp_path, monkeypatch, native):
+def test_auto_bf16_turns_on_bf16_autocast_only_where_bf16_is_native(tmp_path, monkeypatch, native, restore_rng):
     monkeypatch.setattr(hardware, "native_bf16", lambda: native)
     _, _, recipe, args = parse_args(["--output_dir", str(tmp_path), "--report_to", "none", "--auto_bf16", "true"])
     assert not args.bf16
     resolve_precision(recipe, args)
     assert args.bf16 is native
-    model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny"))
-    trainer = VaswaniTrainer(model=model, args=args)
+    trainer = VaswaniTrainer(model=make_model(), args=args)  # which seeds every RNG: restore_rng
     assert trainer.accelerator.mixed_precision == ("bf16" if native else "no")
     with trainer.accelerator.autocast():  # what accelerate wraps the model's forward in
         assert torch.is_autocast_enabled("cpu") is native

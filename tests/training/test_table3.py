@@ -14,10 +14,11 @@ import datasets
 import pytest
 import torch
 import yaml
-from conftest import write_jsonl
+from conftest import make_model, one_torch_thread, write_jsonl
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_mt.data.corpus import load_corpus
+from vaswani_mt.training import hardware
 from vaswani_mt.training.arguments import parse_args
 from vaswani_mt.training.table3 import PAPER_D_MODEL, load_rows, markdown_table, row_argv, scale_row, select_rows
 
@@ -78,7 +79,7 @@ def test_wmt14_recipes_keep_the_papers_settings(path, preset, dropout, steps, av
     assert recipe.average_last == averaged and training_args.save_total_limit >= averaged
     assert recipe.length_penalty == 0.6 and recipe.auto_bf16 and recipe.test_bleu
     assert training_args.report_to == ["tensorboard"]
-    generation = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny")).generation_config
+    generation = make_model().generation_config  # what every preset's model searches with
     assert (generation.num_beams, generation.max_len_a, generation.max_len_b) == (4, 1, 50)  # §6.1
 
 
@@ -207,7 +208,7 @@ def test_table3_rows_at_the_papers_scale_have_the_papers_parameter_counts():
     for name, options in rows.items():
         options = scale_row(options, 512, 100_000)
         options.pop("max_steps", None)
-        with torch.device("meta"):
+        with torch.device("meta"):  # the row's own config at the paper's scale is under test: built here
             model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("base", vocab_size=37000, **options))
         counts[name] = sum(p.numel() for p in model.parameters()) / 1e6
         # and each row is a valid command line on top of the base recipe
@@ -228,7 +229,7 @@ def test_scale_row_keeps_a_rows_meaning_at_another_width():
     assert scale_row({"num_encoder_layers": 2, "dropout": 0.0}, 256, 7) == {"num_encoder_layers": 2, "dropout": 0.0}
 
 
-def test_table3_script_trains_and_scores_two_rows_at_a_tiny_scale(tmp_path, capsys):
+def test_table3_script_trains_and_scores_two_rows_at_a_tiny_scale(tmp_path, capsys, monkeypatch, restore_rng):
     """scripts/table3.py with the CPU scale file shrunk to the tiny preset, 3 steps a row: the table holds the two
     rows with their shapes (A-h1: h 1, d_k = d_v = d_model; C-N4: 4 layers), parameter counts and finite PPL."""
     spec = importlib.util.find_spec("vaswani_mt.cli.table3")  # what scripts/table3.py runs
@@ -236,9 +237,9 @@ def test_table3_script_trains_and_scores_two_rows_at_a_tiny_scale(tmp_path, caps
     spec.loader.exec_module(script)
     data = write_jsonl(tmp_path / "pairs.jsonl", count=300)
     output = tmp_path / "table"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    # the rows train in this process: malloc keeps glibc's defaults for the rest of the suite (tests/system)
+    monkeypatch.setattr(hardware, "retain_freed_memory", lambda: False)
+    with one_torch_thread():
         script.main([
             "--rows", "A-h1,C-N4", "--scale", "cpu", "--output_dir", str(output),
             "--dataset", str(data), "--upsample_primary", "1", "--preset", "tiny", "--vocab_size", "300",
@@ -246,8 +247,6 @@ def test_table3_script_trains_and_scores_two_rows_at_a_tiny_scale(tmp_path, caps
             "--report_to", "none", "--logging_steps", "1", "--disable_tqdm", "true", "--max_eval_samples", "8",
             "--per_device_eval_batch_size", "8",
         ])  # fmt: skip
-    finally:
-        torch.set_num_threads(threads)
     printed = capsys.readouterr().out
     summary = json.loads((output / "table3.json").read_text())
     assert summary["d_model"] == 32 and summary["max_steps"] == 3
@@ -259,7 +258,7 @@ def test_table3_script_trains_and_scores_two_rows_at_a_tiny_scale(tmp_path, caps
     expected = {"A-h1": (2, 32, 64, 1, 32, 32), "C-N4": (4, 32, 64, 8, 4, 4)}
     for name, row in rows.items():
         assert (row["N"], row["d_model"], row["d_ff"], row["h"], row["d_k"], row["d_v"]) == expected[name]
-        model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny", vocab_size=vocab, **shapes[name]))
+        model = make_model(vocab_size=vocab, **shapes[name])
         assert row["params"] == sum(p.numel() for p in model.parameters())
         assert math.isfinite(row["dev_ppl"]) and row["dev_ppl"] > 1 and 0 <= row["dev_bleu"] <= 100
         assert row["steps"] == 3 and (row["dropout"], row["label_smoothing"]) == (0.1, 0.1)

@@ -109,8 +109,9 @@ def count_training_flops(
 
     config = as_config(config, vocab_size)
     target_length = source_length if target_length is None else target_length
-    torch.manual_seed(seed)
-    model = VaswaniForConditionalGeneration(config).train()
+    with torch.random.fork_rng(devices=[]):  # the weights come from `seed`; the caller's RNG is left as it was
+        torch.manual_seed(seed)
+        model = VaswaniForConditionalGeneration(config).train()
     model.set_attn_implementation("eager")  # see the module docstring
     generator = torch.Generator().manual_seed(seed)
     source = torch.randint(4, config.vocab_size, (batch, source_length), generator=generator)
