@@ -6,7 +6,7 @@ newstest-sized dev and test splits), saved with `save_to_disk` as the Hub's `wmt
 training job runs, each in a process of its own so that its peak RSS is its own (`ru_maxrss` of the stage and of
 its worker processes):
 
-1. `tokenizer`: the joint BPE (`data.tokenization.build_tokenizer`, learned from a stream of `--tokenizer_sample` pairs);
+1. `tokenizer`: the joint BPE (`data.tokenization.build_tokenizer`, from a stream of `--tokenizer_sample` pairs);
 2. `tokenize`: `data.tokenization.tokenize_corpus` (`datasets.map` in `--num_proc` processes, cached beside the corpus);
 3. `tokenize_again`: the same call, which must find that cache (a rerun or a resumed job);
 4. `sampler`: the token-budget sampler from the length arrays (`batching.length_array`), and one epoch of batches;
