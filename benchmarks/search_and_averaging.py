@@ -25,7 +25,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
 
 from vaswani_mt.data.corpus import BUILTIN_CORPUS, load_corpus, source_target
 from vaswani_mt.evaluation.metrics import evaluate_bleu
-from vaswani_mt.model.modeling_vaswani import PAPER_SEARCH
+from vaswani_mt.model.generation_vaswani import PAPER_SEARCH
 from vaswani_mt.training.checkpoints import average_checkpoints, list_checkpoints
 
 SEARCHES = {"beam 4 (paper)": dict(PAPER_SEARCH), "greedy": {**PAPER_SEARCH, "num_beams": 1}}

@@ -1,10 +1,14 @@
 """The paper's beam search (§6.1) from `generate()`: GNMT length penalty, per-sentence maximum length, caching."""
 
 import itertools
+import logging
+import warnings
+from contextlib import contextmanager
 
 import pytest
 import torch
-from conftest import make_model, padded_batch
+from conftest import make_model, padded_batch, uneven_pairs
+from transformers import AutoModelForSeq2SeqLM, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from vaswani_mt import gnmt_length_penalty
 from vaswani_mt.model.modeling_vaswani import PerSentenceMaxLength, VaswaniForConditionalGeneration
@@ -70,8 +74,77 @@ def test_explicit_lengths_override_the_per_sentence_rule(model):
     ids, mask = padded_batch(lengths=(7, 3))
     sequences = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, num_beams=1)
     assert sequences.shape == (2, 6)
+    sequences = model.generate(input_ids=ids, attention_mask=mask, max_length=4, num_beams=1)
+    assert sequences.shape == (2, 4)
     sequences = model.generate(input_ids=ids, attention_mask=mask, min_new_tokens=9, max_new_tokens=9, num_beams=2)
     assert sequences.shape == (2, 10)
+
+
+@contextmanager
+def _length_warnings():
+    """The messages about `max_length` / `max_new_tokens` that transformers logs (its loggers do not propagate to the
+    root logger, so a handler goes on its own) or warns while the block runs."""
+    found = []
+
+    class Recorder(logging.Handler):
+        def emit(self, record):
+            found.append(record.getMessage())
+
+    handler, library = Recorder(), logging.getLogger("transformers")
+    library.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield found
+    finally:
+        library.removeHandler(handler)
+    found += [str(warning.message) for warning in caught]
+    found[:] = [message for message in found if "max_length" in message or "max_new_tokens" in message]
+
+
+def test_a_max_length_in_the_generation_config_yields_to_the_per_sentence_limit_without_a_warning(model):
+    """A `max_length` that the model's generation config holds (Seq2SeqTrainer writes transformers' default there)
+    neither cuts the paper's limit nor makes transformers warn that it and `max_new_tokens` are both set."""
+    model.generation_config.max_length = 20
+    ids, mask = padded_batch(lengths=(7, 3))  # with this model, EOS comes only at each sentence's limit
+    with _length_warnings() as found:
+        sequences = model.generate(input_ids=ids, attention_mask=mask, num_beams=1)
+    assert found == []
+    assert sequences.shape == (2, 1 + 7 + 50)
+    assert [row.tolist().index(2) for row in sequences] == [7 + 50, 3 + 50]
+
+
+def _collate(rows: list[dict]) -> dict:
+    """Right-padded sources (pad id 1) with their mask, and labels padded with -100."""
+    width, target_width = (max(len(row[key]) for row in rows) for key in ("input_ids", "labels"))
+    lengths = torch.tensor([len(row["input_ids"]) for row in rows])
+    return {
+        "input_ids": torch.tensor([row["input_ids"] + [1] * (width - len(row["input_ids"])) for row in rows]),
+        "attention_mask": (torch.arange(width) < lengths[:, None]).long(),
+        "labels": torch.tensor([row["labels"] + [-100] * (target_width - len(row["labels"])) for row in rows]),
+    }
+
+
+def test_seq2seq_trainer_predicts_with_the_per_sentence_limit_and_no_length_warning(tmp_path):
+    """`Seq2SeqTrainer.predict` / `evaluate` with `predict_with_generate`: after its first batch the trainer writes
+    `max_length=20` into the model's generation config, and every later batch warned "Both `max_new_tokens` (=...)
+    and `max_length`(=20) seem to have been set"; the limit stays |X| + 50 (§6.1), quietly."""
+    make_model(seed=0).save_pretrained(tmp_path / "model")
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "model")
+    rows = uneven_pairs()  # sources of 7, 4, 6 and 5 tokens, EOS included
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_eval_batch_size=2, predict_with_generate=True, report_to=[],
+        use_cpu=True, disable_tqdm=True,
+    )  # fmt: skip
+    trainer = Seq2SeqTrainer(model=model, args=args, data_collator=_collate)
+    with _length_warnings() as found:
+        predictions = trainer.predict(rows).predictions
+        trainer.evaluate(rows)
+    assert model.generation_config.max_length == 20  # what the trainer wrote: the check is not vacuous
+    assert found == []
+    # Random weights: EOS comes only where the per-sentence limit forces it, after |X| + 50 tokens.
+    eos = [row.tolist().index(2) for row in predictions]
+    assert eos == [len(row["input_ids"]) + 50 for row in rows]
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])

@@ -1,4 +1,5 @@
 import math
+import warnings
 
 import pytest
 import torch
@@ -7,7 +8,7 @@ from safetensors import safe_open
 from torch import nn
 from transformers import AutoModel, AutoModelForSeq2SeqLM, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
-from vaswani_mt import VaswaniForConditionalGeneration, VaswaniModel, sinusoidal_position_encoding
+from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel, sinusoidal_position_encoding
 from vaswani_mt.model.modeling_vaswani import _CACHE_OUTPUT_FIELD, shift_tokens_right
 
 
@@ -118,9 +119,60 @@ def test_decoding_step_by_step_with_the_cache_under_either_name_gives_the_full_l
         model_kwargs["cache"] = model_kwargs.pop("past_key_values", model_kwargs.get("cache"))
         assert model_kwargs["cache"].get_seq_length() == position + 1
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match="Both `past_key_values` and `cache` are set"):
         cache = model_kwargs["cache"]
         model(encoder_outputs=encoder_outputs, decoder_input_ids=target[:, :1], cache=cache, past_key_values=cache)
+
+
+@torch.no_grad()
+def test_passing_the_cache_as_past_key_values_warns_from_5_24_and_gives_the_logits_of_cache(model):
+    """transformers 5.24 renamed `past_key_values` to `cache`: the old name still works, with in-tree models'
+    FutureWarning where the new name exists; under 5.20-5.23, whose `generate()` passes the old name, silently."""
+    ids, mask = padded_batch()
+    target = torch.tensor([[0, 11, 12], [0, 21, 22], [0, 31, 32]])
+    encoder_outputs = model.get_encoder()(ids, attention_mask=mask)
+
+    def cache_of_the_first_two_tokens():
+        prefix = model(attention_mask=mask, encoder_outputs=encoder_outputs, decoder_input_ids=target[:, :2])
+        return getattr(prefix, _CACHE_OUTPUT_FIELD)
+
+    step = {"attention_mask": mask, "encoder_outputs": encoder_outputs, "decoder_input_ids": target[:, 2:]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # none for the new name
+        expected = model(**step, cache=cache_of_the_first_two_tokens()).logits
+    if _CACHE_OUTPUT_FIELD == "cache":
+        with pytest.warns(FutureWarning, match="`past_key_values` is deprecated .* Use `cache` instead"):
+            logits = model(**step, past_key_values=cache_of_the_first_two_tokens()).logits
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            logits = model(**step, past_key_values=cache_of_the_first_two_tokens()).logits
+    assert torch.equal(logits, expected)
+    full = model(attention_mask=mask, encoder_outputs=encoder_outputs, decoder_input_ids=target).logits
+    torch.testing.assert_close(logits, full[:, 2:], atol=1e-5, rtol=1e-5)  # the cache was used, not ignored
+
+
+@pytest.mark.parametrize("model_class", [VaswaniModel, VaswaniForConditionalGeneration])
+def test_return_dict_false_gives_the_output_fields_as_a_tuple(model_class):
+    """As in-tree models (`can_return_tuple`): the fields that are set, in the output class's order."""
+    torch.manual_seed(0)
+    model = model_class(VaswaniConfig.from_preset("tiny", vocab_size=200)).eval()
+    model.set_attn_implementation("eager")
+    ids, mask = padded_batch()
+    batch = {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": ids[:, :4], "output_hidden_states": True}
+    batch["output_attentions"] = True
+    output = model(**batch)
+    as_tuple = model(**batch, return_dict=False)
+    assert type(as_tuple) is tuple and len(as_tuple) == len(output.to_tuple()) > 3
+    for key, value, from_tuple in zip(output.keys(), output.values(), as_tuple, strict=True):
+        if torch.is_tensor(value):
+            assert torch.equal(from_tuple, value), key
+        elif isinstance(value, tuple):
+            assert all(torch.equal(a, b) for a, b in zip(from_tuple, value, strict=True)), key
+        else:  # the KV cache
+            assert type(from_tuple) is type(value) and from_tuple.get_seq_length() == value.get_seq_length(), key
+    encoder = model.get_encoder()
+    assert torch.equal(encoder(ids, attention_mask=mask, return_dict=False)[0], output.encoder_last_hidden_state)
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])

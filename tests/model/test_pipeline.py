@@ -9,7 +9,8 @@ import pytest
 import torch
 from conftest import SENTENCES, make_model
 
-from vaswani_mt.evaluation.metrics import load_for_inference, translate
+from vaswani_mt.inference.loading import load_for_inference
+from vaswani_mt.inference.translate import translate
 from vaswani_mt.model.pipeline_vaswani import TranslationPipeline, encode_source
 
 FRESH_PROCESS = r"""

@@ -4,6 +4,7 @@ modules and each other (issue 26, item 5)."""
 
 import ast
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,18 +13,21 @@ import pytest
 import torch
 from conftest import SENTENCES, make_model
 
-import vaswani_mt
-from vaswani_mt.hub.card import REMOTE_CODE_FILES, check_hub_files
+import vaswani_mt.model
+from vaswani_mt.hub.card import REMOTE_CODE_FILES
+from vaswani_mt.hub.publish import check_hub_files
 from vaswani_mt.inference.loading import PICKLE_SUFFIXES
 
-PACKAGE = Path(vaswani_mt.__file__).parent
+PACKAGE = Path(vaswani_mt.model.__file__).parent  # the remote-code payload
 
 # What the remote code may import besides torch, transformers and its sibling files. The issue asks for "torch,
 # transformers and each other"; these standard modules are pure language helpers (no files, processes, network or
 # code loading), named one by one so that a new import is a decision: `__future__` (annotations), `typing` and
 # `collections.abc` (type hints), `inspect` (reading a transformers signature to support two versions), `math`
-# (sqrt, isfinite), `re` (the pipeline's text clean-up) and `weakref` (a cache that does not keep tensors alive).
-STANDARD_MODULES = {"__future__", "collections.abc", "inspect", "math", "re", "typing", "weakref"}
+# (sqrt, isfinite), `re` (the pipeline's text clean-up), `weakref` (a cache that does not keep tensors alive) and
+# `pathlib` (`save_pretrained` copies pipeline_vaswani.py into the folder it saves, which the model does not import;
+# nothing reads a file when a folder is loaded).
+STANDARD_MODULES = {"__future__", "collections.abc", "inspect", "math", "pathlib", "re", "typing", "weakref"}
 THIRD_PARTY = {"torch", "transformers"}
 # Builtins, and functions by their attribute name (`torch.load`, `pickle.loads`, `os.system`, ...), that run or load
 # code or pickles, or read files: remote code calls none of them.
@@ -109,11 +113,13 @@ def test_saved_folder_holds_safetensors_code_and_auto_map(model, tokenizer, tmp_
         "configuration_vaswani.py",
         "modeling_vaswani.py",
         "fast_paths_vaswani.py",
+        "generation_vaswani.py",
         "pipeline_vaswani.py",
         "tokenizer.json",
     } <= files
-    # The code files are the package's own, byte for byte: the fast paths and the pipeline travel with the model.
-    for name in ("configuration_vaswani.py", "modeling_vaswani.py", "fast_paths_vaswani.py", "pipeline_vaswani.py"):
+    # The code files are the package's own, byte for byte: the search, the fast paths and the pipeline travel with
+    # the model.
+    for name in REMOTE_CODE_FILES:
         assert (tmp_path / name).read_bytes() == (PACKAGE / name).read_bytes(), name
     assert not [f for f in files if f.endswith((".bin", ".pt", ".pth", ".pkl"))]
     auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
@@ -125,23 +131,33 @@ def test_saved_folder_holds_safetensors_code_and_auto_map(model, tokenizer, tmp_
 
 
 FRESH_PROCESS = r"""
-import json, sys
+import json, os, sys
+from pathlib import Path
 sys.modules["vaswani_mt"] = None  # the package must not be importable: only the folder's own code may run
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, AutoTokenizer
-folder, sentences = sys.argv[1], json.loads(sys.argv[2])
+folder, bare, sentences = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
 base = AutoModel.from_pretrained(folder, trust_remote_code=True)
 model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
 tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
 assert model.lm_head.weight is model.model.shared.weight
 modeling = sys.modules[type(model).__module__]
-fast_paths = modeling.apply_dropout.__module__  # the speed paths come from the folder too
 batch = tokenizer(sentences, return_tensors="pt", padding=True)
+
+def saved(model, name):  # the files and the config.json's custom_pipelines of the model saved again
+    model.save_pretrained(name)
+    return sorted(os.listdir(name)), json.loads(Path(name, "config.json").read_text()).get("custom_pipelines")
+
 print(json.dumps({
     "config": type(config).__name__, "base": type(base).__name__, "model": type(model).__module__,
-    "fast_paths": fast_paths,
+    "fast_paths": modeling.apply_dropout.__module__,  # the speed paths come from the folder too
+    "generation": modeling.VaswaniGenerationMixin.__module__,  # and the search
+    "pipeline_imported": sorted(name for name in sys.modules if "pipeline_vaswani" in name),
+    "pipeline_in_module_cache": Path(modeling.__file__).with_name("pipeline_vaswani.py").exists(),
     "tokens": model.generate(**batch, max_len_b=8).tolist(),
+    "saved_again": saved(model, "again"),
+    "saved_from_bare": saved(AutoModelForSeq2SeqLM.from_pretrained(bare, trust_remote_code=True), "from_bare"),
 }))
 """
 
@@ -154,9 +170,11 @@ def test_fresh_process_without_package_loads_and_generates_the_same_tokens(tmp_p
     model.save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
     assert (tmp_path / "model" / "fast_paths_vaswani.py").is_file()  # modeling_vaswani.py imports it
+    # The same folder without the pipeline file (its config.json still names it).
+    shutil.copytree(tmp_path / "model", tmp_path / "bare", ignore=shutil.ignore_patterns("pipeline_vaswani.py"))
     sentences = [english for english, _ in SENTENCES[:3]]
     result = subprocess.run(
-        [sys.executable, "-c", FRESH_PROCESS, str(tmp_path / "model"), json.dumps(sentences)],
+        [sys.executable, "-c", FRESH_PROCESS, str(tmp_path / "model"), str(tmp_path / "bare"), json.dumps(sentences)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -169,6 +187,41 @@ def test_fresh_process_without_package_loads_and_generates_the_same_tokens(tmp_p
     assert out["config"] == "VaswaniConfig" and out["base"] == "VaswaniModel"
     assert out["model"].startswith("transformers_modules.") and out["model"].endswith(".modeling_vaswani")
     assert out["fast_paths"] == out["model"].removesuffix("modeling_vaswani") + "fast_paths_vaswani"
+    assert out["generation"] == out["model"].removesuffix("modeling_vaswani") + "generation_vaswani"
     batch = tokenizer(sentences, return_tensors="pt", padding=True)
     with torch.no_grad():
         assert out["tokens"] == model.generate(**batch, max_len_b=8).tolist()
+    # Loading the model reads no pipeline code, so transformers' module cache lacks the file; saved again, the model
+    # takes it from the folder it was loaded from, and without one there it names no pipeline.
+    assert out["pipeline_imported"] == [] and not out["pipeline_in_module_cache"]
+    files, pipelines = out["saved_again"]
+    assert {"generation_vaswani.py", "pipeline_vaswani.py"} <= set(files) and set(pipelines) == {"translation"}
+    assert (tmp_path / "again" / "pipeline_vaswani.py").read_bytes() == (PACKAGE / "pipeline_vaswani.py").read_bytes()
+    files, pipelines = out["saved_from_bare"]
+    assert "generation_vaswani.py" in files and "pipeline_vaswani.py" not in files and pipelines is None
+
+
+def test_save_pretrained_with_push_to_hub_uploads_the_folder_once_the_pipeline_is_in_it(model, tmp_path, monkeypatch):
+    """transformers uploads inside its own `save_pretrained`, before the model copies the pipeline file: the model
+    uploads the complete folder afterwards instead (with `push_to_hub`, which saves a fresh copy and sends it)."""
+    uploads = []
+
+    def push_to_hub(self, repo_id, **kwargs):
+        uploads.append((repo_id, kwargs, (tmp_path / "pipeline_vaswani.py").is_file()))
+
+    monkeypatch.setattr(type(model), "push_to_hub", push_to_hub)
+    model.save_pretrained(tmp_path, push_to_hub=True, repo_id="alice/tiny", commit_message="first")
+    assert uploads == [("alice/tiny", {"commit_message": "first"}, True)]
+
+
+def test_the_model_code_does_not_import_the_pipeline():
+    """The pipeline is not part of the model: modeling_vaswani.py and the files it imports name no pipeline module,
+    neither for Python nor for transformers, which copies and loads a model file with those it imports."""
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    modeling = PACKAGE / "modeling_vaswani.py"
+    closure = _relative_closure(PACKAGE, {"modeling_vaswani"})
+    assert closure == {f"{name}_vaswani.py" for name in ("modeling", "configuration", "generation", "fast_paths")}
+    assert {Path(path).name for path in get_relative_import_files(str(modeling))} == closure - {modeling.name}
+    for name in closure:
+        assert not [module for _, module in _imports(PACKAGE / name) if "pipeline" in module], name

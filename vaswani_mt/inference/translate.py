@@ -19,7 +19,7 @@ from typing import BinaryIO
 
 import torch
 
-from vaswani_mt.model.pipeline_vaswani import _single_line, default_max_source_tokens, encode_source
+from vaswani_mt.model.pipeline_vaswani import default_max_source_tokens, encode_source, single_line
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def _translate_batches(
         batch = tokenizer.pad({"input_ids": encoded}, return_tensors="pt").to(model.device)
         output = model.generate(**batch, **generate_kwargs)
         for i, text in zip(chunk, tokenizer.batch_decode(output, skip_special_tokens=True), strict=True):
-            results[i] = _single_line(text)  # one line, whoever reads it
+            results[i] = single_line(text)  # one line, whoever reads it
         if on_batch is not None:
             on_batch(len(chunk))
     return results

@@ -13,7 +13,8 @@ from transformers import PreTrainedConfig
 # Table 3 of the paper ("base" and "big"), plus a "tiny" shape for fast tests and two CPU shapes: "small", and
 # "mini" (a third of small's arithmetic per token at an 8000-token vocabulary) for CPUs that train in float32.
 # mini has no dropout: in half an hour of float32 on such a CPU it sees each sentence only ~8 times, and without
-# dropout it learns faster there (6.77 -> 6.98 test BLEU, 5.10 -> 6.18 dev: benchmarks/RESULTS.md, twelfth session).
+# dropout it learns faster there (6.77 -> 6.98 test BLEU, 5.10 -> 6.18 dev: benchmarks/RESULTS.md,
+# 2026-11-24, no dropout).
 # Values not named here take the class defaults, which are the paper's base model.
 PRESETS: dict[str, dict[str, Any]] = {
     "base": dict(d_model=512, d_ff=2048, num_heads=8, num_encoder_layers=6, num_decoder_layers=6, dropout=0.1),

@@ -2,14 +2,18 @@
 
 Reads top to bottom like Figure 1: positional encoding (§3.5), attention (§3.2), feed-forward (§3.3), the
 post-LN encoder and decoder layers (§3.1), the two stacks, the encoder-decoder, and the model with the tied
-pre-softmax projection (§3.4), its label-smoothed loss (§5.4) and the paper's beam search (§6.1).
+pre-softmax projection (§3.4) and its label-smoothed loss (§5.4).
 
-The speed machinery lives next door in fast_paths_vaswani.py: dropout with a faster CPU mask (`apply_dropout`),
-MKL's packed GEMM for few-row CPU inference (`_project`) and the training loss fused with the projection
-(`projected_label_smoothed_cross_entropy`). Where this file calls them, a comment gives the plain computation.
+Two sibling files hold what is not the architecture. generation_vaswani.py: the paper's beam search (§6.1) as hooks
+into `generate()`, which `VaswaniForConditionalGeneration` inherits. fast_paths_vaswani.py: dropout with a faster CPU
+mask (`apply_dropout`), MKL's packed GEMM for few-row CPU inference (`_project`) and the training loss fused with the
+projection (`projected_label_smoothed_cross_entropy`); where this file calls them, a comment gives the plain
+computation.
 
-Self-contained (torch, transformers and the sibling files configuration_vaswani.py, fast_paths_vaswani.py and
-pipeline_vaswani.py only) so that `save_pretrained` copies it, with them, as Hub remote code.
+Self-contained (torch, transformers and the sibling files configuration_vaswani.py, generation_vaswani.py and
+fast_paths_vaswani.py, imported relatively) so that `save_pretrained` copies it, with them, as Hub remote code. The
+translation pipeline (pipeline_vaswani.py) is not imported: `save_pretrained` copies its file and names it in
+config.json (`VaswaniPreTrainedModel.save_pretrained`).
 """
 
 from __future__ import annotations
@@ -17,43 +21,51 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, LogitsProcessor, LogitsProcessorList, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import logging
+from transformers.utils import can_return_tuple, logging
+from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_vaswani import VaswaniConfig
 from .fast_paths_vaswani import _project, apply_dropout, projected_label_smoothed_cross_entropy
-from .pipeline_vaswani import CUSTOM_PIPELINES
+from .generation_vaswani import PAPER_SEARCH, PerSentenceMaxLength, VaswaniGenerationMixin, gnmt_length_penalty
 
 logger = logging.get_logger(__name__)
 
 # transformers 5.24 renamed the KV cache that `generate()` passes to `forward` and reads back from its output, and
-# the argument of `create_causal_mask`, from `past_key_values` to `cache`. The model takes either name and writes
-# the one the installed version reads, so that it runs (and its remote code runs) under 5.20-5.23 and 5.24+.
-_CACHE_OUTPUT_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
+# the argument of `create_causal_mask`, from `past_key_values` to `cache`. The model's `forward` takes `cache` and
+# writes the name the installed version reads, so that it runs (and its remote code runs) under 5.20-5.23 and 5.24+.
+# `past_key_values=` is renamed by transformers' `deprecate_kwarg`: from 5.24 with the FutureWarning that in-tree
+# models give (until 5.40, the version they name), before 5.24 silently, as it is the name their `generate()` passes
+# (a deprecation version already reached, "5.0.0", makes the helper rename without a warning).
+_CACHE_RENAMED = "cache" in Seq2SeqLMOutput.__dataclass_fields__
+_CACHE_OUTPUT_FIELD = "cache" if _CACHE_RENAMED else "past_key_values"
 _CACHE_MASK_ARG = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
-
-
-def _one_cache(cache: Cache | None, past_key_values: Cache | None) -> Cache | None:
-    """The cache passed under the new name (`cache`, transformers >= 5.24) or the old one (`past_key_values`)."""
-    if cache is not None and past_key_values is not None:
-        raise ValueError("pass the KV cache as `cache` or as `past_key_values`, not both")
-    return cache if cache is not None else past_key_values
-
+_accept_past_key_values = deprecate_kwarg(
+    "past_key_values", "5.40.0" if _CACHE_RENAMED else "5.0.0", new_name="cache", raise_if_both_names=True
+)
 
 # The Auto classes a saved folder names, so that it loads as Hub remote code with `trust_remote_code=True`.
 _AUTO_MAP = {
     "AutoConfig": "configuration_vaswani.VaswaniConfig",
     "AutoModel": "modeling_vaswani.VaswaniModel",
     "AutoModelForSeq2SeqLM": "modeling_vaswani.VaswaniForConditionalGeneration",
+}
+# The translation pipeline a saved folder names in config.json (`custom_pipelines`, as transformers'
+# `Pipeline.save_pretrained` writes it), so that `pipeline("translation", model=folder, trust_remote_code=True)` finds
+# it: the task, the class in `_PIPELINE_FILE` and the Auto class that loads the model for it.
+_PIPELINE_FILE = "pipeline_vaswani.py"
+_CUSTOM_PIPELINES = {
+    "translation": {"impl": "pipeline_vaswani.TranslationPipeline", "pt": ["AutoModelForSeq2SeqLM"], "type": "text"}
 }
 
 
@@ -270,15 +282,42 @@ class VaswaniPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["VaswaniEncoderLayer", "VaswaniDecoderLayer"]
 
-    def save_pretrained(self, save_directory, *args, **kwargs):
+    def save_pretrained(self, save_directory, *args, push_to_hub: bool = False, **kwargs):
         """Saves as a Hub-ready folder: safetensors weights (the shared matrix once), config.json whose `auto_map`
-        names AutoConfig, AutoModel and AutoModelForSeq2SeqLM and whose `custom_pipelines` names the translation
-        pipeline, generation_config.json, and the code files: this one and those it imports relatively
-        (configuration_vaswani.py, fast_paths_vaswani.py, pipeline_vaswani.py), which transformers'
-        `custom_object_save` copies."""
+        names AutoConfig, AutoModel and AutoModelForSeq2SeqLM, generation_config.json, and the code files: this one
+        and those it imports relatively (configuration_vaswani.py, generation_vaswani.py, fast_paths_vaswani.py),
+        which transformers' `custom_object_save` copies, and the translation pipeline.
+
+        The model does not import the pipeline, so its file is copied here: pipeline_vaswani.py from
+        `_pipeline_source()`, named in config.json's `custom_pipelines` (`_CUSTOM_PIPELINES`, a constant of this file,
+        as transformers' `Pipeline.save_pretrained` writes it). Where no such file is found, config.json names no
+        pipeline rather than a missing file. With `push_to_hub=True` the folder is uploaded after it is complete,
+        by `push_to_hub` (transformers' upload inside its `save_pretrained` would run before the pipeline is copied).
+        """
         self.config.auto_map = dict(_AUTO_MAP)
-        self.config.custom_pipelines = {task: dict(info) for task, info in CUSTOM_PIPELINES.items()}
-        return super().save_pretrained(save_directory, *args, **kwargs)
+        pipeline = self._pipeline_source()
+        if pipeline is not None:
+            self.config.custom_pipelines = {task: dict(info) for task, info in _CUSTOM_PIPELINES.items()}
+        elif hasattr(self.config, "custom_pipelines"):  # loaded from a folder that named it
+            del self.config.custom_pipelines
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        is_main_process = args[0] if args else kwargs.get("is_main_process", True)
+        if pipeline is not None and is_main_process and Path(save_directory).is_dir():
+            (Path(save_directory) / _PIPELINE_FILE).write_bytes(pipeline.read_bytes())
+        if push_to_hub and is_main_process:
+            hub = {key: kwargs[key] for key in ("commit_message", "create_pr", "private", "token") if key in kwargs}
+            self.push_to_hub(kwargs.get("repo_id", Path(save_directory).name), **hub)
+        return result
+
+    def _pipeline_source(self) -> Path | None:
+        """The pipeline_vaswani.py to ship: the file next to this one (in vaswani_mt; or, for a model loaded as remote
+        code, in transformers' module cache, which holds it only if a pipeline was loaded from the folder too), else
+        the one in the local folder the model was loaded from (`config._name_or_path`); None if there is none."""
+        folders = [Path(__file__).parent]
+        loaded_from = getattr(self.config, "_name_or_path", None)
+        if loaded_from and Path(loaded_from).is_dir():
+            folders.append(Path(loaded_from))
+        return next((folder / _PIPELINE_FILE for folder in folders if (folder / _PIPELINE_FILE).is_file()), None)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -325,16 +364,21 @@ class _VaswaniStack(nn.Module):
             table = self._position_table = sinusoidal_position_encoding(positions, self.config.d_model, like.dtype)
         return table[start : start + length]
 
-    def embed(self, input_ids: torch.Tensor, past_length: int = 0) -> torch.Tensor:
-        length = input_ids.shape[1]
+    def embed(
+        self, input_ids: torch.Tensor | None, past_length: int = 0, inputs_embeds: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """`Dropout(E[x] * sqrt(d_model) + PE)` for token ids `x`, or for `inputs_embeds` given in place of `E[x]`."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass the tokens as ids or as embeddings (inputs_embeds), exactly one of them")
+        length = (input_ids if inputs_embeds is None else inputs_embeds).shape[1]
         if past_length + length > self.config.max_position_embeddings and self.embed_positions is not None:
             raise ValueError(
                 f"sequence of {past_length + length} positions is longer than the learned positional encoding "
                 f"(max_position_embeddings={self.config.max_position_embeddings})"
             )
-        embeddings = self.embed_tokens(input_ids) * self.embed_scale
+        embeddings = (self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds) * self.embed_scale
         if self.embed_positions is not None:
-            positions = torch.arange(past_length, past_length + length, device=input_ids.device)
+            positions = torch.arange(past_length, past_length + length, device=embeddings.device)
             embeddings = embeddings + self.embed_positions(positions)
         else:
             embeddings = embeddings + self._sinusoids(past_length, length, embeddings)
@@ -348,16 +392,17 @@ class VaswaniEncoder(_VaswaniStack):
         super().__init__(config)
         self.layers = nn.ModuleList([VaswaniEncoderLayer(config) for _ in range(config.num_encoder_layers)])
 
+    @can_return_tuple
     def forward(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
         output_hidden_states: bool = False,
-        return_dict: bool = True,
+        inputs_embeds: torch.Tensor | None = None,
         **kwargs,
     ) -> BaseModelOutput:
-        hidden_states = self.embed(input_ids)
+        hidden_states = self.embed(input_ids, inputs_embeds=inputs_embeds)
         # Padding is masked in every attention; the encoder is never causal.
         mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask)
         all_hidden = (hidden_states,) if output_hidden_states else None
@@ -383,7 +428,7 @@ class VaswaniDecoder(_VaswaniStack):
 
     def forward(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None,
         encoder_hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
@@ -391,6 +436,7 @@ class VaswaniDecoder(_VaswaniStack):
         use_cache: bool = False,
         output_attentions: bool = False,
         output_hidden_states: bool = False,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> tuple:
         if use_cache and self.training and torch.is_grad_enabled() and self._checkpointing():
             logger.warning_once("use_cache=True does not go with activation checkpointing: training without the cache")
@@ -398,12 +444,11 @@ class VaswaniDecoder(_VaswaniStack):
         if use_cache and cache is None:
             cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         past_length = cache.get_seq_length() if cache is not None else 0
-        hidden_states = self.embed(input_ids, past_length)
+        hidden_states = self.embed(input_ids, past_length, inputs_embeds=inputs_embeds)
         self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         if attention_mask is None:
-            attention_mask = torch.ones(
-                input_ids.shape[0], past_length + input_ids.shape[1], dtype=torch.long, device=input_ids.device
-            )
+            batch, length = hidden_states.shape[:2]
+            attention_mask = torch.ones(batch, past_length + length, dtype=torch.long, device=hidden_states.device)
         # §3.2.3: each position attends to itself and earlier positions only.
         causal_mask = create_causal_mask(
             config=self.config,
@@ -469,6 +514,8 @@ class VaswaniModel(VaswaniPreTrainedModel):
     def get_decoder(self) -> VaswaniDecoder:
         return self.decoder
 
+    @can_return_tuple
+    @_accept_past_key_values
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -477,32 +524,40 @@ class VaswaniModel(VaswaniPreTrainedModel):
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
         cache: Cache | None = None,
-        past_key_values: Cache | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
         **kwargs,
     ) -> Seq2SeqModelOutput:
+        r"""
+        inputs_embeds, decoder_inputs_embeds (`torch.Tensor` of shape `(batch, length, d_model)`, *optional*):
+            Token embeddings in place of `input_ids` / `decoder_input_ids`, as `get_input_embeddings()` gives them:
+            they are scaled by sqrt(d_model) and added to the positional encoding as the ids' would be (§3.4, §3.5).
+        """
         output_attentions = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
         output_hidden_states = bool(
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
         use_cache = bool(use_cache if use_cache is not None else (self.config.use_cache and not self.training))
-        cache = _one_cache(cache, past_key_values)
         if encoder_outputs is None:
-            if input_ids is None:
-                raise ValueError("pass input_ids (the source sentence) or encoder_outputs")
+            if input_ids is None and inputs_embeds is None:
+                raise ValueError("pass input_ids (the source sentence), inputs_embeds or encoder_outputs")
             encoder_outputs = self.encoder(
                 input_ids,
                 attention_mask=attention_mask,
                 output_attentions=output_attentions,
                 output_hidden_states=output_hidden_states,
+                inputs_embeds=inputs_embeds,
+                return_dict=True,
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
-        if decoder_input_ids is None:
-            raise ValueError("pass decoder_input_ids, or labels to VaswaniForConditionalGeneration")
+        if decoder_input_ids is None and decoder_inputs_embeds is None:
+            raise ValueError(
+                "pass decoder_input_ids or decoder_inputs_embeds, or labels to VaswaniForConditionalGeneration"
+            )
         hidden, cache, dec_hidden, dec_attentions, cross_attentions = self.decoder(
             decoder_input_ids,
             encoder_outputs.last_hidden_state,
@@ -512,6 +567,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            inputs_embeds=decoder_inputs_embeds,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=hidden,
@@ -533,44 +589,10 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     return shifted.masked_fill(shifted == -100, pad_token_id)
 
 
-# §6.1's search, the generation config every new model starts with: beam size 4, GNMT length penalty alpha 0.6,
-# at most max_len_a * |X| + max_len_b output tokens (fairseq's names) = input length + 50.
-PAPER_SEARCH = {"num_beams": 4, "length_penalty": 0.6, "max_len_a": 1, "max_len_b": 50}
-
-
-def gnmt_length_penalty(length: int | torch.Tensor, alpha: float) -> float | torch.Tensor:
-    """§6.1 and Wu et al. (2016): `lp(Y) = ((5 + |Y|) / (5 + 1))^alpha`; beam scores are `log P(Y|X) / lp(Y)`."""
-    return ((5.0 + length) / 6.0) ** alpha
-
-
-class PerSentenceMaxLength(LogitsProcessor):
-    """§6.1 "maximum output length = input length + 50": each sentence stops at its own `a * |X| + b` tokens.
-
-    At a sentence's last allowed step only EOS stays possible. Its score is left as the model's own
-    log-probability, so beam scores remain true `log P(Y|X)`.
-    """
-
-    def __init__(self, max_lengths: torch.Tensor, eos_token_id: int):
-        self.max_lengths = max_lengths  # generated tokens allowed per sentence, EOS included
-        self.eos_token_id = eos_token_id
-        self.prompt_length: int | None = None
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self.prompt_length is None:
-            self.prompt_length = input_ids.shape[1]
-        generated = input_ids.shape[1] - self.prompt_length
-        limits = self.max_lengths.to(scores.device).repeat_interleave(scores.shape[0] // self.max_lengths.shape[0])
-        at_limit = generated + 1 >= limits
-        if at_limit.any():
-            eos_scores = scores[:, self.eos_token_id].clone()
-            scores = scores.masked_fill(at_limit[:, None], -float("inf"))
-            scores[:, self.eos_token_id] = torch.where(at_limit, eos_scores, scores[:, self.eos_token_id])
-        return scores
-
-
-class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
+class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationMixin):
     """The Transformer for translation: the encoder-decoder plus the pre-softmax projection tied to the shared
-    embedding (§3.4), with the label-smoothed loss (§5.4) and the paper's beam search from `generate()` (§6.1)."""
+    embedding (§3.4), with the label-smoothed loss (§5.4) and the paper's beam search from `generate()` (§6.1,
+    `VaswaniGenerationMixin`)."""
 
     _tied_weights_keys = {
         "lm_head.weight": "model.shared.weight",
@@ -583,14 +605,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         self.model = VaswaniModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
-        # §6.1: beam size 4, length penalty alpha = 0.6 (GNMT formula, see `_update_finished_beams`), maximum
-        # output length = input length + 50 (fairseq's names: max_len_a * |X| + max_len_b), terminating early when
-        # no running hypothesis can still beat the finished ones.
-        for key, value in PAPER_SEARCH.items():
-            setattr(self.generation_config, key, value)
-        self.generation_config.early_stopping = "never"
-        # These are our own settings, not copies of the model config: without this, loading drops max_len_a/b.
-        self.generation_config._from_model_config = False
+        self._use_paper_search()  # §6.1: beam 4, GNMT alpha 0.6, |X| + 50 (generation_vaswani.py)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.shared
@@ -613,6 +628,8 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    @can_return_tuple
+    @_accept_past_key_values
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -621,30 +638,32 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
         cache: Cache | None = None,
-        past_key_values: Cache | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput:
         r"""
         labels (`torch.LongTensor` of shape `(batch, target_length)`, *optional*):
             Target token ids ending in EOS; -100 and the pad id are ignored. The decoder input is built from them
-            by `shift_tokens_right` when `decoder_input_ids` is not given.
+            by `shift_tokens_right` when neither `decoder_input_ids` nor `decoder_inputs_embeds` is given.
         num_items_in_batch (`int`, *optional*):
             Number of target tokens in the whole optimizer step (all accumulation micro-batches, all processes).
             Given by `Trainer`; the loss is then `sum / num_items_in_batch`, so that gradient accumulation and
             DDP give the gradient of the global mean. Without it, the loss is the mean over this batch's tokens.
+        inputs_embeds, decoder_inputs_embeds (`torch.Tensor` of shape `(batch, length, d_model)`, *optional*):
+            Token embeddings in place of the ids, as in [`VaswaniModel`].
 
         In training mode with `labels` (and gradients enabled) only the loss is computed, on the real target tokens,
         and `logits` is `None`; in eval mode, or without labels, the logits are returned as usual.
         """
         if labels is not None:
             use_cache = False
-            if decoder_input_ids is None:
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         outputs = self.model(
             input_ids,
@@ -653,10 +672,12 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
             cache=cache,
-            past_key_values=past_key_values,
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            return_dict=True,
         )
         if labels is not None and self.training and torch.is_grad_enabled():
             # Training needs the loss only: it is computed on real target tokens without keeping the logits.
@@ -715,84 +736,13 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             1.0 / float(num_items_in_batch),
         )
 
-    # ----- Generation: the paper's beam search (§6.1) -----
-
-    def generate(self, inputs: torch.Tensor | None = None, generation_config=None, logits_processor=None, **kwargs):
-        """`GenerationMixin.generate` with the paper's defaults: 4 beams, GNMT length penalty with alpha 0.6 and a
-        maximum output length of each sentence's own input length + 50.
-
-        The per-sentence limit `max_len_a * |X| + max_len_b` (fairseq's names; the generation config holds a=1,
-        b=50) applies unless `max_length` or `max_new_tokens` is given explicitly.
-        """
-        gen_config = generation_config if generation_config is not None else self.generation_config
-        max_len_a = kwargs.pop("max_len_a", getattr(gen_config, "max_len_a", None))
-        max_len_b = kwargs.pop("max_len_b", getattr(gen_config, "max_len_b", None))
-        input_ids = inputs if inputs is not None else kwargs.get("input_ids")
-        explicit_length = "max_length" in kwargs or "max_new_tokens" in kwargs
-        if generation_config is not None and generation_config.max_new_tokens is not None:
-            explicit_length = True
-        if max_len_b is not None and not explicit_length and input_ids is not None:
-            mask = kwargs.get("attention_mask")
-            source_lengths = mask.sum(-1) if mask is not None else input_ids.ne(self.config.pad_token_id).sum(-1)
-            limits = (float(max_len_a or 0) * source_lengths + max_len_b).long().clamp(min=1)
-            kwargs["max_new_tokens"] = int(limits.max())
-            eos = gen_config.eos_token_id if gen_config.eos_token_id is not None else self.config.eos_token_id
-            eos = eos[0] if isinstance(eos, list) else eos
-            logits_processor = LogitsProcessorList(list(logits_processor or []))
-            logits_processor.append(PerSentenceMaxLength(limits, eos))
-        return super().generate(
-            inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
-        )
-
-    def _reorder_cache(self, cache: Cache, beam_idx: torch.Tensor) -> Cache:
-        """Beam search's reordering after each step, for self-attention only: every beam of a sentence holds the
-        same encoder-decoder attention keys and values (beams only move within their sentence), so reordering
-        those would copy the whole encoder cache at every step for nothing."""
-        if isinstance(cache, EncoderDecoderCache):
-            cache.self_attention_cache.reorder_cache(beam_idx)
-        else:
-            cache.reorder_cache(beam_idx)
-        return cache
-
-    def _update_finished_beams(self, **kwargs):
-        """Scores finished hypotheses with the GNMT penalty `log P(Y|X) / ((5 + |Y|) / 6)^alpha` (§6.1) instead of
-        transformers' `log P(Y|X) / |Y|^alpha`. |Y| counts generated tokens with the final EOS and without the
-        decoder start token."""
-        # transformers passes every argument by keyword (generation/utils.py, `_beam_search`).
-        length = kwargs["cur_len"] + 1 - kwargs["decoder_prompt_len"]
-        kwargs["topk_log_probs"] = kwargs["topk_log_probs"] / gnmt_length_penalty(length, kwargs["length_penalty"])
-        kwargs["length_penalty"] = 0.0  # transformers then divides by |Y|^0 = 1
-        return super()._update_finished_beams(**kwargs)
-
-    @staticmethod
-    def _check_early_stop_heuristic(
-        is_early_stop_heuristic_unsatisfied: torch.Tensor,
-        running_beam_scores: torch.Tensor,
-        beam_scores: torch.Tensor,
-        is_sent_finished: torch.Tensor,
-        cur_len: int,
-        max_length: int,
-        decoder_prompt_len: int,
-        early_stopping: bool | str,
-        length_penalty: float,
-    ) -> torch.Tensor:
-        """Early termination (§6.1) with the GNMT penalty: a sentence is done when even the best running hypothesis,
-        scored with the largest penalty it could still reach, cannot beat the worst finished one (tensor2tensor's
-        bound; exact with `early_stopping="never"`)."""
-        if early_stopping == "never" and length_penalty > 0.0:
-            best_length = max_length - decoder_prompt_len
-        else:
-            best_length = cur_len - decoder_prompt_len
-        best_running = running_beam_scores[:, :1] / gnmt_length_penalty(best_length, length_penalty)
-        worst_finished = torch.where(is_sent_finished, torch.min(beam_scores, dim=1, keepdim=True)[0], -1.0e9)
-        return is_early_stop_heuristic_unsatisfied & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
-
 
 VaswaniConfig.register_for_auto_class("AutoConfig")
 VaswaniModel.register_for_auto_class("AutoModel")
 VaswaniForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
 
 
+# The §6.1 search lives in generation_vaswani.py; these names stay importable from here too.
 __all__ = [
     "PAPER_SEARCH",
     "PerSentenceMaxLength",

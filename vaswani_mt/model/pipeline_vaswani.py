@@ -1,9 +1,8 @@
 """The translation pipeline of a vaswani_mt model: `pipeline("translation", model=folder, trust_remote_code=True)`.
 
-transformers 5 removed its `translation` task. A folder saved by vaswani_mt names this file in its config.json
-(`custom_pipelines`, as `Pipeline.save_pretrained` writes it), and `save_pretrained` copies the file next to the
-model code (modeling_vaswani.py imports `CUSTOM_PIPELINES` from it), so
-`pipeline("translation", model=folder, trust_remote_code=True)` and
+transformers 5 removed its `translation` task. The model's `save_pretrained` (modeling_vaswani.py, which does not
+import this file) copies it next to the model code and names it in config.json (`custom_pipelines`, as
+`Pipeline.save_pretrained` writes it), so `pipeline("translation", model=folder, trust_remote_code=True)` and
 `pipeline(model=folder, trust_remote_code=True)` load it as remote code. It answers in the schema of the Hub's
 translation widget: `[{"translation_text": ...}]` per input.
 
@@ -34,16 +33,6 @@ from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
-# How `config.json` names this pipeline (`custom_pipelines`): the task, the class in this file and the Auto class
-# that loads the model for it. The model's `save_pretrained` (modeling_vaswani.py) writes this dict.
-CUSTOM_PIPELINES = {
-    "translation": {
-        "impl": "pipeline_vaswani.TranslationPipeline",
-        "pt": ["AutoModelForSeq2SeqLM"],
-        "type": "text",
-    }
-}
-
 
 def default_max_source_tokens(model, tokenizer) -> int:
     """The default longest source: `config.max_position_embeddings`, or the tokenizer's limit if smaller."""
@@ -63,7 +52,7 @@ _FIRST_PREFIX = 4096
 _LINE_BREAKS = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]+")
 
 
-def _single_line(text: str) -> str:
+def single_line(text: str) -> str:
     """`text` stripped, each run of line breaks in it a space: a translation is one line, whoever reads it."""
     return _LINE_BREAKS.sub(" ", text).strip()
 
@@ -201,7 +190,7 @@ class TranslationPipeline(Pipeline):
             {
                 "translation_text": ""
                 if blank
-                else _single_line(
+                else single_line(
                     self.tokenizer.decode(
                         ids, skip_special_tokens=True, clean_up_tokenization_spaces=clean_up_tokenization_spaces
                     )
@@ -211,4 +200,4 @@ class TranslationPipeline(Pipeline):
         ]
 
 
-__all__ = ["CUSTOM_PIPELINES", "TranslationPipeline", "default_max_source_tokens", "encode_source"]
+__all__ = ["TranslationPipeline", "default_max_source_tokens", "encode_source", "single_line"]
