@@ -9,9 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import free_port, make_model
 from conftest import train_command as _train_command
 from conftest import write_jsonl as _write_jsonl
+from safetensors.torch import load_file
 from transformers import TrainerState
 
 from vaswani_mt.training.callbacks import trained_seconds
@@ -72,12 +74,15 @@ def test_the_time_budget_counts_on_after_a_resume_and_a_spent_budget_trains_no_f
     state = json.loads(state_file.read_text())
     state["stateful_callbacks"]["WallClockCallback"]["attributes"]["trained_seconds"] = 30.0
     state_file.write_text(json.dumps(state))
-    third = subprocess.run(_train_command(data, output, "--max_steps", "100", *budget), env=env, capture_output=True,
-                           text=True)  # fmt: skip
+    third = subprocess.run(_train_command(data, output, "--max_steps", "100", "--average_last", "1", *budget),
+                           env=env, capture_output=True, text=True)  # fmt: skip
     assert third.returncode == 0, third.stderr[-3000:]
     assert "trained the whole time budget (0.5 minutes): no more training" in third.stderr
     assert [c.name for c in list_checkpoints(output)] == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
     assert json.loads((output / "trainer_state.json").read_text())["global_step"] == 6
+    # what it publishes is the trained checkpoint's weights (read from disk), not the untrained model it built
+    published, last = (load_file(folder / "model.safetensors") for folder in (output, output / "checkpoint-6"))
+    assert published.keys() == last.keys() and all(torch.equal(published[k], last[k]) for k in last)
 
 
 def test_average_script_loads_in_a_fresh_process(tmp_path):

@@ -112,7 +112,11 @@ class RecipeArguments:
         default=None, metadata={"help": "stop training (with a checkpoint) after M minutes of wall time"}
     )
     average_last: int = field(
-        default=5, metadata={"help": "publish the mean of the last K checkpoints (§6.1; 1 = the final weights)"}
+        default=5,
+        metadata={
+            "help": "publish the mean of the last K checkpoints (§6.1; 1 = the final weights); with "
+            "--metric_for_best_model, the last K ending at the best one (1 = the best checkpoint itself)"
+        },
     )
     length_penalty: float | None = field(
         default=None,
@@ -121,7 +125,22 @@ class RecipeArguments:
             "later generate() (translate, evaluate, pipeline, Hub) search with it; default: the paper's 0.6 (§6.1)"
         },
     )
-    eval_bleu: bool = field(default=False, metadata={"help": "dev-set BLEU at each evaluation during training"})
+    eval_bleu: bool = field(
+        default=False,
+        metadata={
+            "help": "dev-set BLEU (eval_bleu) at each evaluation during training, by greedy search unless "
+            "--generation_num_beams N (the test BLEU searches with the model's beam 4 and --length_penalty), each "
+            "sentence at most its length + 50 tokens (§6.1) unless --generation_max_length; "
+            "--metric_for_best_model bleu turns it on"
+        },
+    )
+    early_stopping_patience: int | None = field(
+        default=None,
+        metadata={
+            "help": "stop training after P evaluations in a row that do not improve --metric_for_best_model (needs "
+            "it and an --eval_strategy); the published weights then end at the best checkpoint (--average_last)"
+        },
+    )
     test_bleu: bool = field(default=True, metadata={"help": "sacreBLEU on the test split at the end"})
     show_translations: int = field(default=5, metadata={"help": "test sentences printed with their translations"})
     auto_bf16: bool = field(
@@ -178,6 +197,20 @@ TRAINING_DEFAULTS = dict(
     ddp_find_unused_parameters=False,
 )
 
+# Seq2SeqTrainingArguments' help where this job gives the flag a meaning of its own (`--help` prints these).
+TRAINING_HELP = {
+    "metric_for_best_model": "bleu (dev BLEU, which it turns on: --eval_bleu) or loss (dev loss): each evaluation "
+    "then saves a checkpoint, --save_total_limit never deletes the best one, and the published weights are the mean "
+    "of the last --average_last checkpoints ending at the best: §6.1 averages a run's last checkpoints, and the run "
+    "is taken to end where the dev score peaked (--average_last 1: the best itself); --early_stopping_patience "
+    "stops on it",
+    "generation_num_beams": "beams of the dev-BLEU search at each evaluation (--eval_bleu); default here: 1, greedy "
+    "(cheap); 4 = the test search (the model's generation_config)",
+    "generation_max_length": "a length limit (tokens) for the dev-BLEU search, one per batch; default: each "
+    "sentence's own length + 50 (§6.1)",
+}
+BEST_MODEL_METRICS = ("bleu", "loss")  # what an evaluation computes: dev BLEU (--eval_bleu) and the dev loss
+
 ARGUMENT_CLASSES = (ModelArguments, DataArguments, RecipeArguments, Seq2SeqTrainingArguments)
 # The options a float32 override may replace: the model's shape and the data's batching, not the Trainer's.
 FLOAT32_OVERRIDABLE = (ModelArguments, DataArguments)
@@ -208,6 +241,8 @@ def parse_args(argv: list[str] | None = None):
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = HfArgumentParser(ARGUMENT_CLASSES)
     parser.set_defaults(**TRAINING_DEFAULTS)
+    for action in parser._actions:
+        action.help = TRAINING_HELP.get(action.dest, action.help)
     # Without a GPU, say so up front: transformers refuses --bf16 (CPU autocast, AMX) unless use_cpu is set.
     parser.set_defaults(use_cpu=not (torch.cuda.is_available() or torch.backends.mps.is_available()))
     config_file = None
@@ -237,6 +272,7 @@ def parse_args(argv: list[str] | None = None):
             "the Trainer's, add --lr_schedule trainer"
         )
     recipe.float32_overrides = float32_overrides(recipe)
+    check_early_stopping(recipe, training_args)
     return model_args, data_args, recipe, training_args
 
 
@@ -287,13 +323,55 @@ def check_dataset_options(data_args: DataArguments, recipe: RecipeArguments) -> 
         )
 
 
+def check_early_stopping(recipe: RecipeArguments, training_args: Seq2SeqTrainingArguments) -> None:
+    """Raises when `--metric_for_best_model` or `--early_stopping_patience` cannot work: patience below 1 or without
+    a metric, a metric that no evaluation computes (neither `bleu` nor `loss`, with or without the `eval_` prefix
+    Trainer adds, or `bleu` under `--eval_bleu false`), no evaluations (`--eval_strategy no`) or no checkpoints
+    (`--save_strategy no`) to choose the best from. `--metric_for_best_model bleu` turns `--eval_bleu` on."""
+    patience, metric = recipe.early_stopping_patience, training_args.metric_for_best_model
+    if patience is not None and patience < 1:
+        raise ValueError(
+            f"--early_stopping_patience must be at least 1 (evaluations that do not improve), got {patience}"
+        )
+    if patience is not None and metric is None:
+        raise ValueError(
+            "--early_stopping_patience needs --metric_for_best_model: bleu (dev BLEU) or loss (dev loss), the score "
+            "that must improve"
+        )
+    if metric is None:
+        return
+    option = "--early_stopping_patience" if patience is not None else f"--metric_for_best_model {metric}"
+    name = metric.removeprefix("eval_")
+    if name not in BEST_MODEL_METRICS:
+        raise ValueError(
+            f"--metric_for_best_model {metric}: no evaluation computes it; choose bleu (dev BLEU) or loss (dev loss)"
+        )
+    if name == "bleu" and not recipe.eval_bleu:
+        if "eval_bleu" in recipe.from_command_line | recipe.from_config_file:
+            where = "the command line" if "eval_bleu" in recipe.from_command_line else recipe.config
+            raise ValueError(
+                f"--metric_for_best_model {metric} needs dev BLEU, which --eval_bleu false (from {where}) turns off"
+            )
+        recipe.eval_bleu = True
+    if training_args.eval_strategy == "no":
+        raise ValueError(
+            f"{option} needs evaluations during training: add --eval_strategy steps --eval_steps N "
+            "(or --eval_strategy epoch)"
+        )
+    if training_args.save_strategy == "no":
+        raise ValueError(f"{option} chooses the best of the saved checkpoints, and --save_strategy no saves none")
+
+
 __all__ = [
     "ARGUMENT_CLASSES",
+    "BEST_MODEL_METRICS",
     "TRAINING_DEFAULTS",
+    "TRAINING_HELP",
     "DataArguments",
     "ModelArguments",
     "RecipeArguments",
     "check_dataset_options",
+    "check_early_stopping",
     "float32_overrides",
     "parse_args",
 ]

@@ -1,6 +1,6 @@
 """Trainer callbacks of the recipe: checkpoints on the clock and a time budget (§6.1), a clean stop with a checkpoint
-on SIGINT/SIGTERM (preemption), the token sampler's epoch, a progress bar in minutes of the budget, and the training
-curves as a picture."""
+on SIGINT/SIGTERM (preemption), a checkpoint at each evaluation when the best one is chosen (early stopping), the
+token sampler's epoch, a progress bar in minutes of the budget, and the training curves as a picture."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ logger = logging.getLogger(__name__)
 
 class WallClockCallback(TrainerCallback, ExportableState):
     """Saves a checkpoint every `checkpoint_minutes` (the paper: 10) and stops, with a checkpoint, once
-    `budget_minutes` have passed. All processes take the same decision (rank 0's clock).
+    `budget_minutes` have passed. All processes take the same decision (rank 0's clock). When the best checkpoint
+    is chosen (`--metric_for_best_model`), the budget's last step is evaluated too, so that its checkpoint can be it.
 
     Each checkpoint's trainer_state.json records the seconds trained so far (`state()`), and a resumed run counts
     on from there: a crashed run finishes the budget it had left, not a new one (`trained_seconds`).
@@ -65,6 +66,8 @@ class WallClockCallback(TrainerCallback, ExportableState):
         if stop:
             control.should_training_stop = True
             save = True
+            if getattr(args, "metric_for_best_model", None) is not None and args.eval_strategy != "no":
+                control.should_evaluate = True
         if save:
             control.should_save = True
             self.last_save = now
@@ -135,12 +138,37 @@ class PreemptionCallback(TrainerCallback):
         return control
 
 
-def trained_seconds(state: TrainerState | None) -> float:
-    """Seconds of training a (resumed) TrainerState records, on WallClockCallback's clock; 0 when it has none."""
-    saved = (getattr(state, "stateful_callbacks", None) or {}).get(WallClockCallback.__name__)
+def _saved_attributes(state: TrainerState | None, callback: str) -> dict:
+    """The attributes a (resumed) TrainerState records for the stateful callback named `callback`."""
+    saved = (getattr(state, "stateful_callbacks", None) or {}).get(callback)
     if isinstance(saved, list):
         saved = saved[-1] if saved else None
-    return float(((saved or {}).get("attributes") or {}).get("trained_seconds") or 0.0)
+    return (saved or {}).get("attributes") or {}
+
+
+def trained_seconds(state: TrainerState | None) -> float:
+    """Seconds of training a (resumed) TrainerState records, on WallClockCallback's clock; 0 when it has none."""
+    return float(_saved_attributes(state, WallClockCallback.__name__).get("trained_seconds") or 0.0)
+
+
+class CheckpointAtEvaluationCallback(TrainerCallback):
+    """A checkpoint at every evaluation during training, beside those of `--save_steps` and the clock, so that the
+    best evaluated weights are on disk: Trainer records the best checkpoint (`best_model_checkpoint`, which
+    `--save_total_limit` never deletes, and `load_best_model_at_end` loads) only where a checkpoint of the evaluated
+    step exists. Its own rule for that (save steps a multiple of the evaluation steps) would still leave evaluations
+    without one, and would override the main job's `--save_steps 100000` (checkpoints from the clock)."""
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        if state.global_step > 0 and args.save_strategy != "best":  # "best": Trainer saves exactly the new bests
+            control.should_save = True
+        return control
+
+
+def evaluations_without_improvement(state: TrainerState | None) -> int:
+    """How many evaluations in a row had not improved the metric when a (resumed) TrainerState was saved:
+    transformers' `EarlyStoppingCallback` counter, which this job restores itself on a resume (it restores no
+    callback from the checkpoint: see `WallClockCallback`); 0 when the state has none."""
+    return int(_saved_attributes(state, "EarlyStoppingCallback").get("early_stopping_patience_counter") or 0)
 
 
 class BudgetProgressCallback(ProgressCallback):
@@ -200,13 +228,15 @@ class CurvesCallback(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
-            plot_curves(self.history, Path(args.output_dir) / "training_curves.png")
+            best = state.best_global_step if args.metric_for_best_model is not None else None
+            plot_curves(self.history, Path(args.output_dir) / "training_curves.png", best_step=best)
 
     on_train_end = on_save
 
 
-def plot_curves(history: list[dict], path: Path) -> Path | None:
-    """Loss, dev loss, learning rate, tokens/s and dev BLEU against the step, in one PNG."""
+def plot_curves(history: list[dict], path: Path, best_step: int | None = None) -> Path | None:
+    """Loss, dev loss, learning rate, tokens/s and dev BLEU (`eval_bleu`) against the step, in one PNG; `best_step`
+    (the best checkpoint's, under `--metric_for_best_model`) as a dashed line on the dev panels."""
     panels = [
         ("loss", ["loss", "eval_loss"]),
         ("learning rate", ["learning_rate"]),
@@ -227,6 +257,8 @@ def plot_curves(history: list[dict], path: Path) -> Path | None:
             points = [(row["step"], row[key]) for row in history if key in row]
             if points:
                 axis.plot(*zip(*points, strict=True), marker="." if len(points) < 30 else None, label=key)
+        if best_step and any(key.startswith("eval_") for key in keys):
+            axis.axvline(best_step, color="grey", linestyle="--", linewidth=1, label=f"best: step {best_step}")
         axis.set_title(title)
         axis.set_xlabel("step")
         axis.legend(fontsize="small")
@@ -241,10 +273,12 @@ def plot_curves(history: list[dict], path: Path) -> Path | None:
 
 __all__ = [
     "BudgetProgressCallback",
+    "CheckpointAtEvaluationCallback",
     "CurvesCallback",
     "PreemptionCallback",
     "SamplerEpochCallback",
     "WallClockCallback",
+    "evaluations_without_improvement",
     "plot_curves",
     "trained_seconds",
 ]

@@ -3,6 +3,9 @@
 
 - `run_training`: the whole job: corpus, tokenizer, model, training (resuming from the last complete checkpoint),
   checkpoint averaging (§6.1), test BLEU, and a Hub-ready folder with a model card.
+- Early stopping on dev BLEU or loss (`--metric_for_best_model`, `--early_stopping_patience`): transformers'
+  `EarlyStoppingCallback` and best-checkpoint bookkeeping, a checkpoint at each evaluation, and the published weights
+  ending at the best checkpoint (`_finalize_model`).
 
 The options are in `arguments.py`, the callbacks in `callbacks.py`, what the hardware decides in `hardware.py`.
 """
@@ -19,7 +22,9 @@ from pathlib import Path
 
 from transformers import (
     DataCollatorForSeq2Seq,
+    EarlyStoppingCallback,
     Seq2SeqTrainingArguments,
+    TrainerCallback,
     TrainerState,
     set_seed,
 )
@@ -36,12 +41,14 @@ from vaswani_mt.hub.card import card_values, render_model_card
 from vaswani_mt.model.configuration_vaswani import VaswaniConfig
 from vaswani_mt.model.modeling_vaswani import VaswaniForConditionalGeneration
 
-from .arguments import DataArguments, ModelArguments, RecipeArguments, check_dataset_options
+from .arguments import DataArguments, ModelArguments, RecipeArguments, check_dataset_options, check_early_stopping
 from .callbacks import (
     BudgetProgressCallback,
+    CheckpointAtEvaluationCallback,
     CurvesCallback,
     PreemptionCallback,
     WallClockCallback,
+    evaluations_without_improvement,
     trained_seconds,
 )
 from .checkpoints import (
@@ -98,6 +105,47 @@ def _bleu_metric(tokenizer):
     return compute
 
 
+def _dev_bleu_search(model, training_args: Seq2SeqTrainingArguments) -> str:
+    """Sets the search of the dev BLEU at each evaluation and says which, for the log. Choosing a best checkpoint
+    (`--metric_for_best_model`) searches greedily (`--generation_num_beams 1`) unless the command gives beams: it
+    needs a cheap score at every evaluation, not the test's; a plain `--eval_bleu` keeps the model's own search."""
+    training_args.predict_with_generate = True
+    if training_args.generation_num_beams is None and training_args.metric_for_best_model is not None:
+        training_args.generation_num_beams = 1
+    beams = training_args.generation_num_beams or model.generation_config.num_beams or 1
+    search = "greedy search" if beams == 1 else f"beam search, {beams} beams"
+    if beams > 1:
+        search += f", length penalty alpha {model.generation_config.length_penalty}"
+    if training_args.generation_max_length is not None:
+        return f"{search}, at most {training_args.generation_max_length} tokens"
+    return f"{search}, each sentence at most its length + 50 tokens"
+
+
+def _early_stopping(recipe: RecipeArguments, training_args: Seq2SeqTrainingArguments, resumed: TrainerState | None):
+    """The callbacks that choose the best checkpoint (`--metric_for_best_model`) and stop on it
+    (`--early_stopping_patience`): none without a metric. Trainer's own machinery does the rest
+    (`load_best_model_at_end`, `best_model_checkpoint`, which `--save_total_limit` keeps); the patience counter goes
+    on from a resumed checkpoint's."""
+    if training_args.metric_for_best_model is None:
+        return []
+    training_args.load_best_model_at_end = True
+    callbacks: list[TrainerCallback] = [CheckpointAtEvaluationCallback()]
+    if recipe.early_stopping_patience is not None:
+        stopping = EarlyStoppingCallback(recipe.early_stopping_patience)
+        stopping.early_stopping_patience_counter = evaluations_without_improvement(resumed)
+        callbacks.append(stopping)
+    keep = recipe.average_last + (recipe.early_stopping_patience or 0)
+    if training_args.save_total_limit and training_args.save_total_limit < keep:
+        logger.warning(
+            "--save_total_limit %d may delete checkpoints before the best one that --average_last %d averages: "
+            "keep at least %d",
+            training_args.save_total_limit,
+            recipe.average_last,
+            keep,
+        )
+    return callbacks
+
+
 def _budget_progress_bar(trainer: VaswaniTrainer, clock: WallClockCallback) -> None:
     """Under a time budget, transformers' progress bar over `max_steps` becomes one over the budget's minutes."""
     if clock.budget_seconds and any(type(c) is ProgressCallback for c in trainer.callback_handler.callbacks):
@@ -124,6 +172,7 @@ def run_training(
     if recipe.length_penalty is not None and not 0.0 <= recipe.length_penalty < float("inf"):
         raise ValueError(f"--length_penalty (GNMT alpha) must be a number >= 0, got {recipe.length_penalty}")
     check_dataset_options(data_args, recipe)
+    check_early_stopping(recipe, training_args)
     resolve_precision(recipe, training_args)
     apply_float32_overrides(recipe, model_args, data_args, training_args)
     resolve_attention(model_args, training_args)
@@ -173,7 +222,9 @@ def run_training(
     )
 
     if recipe.eval_bleu:
-        training_args.predict_with_generate = True
+        logger.info("dev BLEU at each evaluation: %s", _dev_bleu_search(model, training_args))
+    resume = resume_point(training_args, output_dir)
+    resumed_state = TrainerState.load_from_json(str(Path(resume, "trainer_state.json"))) if resume else None
     # With the model, the collator also builds decoder_input_ids from the labels (needed when Trainer's label
     # smoother takes the labels away from the forward call, as for the benchmarks' Marian).
     collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
@@ -188,20 +239,23 @@ def run_training(
         max_tokens_per_batch=data_args.max_tokens_per_batch,
         lr_schedule=recipe.lr_schedule,
         lr_scale=recipe.lr_scale,
-        callbacks=[clock, preemption, CurvesCallback()],
+        callbacks=[clock, preemption, CurvesCallback(), *_early_stopping(recipe, training_args, resumed_state)],
     )
     _budget_progress_bar(trainer, clock)
 
-    resume = resume_point(training_args, output_dir)
     if training_args.restore_callback_states_from_checkpoint:
         # Trainer would replace the clock by a copy that the progress bar does not see; it restores itself.
         logger.warning("--restore_callback_states_from_checkpoint ignored: the wall clock resumes on its own")
         training_args.restore_callback_states_from_checkpoint = False
-    resumed_state = TrainerState.load_from_json(str(Path(resume, "trainer_state.json"))) if resume else None
     spent = trained_seconds(resumed_state)
+    stalled = evaluations_without_improvement(resumed_state)
     if resume and clock.budget_seconds and spent >= clock.budget_seconds:
         # A finished run started again: it trains no further (not even one step), it is scored again.
         logger.info("%s trained the whole time budget (%.1f minutes): no more training", resume, spent / 60)
+        trainer.state = resumed_state
+        train_metrics = {}
+    elif resume and recipe.early_stopping_patience and stalled >= recipe.early_stopping_patience:
+        logger.info("%s stopped early (%d evaluations without improvement): no more training", resume, stalled)
         trainer.state = resumed_state
         train_metrics = {}
     else:
@@ -237,7 +291,9 @@ def run_training(
         return result
 
     use_every_core(training_args)
-    final = _finalize_model(trainer, recipe, output_dir)
+    final = _finalize_model(trainer, recipe, output_dir, trained=bool(train_metrics))
+    if training_args.metric_for_best_model is not None:
+        result["best"] = _best_summary(trainer, final)
     tokenizer.save_pretrained(output_dir)
     final.save_pretrained(output_dir)
     if recipe.test_bleu:
@@ -281,13 +337,52 @@ def run_training(
     return result
 
 
-def _finalize_model(trainer: VaswaniTrainer, recipe: RecipeArguments, output_dir: Path):
-    """The weights to publish: the mean of the last K checkpoints (§6.1) when there are several, else the final."""
+def _best_step(trainer: VaswaniTrainer) -> int | None:
+    """The step of the best checkpoint by `--metric_for_best_model` (Trainer's `best_model_checkpoint`), None when
+    no metric chooses one or no evaluated step was saved."""
+    best = trainer.state.best_model_checkpoint if trainer.args.metric_for_best_model is not None else None
+    if best is None:
+        if trainer.args.metric_for_best_model is not None:
+            logger.warning("no checkpoint was evaluated: publishing the last checkpoints, not the best")
+        return None
+    return int(Path(best).name.rsplit("-", 1)[1])
+
+
+def _best_summary(trainer: VaswaniTrainer, final) -> dict:
+    """results.json's `best`: the best checkpoint, its score, whether training stopped early, what was published."""
+    metric = trainer.args.metric_for_best_model
+    metric = metric if metric.startswith("eval_") else f"eval_{metric}"
+    stopping = [c for c in trainer.callback_handler.callbacks if isinstance(c, EarlyStoppingCallback)]
+    best = trainer.state.best_model_checkpoint
+    summary = {
+        "metric": metric,
+        "value": trainer.state.best_metric,
+        "checkpoint": Path(best).name if best else None,
+        "stopped_early": any(c.early_stopping_patience_counter >= c.early_stopping_patience for c in stopping),
+        "published": list(getattr(final, "averaged_from", [])),
+    }
+    names = summary["published"]
+    published = f"the mean of {', '.join(names)}" if len(names) > 1 else (names or ["the final weights"])[0]
+    logger.info("best checkpoint by %s: %s (%s)%s; published: %s", metric, summary["checkpoint"], summary["value"],
+                ", stopped early" if summary["stopped_early"] else "", published)  # fmt: skip
+    return summary
+
+
+def _finalize_model(trainer: VaswaniTrainer, recipe: RecipeArguments, output_dir: Path, trained: bool = True):
+    """The weights to publish: the mean of the last K checkpoints (§6.1) when there are several, else the final.
+
+    Under `--metric_for_best_model` (early stopping) the window ends at the best checkpoint instead of the last:
+    the mean of the K checkpoints up to and including the best (what averaging would have published had the run
+    stopped there: the later ones scored worse on the dev set), read from disk even for K = 1, so that the published
+    weights equal the best checkpoint's exactly, also when a finished run is started again and does not train. That
+    keeps §6.1's averaging, which the paper applies to the checkpoints of a whole run, and picks where the run ends
+    by the dev score; `--average_last 1` publishes the best checkpoint itself."""
     model = trainer.model
-    checkpoints = list_checkpoints(output_dir, resumable=False)  # what average_checkpoints reads
-    if recipe.average_last > 1 and len(checkpoints) > 1:
+    best = _best_step(trainer)
+    checkpoints = list_checkpoints(output_dir, resumable=False, up_to_step=best)  # what average_checkpoints reads
+    if (recipe.average_last > 1 and len(checkpoints) > 1) or ((best is not None or not trained) and checkpoints):
         averaged_dir = output_dir / "averaged"
-        average_checkpoints(output_dir, recipe.average_last, averaged_dir)
+        average_checkpoints(output_dir, recipe.average_last, averaged_dir, up_to_step=best)
         averaged = type(model).from_pretrained(averaged_dir, attn_implementation=model.config._attn_implementation)
         averaged.generation_config = model.generation_config
         averaged.averaged_from = [c.name for c in checkpoints[-recipe.average_last :]]
@@ -315,11 +410,4 @@ def print_summary(result: dict, stream=sys.stdout) -> None:
     print(f"\nmodel folder: {result['output_dir']}", file=stream)
 
 
-__all__ = [
-    "VaswaniTrainer",
-    "build_model",
-    "build_tokenizer",
-    "print_summary",
-    "run_training",
-    "tokenize_corpus",
-]
+__all__ = ["build_model", "print_summary", "run_training"]
