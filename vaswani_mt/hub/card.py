@@ -126,7 +126,8 @@ def card_values(
 
     `corpus`: the training data's licence, name and notes (`vaswani_mt.data.corpus.describe_corpus`); `examples`:
     test sources for the widget; `training`: preset, train_pairs, test_pairs, lr_scale, warmup, max_tokens, steps,
-    train_minutes, hardware and precision of the run; `test`: its test scores (`evaluate_bleu`), empty if none.
+    train_minutes, hardware and precision of the run, and `best` (results.json's, under early stopping);
+    `test`: its test scores (`evaluate_bleu`), empty if none.
     """
     config = model.config
     src, tgt = source_lang, target_lang
@@ -159,9 +160,7 @@ def card_values(
         "train_minutes": training["train_minutes"],
         "hardware": training["hardware"],
         "precision": training["precision"],
-        "weights_note": f"the average of {len(averaged)} checkpoints ({', '.join(averaged)})"
-        if averaged
-        else "the final weights",
+        "weights_note": _weights_note(averaged, training.get("best")),
         "test_pairs": training["test_pairs"],
         "bleu": round(test["score"], 2) if test else "null",
         "chrf": round(test["chrf"], 2) if test else "not evaluated",
@@ -174,6 +173,20 @@ def card_values(
         "repo_id": f"USER/vaswani-mt-{src}-{tgt}",
         "example": examples[0].replace('"', '\\"'),
     }
+
+
+def _weights_note(averaged: list[str], best: dict | None) -> str:
+    """Which weights the folder holds: the final ones, one checkpoint, or the mean of several (§6.1), and, when a
+    dev metric chose where the run ends (early stopping), which checkpoint was best."""
+    if not averaged:
+        note = "the final weights"
+    elif len(averaged) == 1:
+        note = f"the weights of {averaged[0]}"
+    else:
+        note = f"the average of {len(averaged)} checkpoints ({', '.join(averaged)})"
+    if best and best.get("checkpoint"):
+        note += f", ending at the best on dev {best['metric']} ({best['checkpoint']}, {best['value']:.2f})"
+    return note
 
 
 def render_model_card(values: dict, template: str | None = None) -> str:

@@ -329,6 +329,7 @@ def run_training(
                 "train_minutes": result.get("train_minutes", "?"),
                 "hardware": hardware_name(),
                 "precision": precision_name(training_args),
+                "best": result.get("best"),
             },
             test=result.get("test", {}),
             command=command,
