@@ -5,6 +5,8 @@ python scripts/evaluate_model.py --model outputs/run                       # bui
 python scripts/evaluate_model.py --model DIR --dataset wmt14 --dataset_config de-en --source_lang en --target_lang de
 python scripts/evaluate_model.py --model DIR --source_file test.en --reference_file test.de
 python scripts/evaluate_model.py --hypotheses out.de --references test.de  # score existing output
+python scripts/evaluate_model.py --model DIR --max_tokens 1200               # token-budget batches, same scores
+python scripts/evaluate_model.py --model DIR --nbest 4 --nbest_file test.nbest  # also the 4-best lists
 """
 
 import argparse
@@ -12,9 +14,12 @@ import json
 import sys
 from pathlib import Path
 
+from vaswani_mt.cli.translate import add_decoding_options, decoding_options
 from vaswani_mt.data.corpus import BUILTIN_CORPUS, load_corpus, read_parallel_text, source_target
 from vaswani_mt.evaluation.metrics import COMPOUND_SPLIT_LABEL, evaluate_bleu, score_translations
+from vaswani_mt.inference.ensemble import load_ensemble
 from vaswani_mt.inference.loading import ModelFolderError, load_for_inference
+from vaswani_mt.inference.translate import format_nbest, translate_nbest
 
 
 def read_lines(path: str) -> list[str]:
@@ -35,7 +40,12 @@ def read_lines(path: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", help="saved model folder or Hub id")
+    parser.add_argument(
+        "--model",
+        action="append",
+        help="saved model folder or Hub id; several (--model A --model B) translate with their ensemble: the mean "
+        "of their probabilities at each step, searched with the first model's search (one vocabulary)",
+    )
     parser.add_argument("--hypotheses", help="score-only mode: translations, one per line (with --references)")
     parser.add_argument("--references", help="score-only mode: references, line by line with --hypotheses")
     parser.add_argument("--dataset", default=BUILTIN_CORPUS)
@@ -46,11 +56,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--source_file", help="plain text, one sentence per line (with --reference_file)")
     parser.add_argument("--reference_file")
     parser.add_argument("--max_samples", type=int, default=None)
-    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--batch_size", type=int, default=None, help="default 32; with --max_tokens: no limit")
     parser.add_argument("--num_beams", type=int, default=None, help="default: the model's (4)")
     parser.add_argument("--length_penalty", type=float, default=None, help="GNMT alpha; default: the model's (0.6)")
     parser.add_argument("--output", help="also write the translations here")
+    add_decoding_options(parser, sampling=False)
+    parser.add_argument("--nbest_file", help="with --nbest: write the n-best lists here (the best one is scored)")
     args = parser.parse_args(argv)
+    if bool(args.nbest) != bool(args.nbest_file):
+        sys.exit("error: --nbest and --nbest_file go together")
+    if args.batch_size is None and args.max_tokens is None:
+        args.batch_size = 32
 
     if bool(args.hypotheses) != bool(args.references):
         parser.error("--hypotheses and --references go together")
@@ -72,9 +88,13 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--source_file and --reference_file go together")
     # The model first: a folder that cannot be served is reported before a corpus is read.
     try:
-        model, tokenizer = load_for_inference(args.model)
+        if len(args.model) == 1:
+            model, tokenizer = load_for_inference(args.model[0])
+        else:
+            model, tokenizer = load_ensemble(args.model)
     except ModelFolderError as error:
         sys.exit(f"error: {error}")
+    kwargs = decoding_options(args, model)  # a bad combination of options too
     if args.source_file:
         sources, references = map(list, zip(*read_parallel_text(args.source_file, args.reference_file), strict=True))
     else:
@@ -82,13 +102,18 @@ def main(argv: list[str] | None = None) -> None:
         sources, references = source_target(corpus[args.split], args.source_lang, args.target_lang)
     if args.max_samples:
         sources, references = sources[: args.max_samples], references[: args.max_samples]
-    kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
-    if args.length_penalty is not None:
-        kwargs["length_penalty"] = args.length_penalty
-    result = evaluate_bleu(
-        model, tokenizer, sources, references, target_lang=args.target_lang, batch_size=args.batch_size,
-        progress=True, **kwargs,
-    )  # fmt: skip
+    nbest = kwargs.pop("nbest", None)
+    if nbest:
+        lists = translate_nbest(model, tokenizer, sources, nbest, args.batch_size, progress=True, **kwargs)
+        with open(args.nbest_file, "w", encoding="utf-8") as f:
+            f.write("".join(format_nbest(i, hypotheses) for i, hypotheses in enumerate(lists)))
+        translations = [hypotheses[0].text for hypotheses in lists]
+        result = {**score_translations(translations, references, args.target_lang), "translations": translations}
+    else:
+        result = evaluate_bleu(
+            model, tokenizer, sources, references, target_lang=args.target_lang, batch_size=args.batch_size,
+            progress=True, **kwargs,
+        )  # fmt: skip
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write("\n".join(result["translations"]) + "\n")

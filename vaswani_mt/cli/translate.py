@@ -4,39 +4,154 @@ Streams: reads --chunk_size lines at a time (one at a time from a terminal), wri
 order as soon as they are done, so memory stays flat on any length of input. Any bytes are accepted: what is not
 UTF-8 becomes U+FFFD, with a warning naming the line; lines longer than the model takes are cut, with a warning.
 
+Decoding options: --nbest K writes the K best translations of each line in Marian's n-best format; --sampling
+draws one random translation per line (for back-translation); --max_tokens N batches by source tokens rather than
+by lines (fairseq's --max-tokens), with the same translations, faster.
+
 echo "The house is small." | python scripts/translate.py --model outputs/run
 python scripts/translate.py --model outputs/run --input text.en > text.de
+python scripts/translate.py --model outputs/run --input text.en --nbest 4 > text.nbest
+python scripts/translate.py --model outputs/run --input mono.de --sampling --seed 1 > mono.bt.en
+python scripts/translate.py --model outputs/run --input text.en --max_tokens 1200 > text.de
 """
 
 import argparse
 import os
 import sys
 
+from vaswani_mt.inference.ensemble import load_ensemble
 from vaswani_mt.inference.loading import ModelFolderError, load_for_inference
-from vaswani_mt.inference.translate import translate_stream
+from vaswani_mt.inference.translate import Sampling, check_decoding_options, translate_stream
+
+SAMPLING_OPTIONS = ("topk", "topp", "temperature", "seed")
+
+
+def add_decoding_options(parser: argparse.ArgumentParser, sampling: bool = True) -> None:
+    """--max_tokens, --nbest and (with `sampling`) --sampling with its --topk, --topp, --temperature and --seed."""
+    parser.add_argument(
+        "--max_tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="token-budget batches (fairseq's --max-tokens): lines sorted by length, at most N source "
+        "tokens per batch counting padding (rows x longest line); a longer line goes alone, with a "
+        "warning. Output in input order, the same as with --batch_size, which then only caps rows",
+    )
+    parser.add_argument(
+        "--nbest",
+        type=int,
+        default=None,
+        metavar="K",
+        help="the K best translations of each line (K <= the beam size), best first, in Marian's "
+        "n-best format: 'ID ||| translation ||| F0= log P(Y|X) ||| score', IDs from 0 in input order, "
+        "score the search's (log P / ((5 + |Y|) / 6)^alpha); an empty line gets K lines "
+        "'ID |||  ||| F0= 0.000000 ||| 0.000000'",
+    )
+    if not sampling:
+        return
+    parser.add_argument(
+        "--sampling",
+        action="store_true",
+        help="for back-translation (Edunov et al., 2018): draw one translation per line from the "
+        "model's distribution, token by token, instead of searching for the best one",
+    )
+    parser.add_argument(
+        "--topk", type=int, default=None, metavar="K", help="with --sampling: only among the K likeliest tokens"
+    )
+    parser.add_argument(
+        "--topp",
+        type=float,
+        default=None,
+        metavar="P",
+        help="with --sampling: only among the fewest tokens whose probability reaches P, in (0, 1]",
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        metavar="T",
+        help="with --sampling: divide the logits by T > 0 (below 1: closer to greedy search)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        metavar="S",
+        help="with --sampling (default 1): the same seed gives the same output, whatever the batch "
+        "size, --max_tokens or --chunk_size; each line's draws depend on the seed and its position",
+    )
+
+
+def decoding_options(args: argparse.Namespace, model) -> dict:
+    """The keyword arguments of `translate_stream`/`translate` that the decoding options ask for, checked against
+    `model`'s search; a bad combination ends the program with one line, `error: ...`."""
+    kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
+    if getattr(args, "length_penalty", None) is not None:
+        kwargs["length_penalty"] = args.length_penalty
+    given = [f"--{name}" for name in SAMPLING_OPTIONS if getattr(args, name, None) is not None]
+    if given and not getattr(args, "sampling", False):
+        sys.exit(f"error: {', '.join(given)} only go{'es' if len(given) == 1 else ''} with --sampling")
+    sampling = None
+    try:
+        if getattr(args, "sampling", False):
+            values = {name: getattr(args, name) for name in SAMPLING_OPTIONS if getattr(args, name) is not None}
+            sampling = Sampling(
+                seed=values.get("seed", 1), top_k=values.get("topk"), top_p=values.get("topp", 1.0),
+                temperature=values.get("temperature", 1.0),
+            )  # fmt: skip
+        check_decoding_options(model, args.nbest, args.max_tokens, sampling, **kwargs)
+    except ValueError as error:
+        sys.exit(f"error: {error}")
+    options = {name: value for name, value in (("nbest", args.nbest), ("max_tokens", args.max_tokens)) if value}
+    if sampling is not None:
+        options["sampling"] = sampling
+    return {**options, **kwargs}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="saved model folder or Hub id")
+    parser.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        help="saved model folder or Hub id; several (--model A --model B) translate with their ensemble: the mean "
+        "of their probabilities at each step, searched with the first model's search (one vocabulary)",
+    )
     parser.add_argument("--input", help="text file, one sentence per line (default: standard input)")
-    parser.add_argument("--batch_size", type=int, default=32)
-    parser.add_argument("--chunk_size", type=int, default=None,
-                        help="lines read and translated together (default: 16 batches; 1 from a terminal)")  # fmt: skip
+    parser.add_argument(
+        "--batch_size",
+        type=int,
+        default=None,
+        help="sentences per batch (default 32; with --max_tokens: no limit but the budget)",
+    )
+    parser.add_argument(
+        "--chunk_size",
+        "--buffer_size",
+        type=int,
+        default=None,
+        help="lines read, sorted by length and translated together (default: 16 batches, or 1024 "
+        "lines with --max_tokens as fairseq-interactive's --buffer-size; 1 from a terminal)",
+    )
     parser.add_argument("--num_beams", type=int, default=None, help="default: the model's (4)")
+    add_decoding_options(parser)
     args = parser.parse_args(argv)
-    if args.batch_size < 1 or (args.chunk_size is not None and args.chunk_size < 1):
+    if (args.batch_size is not None and args.batch_size < 1) or (args.chunk_size is not None and args.chunk_size < 1):
         parser.error(f"--batch_size and --chunk_size must be at least 1, got {args.batch_size} and {args.chunk_size}")
+    if args.batch_size is None and args.max_tokens is None:
+        args.batch_size = 32
 
     try:
-        model, tokenizer = load_for_inference(args.model)
+        if len(args.model) == 1:
+            model, tokenizer = load_for_inference(args.model[0])
+        else:
+            model, tokenizer = load_ensemble(args.model)
     except ModelFolderError as error:
         sys.exit(f"error: {error}")
+    kwargs = decoding_options(args, model)
     try:
         stream = open(args.input, "rb") if args.input else sys.stdin.buffer
     except OSError as error:
         sys.exit(f"error: cannot read {args.input}: {error.strerror or error}")
-    kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
     try:
         with stream:
             translate_stream(

@@ -3,11 +3,17 @@ an iterable of any length a chunk at a time, or a byte stream (a file, a pipe, s
 
 Any text gets exactly one single-line translation, in input order (the translation pipeline's rules,
 `pipeline_vaswani.encode_source`); invalid UTF-8 becomes U+FFFD with a warning naming the line.
+
+Decoding options, with any search and on streams too: n-best lists with each hypothesis's log-probability and
+search score (`translate_nbest`, Marian's format by `format_nbest`); seeded sampling for back-translation
+(`Sampling`), the same sample for a line whatever its batch; token-budget batches (`max_tokens`, fairseq's
+`--max-tokens`, `batching.token_budget_batches`), the same translations as fixed-size batches.
 """
 
 from __future__ import annotations
 
 import codecs
+import hashlib
 import itertools
 import logging
 import os
@@ -15,38 +21,200 @@ import select
 import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import BinaryIO
+from dataclasses import dataclass
+from typing import BinaryIO, NamedTuple
 
 import torch
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
+from vaswani_mt.inference.batching import token_budget_batches
+from vaswani_mt.model.generation_vaswani import gnmt_length_penalty
 from vaswani_mt.model.pipeline_vaswani import default_max_source_tokens, encode_source, single_line
 
 logger = logging.getLogger(__name__)
 
 
+class Hypothesis(NamedTuple):
+    """One translation of an n-best list: its `text`; `log_prob`, log P(Y|X), the sum of its tokens' log-probabilities
+    (EOS included); and `score`, what the search ranks by: `log_prob / ((5 + |Y|) / 6)^alpha` (§6.1's GNMT penalty,
+    `generate()`'s `sequences_scores` in a beam search; the same formula for greedy search and sampling)."""
+
+    text: str
+    log_prob: float
+    score: float
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling instead of search, for back-translation (Edunov et al., 2018: sampled source sentences train a
+    better model than beam-searched ones): each token is drawn from the model's distribution divided by
+    `temperature`, among the `top_k` most likely tokens (None or 0: all) and the fewest whose probability reaches
+    `top_p` (nucleus sampling; 1: all). Each input line draws from its own random stream, seeded by `seed` and the
+    line's position in the input, so that its sample does not depend on the lines that share its batch."""
+
+    seed: int = 1
+    top_k: int | None = None
+    top_p: float = 1.0
+    temperature: float = 1.0
+
+    def __post_init__(self):
+        if self.top_k is not None and self.top_k < 0:
+            raise ValueError(f"top-k must be 0 (all tokens) or more, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
+        if not self.temperature > 0:
+            raise ValueError(f"the temperature must be above 0, got {self.temperature}")
+
+
+class _SeededSampler(LogitsProcessor):
+    """`Sampling` inside greedy search, by the Gumbel-max trick: `argmax(scores + G)`, with G standard Gumbel noise,
+    is a draw from `softmax(scores)`. Each row's noise comes from a generator of its own, seeded by its line, where
+    transformers' `do_sample` draws all rows from one global generator (a line's sample would then depend on its
+    batch)."""
+
+    def __init__(self, sampling: Sampling, lines: Sequence[int]):
+        warpers = [TemperatureLogitsWarper(sampling.temperature)] if sampling.temperature != 1 else []
+        if sampling.top_k:
+            warpers.append(TopKLogitsWarper(sampling.top_k))
+        if sampling.top_p < 1:
+            warpers.append(TopPLogitsWarper(sampling.top_p))
+        self.warpers = LogitsProcessorList(warpers)
+        self.generators = [torch.Generator().manual_seed(_line_seed(sampling.seed, line)) for line in lines]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        scores = self.warpers(input_ids, scores)
+        uniform = torch.stack([torch.rand(scores.shape[-1], generator=g, dtype=torch.float64) for g in self.generators])
+        noisy = scores + (-torch.log(-torch.log(uniform))).to(scores.device, scores.dtype)
+        # Tokens left out get the lowest finite score, not -inf: at a sentence's last step PerSentenceMaxLength, which
+        # runs after this, keeps only EOS's score, and EOS must then win even where top-k or top-p left it out.
+        return noisy.nan_to_num(neginf=torch.finfo(noisy.dtype).min)
+
+
+def _line_seed(seed: int, line: int) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{line}".encode(), digest_size=8).digest(), "little")
+
+
+def _sampling_kwargs(sampling: Sampling, lines: Sequence[int]) -> dict:
+    """`generate()` arguments that draw one sample per row, rows numbered by their input `lines` (0-based)."""
+    return {
+        "num_beams": 1,
+        "do_sample": False,
+        "logits_processor": LogitsProcessorList([_SeededSampler(sampling, lines)]),
+    }
+
+
+def _nbest_search(model, tokenizer, batch, nbest: int, kwargs: dict) -> list[list[Hypothesis]]:
+    """The `nbest` best hypotheses of each row of `batch`, best first, with their log-probabilities and scores."""
+    beams = kwargs.get("num_beams") or model.generation_config.num_beams or 1
+    output = model.generate(
+        **batch, **kwargs, num_return_sequences=nbest, return_dict_in_generate=True, output_scores=beams > 1,
+        output_logits=beams == 1,
+    )  # fmt: skip
+    if beams > 1:
+        # Beam search's scores are log-softmax outputs, as the search added them up; a finished beam's steps past
+        # its end are 0 here.
+        steps = model.compute_transition_scores(output.sequences, output.scores, output.beam_indices)
+        log_probs, scores = steps.sum(-1), output.sequences_scores
+    else:
+        # Greedy search's scores are processed logits (sampling noise, a temperature): the model's own
+        # log-probabilities come from the raw logits, counted up to the first EOS.
+        steps = model.compute_transition_scores(output.sequences, output.logits, normalize_logits=True)
+        eos = model.generation_config.eos_token_id
+        ends = torch.isin(output.sequences[:, -steps.shape[1] :], torch.tensor(eos, device=steps.device).flatten())
+        kept = (ends.cumsum(-1) - ends.long()) == 0
+        log_probs = steps.masked_fill(~kept, 0.0).sum(-1)
+        alpha = kwargs.get("length_penalty", model.generation_config.length_penalty)
+        scores = log_probs / gnmt_length_penalty(kept.sum(-1), alpha if alpha is not None else 1.0)
+    texts = tokenizer.batch_decode(output.sequences, skip_special_tokens=True)
+    found = [
+        Hypothesis(single_line(text), float(log_prob), float(score))
+        for text, log_prob, score in zip(texts, log_probs.tolist(), scores.tolist(), strict=True)
+    ]
+    return [found[start : start + nbest] for start in range(0, len(found), nbest)]
+
+
+def check_decoding_options(
+    model, nbest: int | None = None, max_tokens: int | None = None, sampling: Sampling | None = None,
+    **generate_kwargs,
+) -> None:  # fmt: skip
+    """Raises `ValueError` (one line) for options that do not go together: an n-best list longer than the beam,
+    sampling with several beams or more than one translation per line, a token budget below 1."""
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+    beams = generate_kwargs.get("num_beams") or model.generation_config.num_beams or 1
+    if sampling is not None and beams > 1 and "num_beams" in generate_kwargs:
+        raise ValueError(f"sampling draws one translation per line with one beam, not num_beams={beams}")
+    if nbest is None:
+        return
+    if nbest < 1:
+        raise ValueError(f"nbest must be at least 1, got {nbest}")
+    if sampling is not None and nbest > 1:
+        raise ValueError(f"sampling draws one translation per line: nbest must be 1, got {nbest}")
+    if sampling is None and nbest > beams:
+        raise ValueError(f"nbest={nbest} is more than the beam size ({beams}): the search keeps {beams} hypotheses")
+
+
+def format_nbest(line_id: int, hypotheses: Sequence[Hypothesis]) -> str:
+    """Marian's n-best format, one line (ending in "\\n") per hypothesis, best first:
+    `ID ||| translation ||| F0= log-probability ||| score`."""
+    return "".join(f"{line_id} ||| {h.text} ||| F0= {h.log_prob:.6f} ||| {h.score:.6f}\n" for h in hypotheses)
+
+
 def _translate_batches(
-    model, tokenizer, sentences: Sequence[str], batch_size: int, limit: int, generate_kwargs: dict,
-    first_line: int = 1, on_batch=None,
-) -> list[str]:  # fmt: skip
-    """`translate` of `sentences`, numbered from `first_line` in warnings; `on_batch(n)` after each batch of n."""
-    results: list[str] = [""] * len(sentences)
+    model, tokenizer, sentences: Sequence[str], batch_size: int | None, limit: int, generate_kwargs: dict,
+    first_line: int = 1, on_batch=None, nbest: int | None = None, max_tokens: int | None = None,
+    sampling: Sampling | None = None,
+) -> list:  # fmt: skip
+    """`translate` of `sentences` (with `nbest`: `translate_nbest`), numbered from `first_line` in warnings;
+    `on_batch(n)` after each batch of n."""
     blank = [i for i, sentence in enumerate(sentences) if not sentence.strip()]
     if blank:  # nothing to translate: the line stays empty, so output lines still match input lines
         logger.warning(
             "%d empty or whitespace-only lines left empty (first: line %d)", len(blank), first_line + blank[0]
         )
-    # Longest first, so that a batch holds sentences of similar length (little padding); the order of the results
-    # is the input order, and a sentence's translation does not depend on its batch (tests/test_hostile_input.py).
-    order = sorted(
-        (i for i, sentence in enumerate(sentences) if sentence.strip()), key=lambda i: len(sentences[i]), reverse=True
-    )
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        encoded = [encode_source(tokenizer, sentences[i], limit, where=f"line {first_line + i}: ") for i in chunk]
-        batch = tokenizer.pad({"input_ids": encoded}, return_tensors="pt").to(model.device)
-        output = model.generate(**batch, **generate_kwargs)
-        for i, text in zip(chunk, tokenizer.batch_decode(output, skip_special_tokens=True), strict=True):
-            results[i] = single_line(text)  # one line, whoever reads it
+    # An empty line's n-best list: `nbest` empty translations of probability 1, so that lists stay aligned by line.
+    results: list = [""] * len(sentences) if nbest is None else [[Hypothesis("", 0.0, 0.0)] * nbest for _ in sentences]
+    todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
+
+    def encode(i: int) -> list[int]:
+        return encode_source(tokenizer, sentences[i], limit, where=f"line {first_line + i}: ")
+
+    encoded: dict[int, list[int]] = {}
+    if max_tokens is None:
+        # Longest first, so that a batch holds sentences of similar length (little padding); the order of the
+        # results is the input order, and a sentence's translation does not depend on its batch
+        # (tests/test_hostile_input.py).
+        order = sorted(todo, key=lambda i: len(sentences[i]), reverse=True)
+        batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    else:
+        encoded = {i: encode(i) for i in todo}
+        lengths = [len(encoded[i]) for i in todo]
+        batches = [[todo[k] for k in batch] for batch in token_budget_batches(lengths, max_tokens, batch_size)]
+        for batch in batches:
+            if len(encoded[batch[0]]) > max_tokens:
+                logger.warning(
+                    "line %d: %d source tokens, more than max_tokens=%d: translated in a batch of its own",
+                    first_line + batch[0], len(encoded[batch[0]]), max_tokens,
+                )  # fmt: skip
+    for chunk in batches:
+        ids = [encoded[i] if encoded else encode(i) for i in chunk]
+        batch = tokenizer.pad({"input_ids": ids}, return_tensors="pt").to(model.device)
+        kwargs = generate_kwargs
+        if sampling is not None:
+            kwargs = {**generate_kwargs, **_sampling_kwargs(sampling, [first_line - 1 + i for i in chunk])}
+        if nbest is None:
+            output = model.generate(**batch, **kwargs)
+            for i, text in zip(chunk, tokenizer.batch_decode(output, skip_special_tokens=True), strict=True):
+                results[i] = single_line(text)  # one line, whoever reads it
+        else:
+            for i, hypotheses in zip(chunk, _nbest_search(model, tokenizer, batch, nbest, kwargs), strict=True):
+                results[i] = hypotheses
         if on_batch is not None:
             on_batch(len(chunk))
     return results
@@ -63,9 +231,12 @@ def translate(
     model,
     tokenizer,
     sentences: Sequence[str],
-    batch_size: int = 32,
+    batch_size: int | None = 32,
     progress: bool = False,
     max_source_tokens: int | None = None,
+    *,
+    max_tokens: int | None = None,
+    sampling: Sampling | None = None,
     **generate_kwargs,
 ) -> list[str]:
     """Translates `sentences` in batches of similar length (order preserved) with `model.generate`.
@@ -75,13 +246,49 @@ def translate(
     `max_source_tokens` (default: `config.max_position_embeddings`) is cut with a warning; characters outside the
     vocabulary are named in a warning, lone surrogates become U+FFFD (the translation pipeline's rules,
     `pipeline_vaswani.encode_source`); a line break in a translation becomes a space.
+
+    `max_tokens`: token-budget batches instead of `batch_size` sentences (fairseq's `--max-tokens`): sorted by
+    length in tokens, at most `max_tokens` source tokens per batch counting padding (rows x longest), and at most
+    `batch_size` rows unless it is None; a sentence longer than `max_tokens` goes alone, with a warning. The
+    translations are the same tokens either way. `sampling`: a sample per sentence instead of a search (`Sampling`).
     """
+    return _translate_all(model, tokenizer, sentences, batch_size, progress, max_source_tokens, None, max_tokens,
+                          sampling, generate_kwargs)  # fmt: skip
+
+
+@torch.no_grad()
+def translate_nbest(
+    model,
+    tokenizer,
+    sentences: Sequence[str],
+    nbest: int,
+    batch_size: int | None = 32,
+    progress: bool = False,
+    max_source_tokens: int | None = None,
+    *,
+    max_tokens: int | None = None,
+    sampling: Sampling | None = None,
+    **generate_kwargs,
+) -> list[list[Hypothesis]]:
+    """`translate` keeping the `nbest` best hypotheses of each sentence's search (`nbest` <= the beam size), best
+    first, each with its log-probability and search score (`Hypothesis`); `[0].text` is what `translate` gives. An
+    empty sentence gets `nbest` empty hypotheses of log-probability 0 and score 0. With `sampling`, `nbest` is 1."""
+    return _translate_all(model, tokenizer, sentences, batch_size, progress, max_source_tokens, nbest, max_tokens,
+                          sampling, generate_kwargs)  # fmt: skip
+
+
+def _translate_all(model, tokenizer, sentences, batch_size, progress, max_source_tokens, nbest, max_tokens, sampling,
+                   generate_kwargs) -> list:  # fmt: skip
+    check_decoding_options(model, nbest, max_tokens, sampling, **generate_kwargs)
+    if batch_size is None and max_tokens is None:
+        raise ValueError("batch_size=None (no limit on rows) needs max_tokens")
     limit = max_source_tokens or default_max_source_tokens(model, tokenizer)
     model.eval()
     bar = _progress_bar(sum(1 for sentence in sentences if sentence.strip()), "sent") if progress else None
     on_batch = None if bar is None else bar.update
     try:
-        return _translate_batches(model, tokenizer, sentences, batch_size, limit, generate_kwargs, on_batch=on_batch)
+        return _translate_batches(model, tokenizer, sentences, batch_size, limit, generate_kwargs, 1, on_batch, nbest,
+                                  max_tokens, sampling)  # fmt: skip
     finally:
         if bar is not None:
             bar.close()
@@ -92,21 +299,32 @@ def translate_chunks(
     model,
     tokenizer,
     lines: Iterable[str],
-    batch_size: int = 32,
+    batch_size: int | None = 32,
     chunk_size: int = 512,
     progress: bool = False,
     max_source_tokens: int | None = None,
     ready: Callable[[], bool] | None = None,
+    *,
+    nbest: int | None = None,
+    max_tokens: int | None = None,
+    sampling: Sampling | None = None,
     **generate_kwargs,
-) -> Iterator[list[str]]:
+) -> Iterator[list]:
     """`translate` of an iterable of any length, lazily: reads `chunk_size` lines, translates them (sorted by length
     into batches of `batch_size`), yields their translations in input order, then reads the next chunk. Memory is
     that of one chunk however many lines there are; warnings number the lines from 1 across chunks.
 
     `ready()`, when given, says whether another line can be read without waiting: a chunk then ends early when the
-    input has nothing more for now, so a program that writes a line into a pipe and waits gets its answer."""
-    if batch_size < 1 or chunk_size < 1:
+    input has nothing more for now, so a program that writes a line into a pipe and waits gets its answer.
+
+    `max_tokens` and `sampling` as in `translate`, within each chunk (fairseq-interactive's buffer); a line's
+    sample depends on its position in the whole input, not on the chunks. With `nbest`, each line's translation is
+    its list of `Hypothesis` (`translate_nbest`)."""
+    if (batch_size is not None and batch_size < 1) or chunk_size < 1:
         raise ValueError(f"batch_size and chunk_size must be at least 1, got {batch_size} and {chunk_size}")
+    if batch_size is None and max_tokens is None:
+        raise ValueError("batch_size=None (no limit on rows) needs max_tokens")
+    check_decoding_options(model, nbest, max_tokens, sampling, **generate_kwargs)
     limit = max_source_tokens or default_max_source_tokens(model, tokenizer)
     model.eval()
     bar = _progress_bar(None, "line") if progress else None
@@ -114,7 +332,8 @@ def translate_chunks(
     lines, done = iter(lines), 0
     try:
         while chunk := _next_chunk(lines, chunk_size, ready):
-            yield _translate_batches(model, tokenizer, chunk, batch_size, limit, generate_kwargs, done + 1, on_batch)
+            yield _translate_batches(model, tokenizer, chunk, batch_size, limit, generate_kwargs, done + 1, on_batch,
+                                     nbest, max_tokens, sampling)  # fmt: skip
             if bar is not None:
                 bar.update(sum(1 for line in chunk if not line.strip()))  # blank lines count as done too
             done += len(chunk)
@@ -212,19 +431,26 @@ def translate_stream(
     source: BinaryIO,
     sink: BinaryIO,
     name: str = "<stdin>",
-    batch_size: int = 32,
+    batch_size: int | None = 32,
     chunk_size: int | None = None,
     progress: bool = False,
+    *,
+    nbest: int | None = None,
+    max_tokens: int | None = None,
+    sampling: Sampling | None = None,
     **generate_kwargs,
 ) -> int:
     """Translates the lines of the byte stream `source` (`read_text_lines`) into `sink`, UTF-8, one line per line in
-    input order, and returns how many. Reads and translates `chunk_size` lines at a time (default 16 batches; one
-    line from a terminal, so that each typed line is answered) and flushes each chunk's lines as they are done:
-    memory stays flat however long the input, and a reader downstream sees output while input still arrives. From
-    a pipe, a chunk also ends where the input pauses: a program that writes a line and waits for its translation
-    gets it, however large the chunk."""
+    input order, and returns how many. Reads and translates `chunk_size` lines at a time (default 16 batches, or
+    1024 lines with `max_tokens`; one line from a terminal, so that each typed line is answered) and flushes each
+    chunk's lines as they are done: memory stays flat however long the input, and a reader downstream sees output
+    while input still arrives. From a pipe, a chunk also ends where the input pauses: a program that writes a line
+    and waits for its translation gets it, however large the chunk.
+
+    With `nbest`, each line gets `nbest` lines in Marian's n-best format (`format_nbest`), IDs from 0 in input
+    order; `max_tokens` and `sampling` as in `translate`."""
     if chunk_size is None:
-        chunk_size = 1 if source.isatty() else 16 * batch_size
+        chunk_size = 1 if source.isatty() else 1024 if max_tokens is not None else 16 * (batch_size or 32)
     ready = None
     try:
         fd = source.fileno()
@@ -236,12 +462,28 @@ def translate_stream(
         ready = source.ready
     count = 0
     lines = read_text_lines(source, name)
-    chunks = translate_chunks(model, tokenizer, lines, batch_size, chunk_size, progress, ready=ready, **generate_kwargs)
+    chunks = translate_chunks(model, tokenizer, lines, batch_size, chunk_size, progress, ready=ready, nbest=nbest,
+                              max_tokens=max_tokens, sampling=sampling, **generate_kwargs)  # fmt: skip
     for translations in chunks:
-        sink.write("".join(f"{text}\n" for text in translations).encode("utf-8"))
+        if nbest is None:
+            text = "".join(f"{translation}\n" for translation in translations)
+        else:
+            text = "".join(format_nbest(count + i, hypotheses) for i, hypotheses in enumerate(translations))
+        sink.write(text.encode("utf-8"))
         sink.flush()
         count += len(translations)
     return count
 
 
-__all__ = ["MAX_LINE_BYTES", "read_text_lines", "translate", "translate_chunks", "translate_stream"]
+__all__ = [
+    "MAX_LINE_BYTES",
+    "Hypothesis",
+    "Sampling",
+    "check_decoding_options",
+    "format_nbest",
+    "read_text_lines",
+    "translate",
+    "translate_chunks",
+    "translate_nbest",
+    "translate_stream",
+]
