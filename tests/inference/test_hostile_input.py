@@ -264,14 +264,14 @@ def _script(name: str):
 
 @pytest.fixture(scope="module")
 def quick_scripts(fitted_folder):
-    """translate.py and evaluate_model.py whose `load_for_inference` hands out a preloaded copy of the fitted model
+    """translate.py and evaluate_model.py whose model loading hands out a preloaded copy of the fitted model
     with a short search (sources cut at 48 tokens, at most |X| + 6 output tokens), so that fuzzing stays fast."""
     model, tokenizer = load_for_inference(str(fitted_folder), device="cpu")
     tokenizer.model_max_length = SHORT_SOURCE
     model.generation_config.max_len_b = 6
     scripts = {name: _script(name) for name in ("translate", "evaluate_model")}
     for module in scripts.values():
-        module.load_for_inference = lambda *args, **kwargs: (model, tokenizer)
+        module.load_ensemble = lambda *args, **kwargs: (model, tokenizer)
     expected = dict(zip(ENGLISH, translate(model, tokenizer, ENGLISH, batch_size=1, num_beams=1), strict=True))
     return scripts, expected
 

@@ -18,7 +18,7 @@ from vaswani_mt.cli.translate import add_decoding_options, decoding_options
 from vaswani_mt.data.corpus import BUILTIN_CORPUS, load_corpus, read_parallel_text, source_target
 from vaswani_mt.evaluation.metrics import COMPOUND_SPLIT_LABEL, evaluate_bleu, score_translations
 from vaswani_mt.inference.ensemble import load_ensemble
-from vaswani_mt.inference.loading import ModelFolderError, load_for_inference
+from vaswani_mt.inference.loading import ModelFolderError
 from vaswani_mt.inference.translate import format_nbest, translate_nbest
 
 
@@ -88,10 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--source_file and --reference_file go together")
     # The model first: a folder that cannot be served is reported before a corpus is read.
     try:
-        if len(args.model) == 1:
-            model, tokenizer = load_for_inference(args.model[0])
-        else:
-            model, tokenizer = load_ensemble(args.model)
+        model, tokenizer = load_ensemble(args.model)  # one folder: that model (load_for_inference)
     except ModelFolderError as error:
         sys.exit(f"error: {error}")
     kwargs = decoding_options(args, model)  # a bad combination of options too

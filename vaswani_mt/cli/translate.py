@@ -20,7 +20,7 @@ import os
 import sys
 
 from vaswani_mt.inference.ensemble import load_ensemble
-from vaswani_mt.inference.loading import ModelFolderError, load_for_inference
+from vaswani_mt.inference.loading import ModelFolderError
 from vaswani_mt.inference.translate import Sampling, check_decoding_options, translate_stream
 
 SAMPLING_OPTIONS = ("topk", "topp", "temperature", "seed")
@@ -141,10 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         args.batch_size = 32
 
     try:
-        if len(args.model) == 1:
-            model, tokenizer = load_for_inference(args.model[0])
-        else:
-            model, tokenizer = load_ensemble(args.model)
+        model, tokenizer = load_ensemble(args.model)  # one folder: that model (load_for_inference)
     except ModelFolderError as error:
         sys.exit(f"error: {error}")
     kwargs = decoding_options(args, model)
