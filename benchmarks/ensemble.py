@@ -11,7 +11,7 @@ Prints one JSON object (rows, the run, the machine, `native_bf16()`) and a markd
 sentences per second (tokenizing, batching and the search; scoring excluded), after a few sentences of warm-up.
 
     python benchmarks/ensemble.py outputs/run --last 5
-    python benchmarks/ensemble.py /work/runs/old-main --last 5 --limit 100 --threads 1 --json ensemble.json
+    python benchmarks/ensemble.py outputs/ding-cpu --last 5 --limit 100 --threads 1 --json ensemble.json
 """
 
 import argparse

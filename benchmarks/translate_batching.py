@@ -6,7 +6,7 @@ is the whole command as a user runs it (model loading included), in a process of
 be the same lines as the first fixed-size run's (token-budget batches change which sentences share a batch, not
 their translations). CPU seconds of each run are reported too: on a shared machine they vary less than wall time.
 
-    python benchmarks/translate_batching.py --model /work/runs/old-main
+    python benchmarks/translate_batching.py --model outputs/ding-cpu
     python benchmarks/translate_batching.py --model DIR --max_tokens 1200 --repeats 3 --json out.json
 """
 
