@@ -94,6 +94,26 @@ def test_averaging_needs_only_the_weights_and_trainer_state(reference, tmp_path)
     )
 
 
+def test_a_checkpoint_of_several_processes_needs_each_ones_rng_state(reference, tmp_path):
+    """Under DDP every rank writes rng_state_<rank>.pth; a rank killed while rank 0 finished the folder leaves it
+    without that rank's file, which the ranks that resume would each need."""
+    checkpoint = tmp_path / "checkpoint-2"
+    shutil.copytree(reference / "checkpoint-2", checkpoint)
+    assert is_complete(checkpoint, processes=2)  # a one-process checkpoint: transformers resumes it on 2, unseeded
+    state = (checkpoint / "rng_state.pth").read_bytes()
+    (checkpoint / "rng_state.pth").unlink()
+    for rank in (0, 1, 2):
+        (checkpoint / f"rng_state_{rank}.pth").write_bytes(state)
+    assert is_complete(checkpoint, processes=3) and is_complete(checkpoint, processes=2)
+    (checkpoint / "rng_state_1.pth").unlink()
+    assert is_complete(checkpoint)  # nothing says how many processes wrote it
+    assert incomplete_reason(checkpoint, processes=3) == (
+        "no rng_state_1.pth: the RNG state of one of the 3 processes that resume from it"
+    )
+    assert last_checkpoint(tmp_path, processes=2) is None and last_checkpoint(tmp_path) == checkpoint
+    assert is_complete(checkpoint, resumable=False, processes=3)  # averaging reads no RNG state
+
+
 def test_a_checkpoint_given_to_resume_from_must_be_complete(reference, corpus, tmp_path):
     checkpoint = tmp_path / "checkpoint-2"
     shutil.copytree(reference / "checkpoint-2", checkpoint)

@@ -75,7 +75,9 @@ def _safetensors_problem(file: Path) -> str | None:
 _RESUME_FILES = ("optimizer.pt", "scheduler.pt", "rng_state*.pth", "trainer_state.json")
 
 
-def incomplete_reason(checkpoint: str | os.PathLike, resumable: bool = True) -> str | None:
+def incomplete_reason(
+    checkpoint: str | os.PathLike, resumable: bool = True, processes: int | None = None
+) -> str | None:
     """Why `checkpoint` cannot be used, or None when it is complete.
 
     Trainer writes a checkpoint file by file into its final folder: config and weights, `optimizer.pt`,
@@ -86,6 +88,10 @@ def incomplete_reason(checkpoint: str | os.PathLike, resumable: bool = True) -> 
     end with its zip directory (torch.save writes it last); all of it without loading a tensor.
 
     `resumable=False` asks only for what averaging and evaluation read: the weights and `trainer_state.json`.
+    `processes`: the number of processes that will resume from it. Under DDP every rank writes its own RNG state
+    (`rng_state_<rank>.pth`) and rank 0 the rest, so a rank killed while rank 0 finished the folder leaves one that
+    looks whole without that rank's file (the rank would resume with a fresh RNG, not the saved one): a checkpoint
+    written by several processes needs `rng_state_<r>.pth` for each of the `processes` ranks.
     """
     checkpoint = Path(checkpoint)
     weights = _weight_files(checkpoint)
@@ -113,6 +119,12 @@ def incomplete_reason(checkpoint: str | os.PathLike, resumable: bool = True) -> 
         missing = sorted(shard for shard in shards if not (checkpoint / shard).is_file())
         if missing:
             return f"no {missing[0]} (listed in {index.name})"
+    if resumable and processes and processes > 1 and any(checkpoint.glob("rng_state_*.pth")):
+        missing = [
+            f"rng_state_{rank}.pth" for rank in range(processes) if not (checkpoint / f"rng_state_{rank}.pth").is_file()
+        ]
+        if missing:
+            return f"no {missing[0]}: the RNG state of one of the {processes} processes that resume from it"
     if resumable:
         for file in sorted([*checkpoint.glob("*.pt"), *checkpoint.glob("*.pth")]):
             if not zipfile.is_zipfile(file):
@@ -146,23 +158,27 @@ def unpickling_refused(checkpoint: str | os.PathLike, error: pickle.UnpicklingEr
     )
 
 
-def is_complete(checkpoint: str | os.PathLike, resumable: bool = True) -> bool:
+def is_complete(checkpoint: str | os.PathLike, resumable: bool = True, processes: int | None = None) -> bool:
     """Whether `checkpoint` was written whole (`incomplete_reason`): with `resumable`, everything resuming needs."""
-    return incomplete_reason(checkpoint, resumable) is None
+    return incomplete_reason(checkpoint, resumable, processes) is None
 
 
 def list_checkpoints(
-    directory: str | os.PathLike, complete_only: bool = True, up_to_step: int | None = None, resumable: bool = True
+    directory: str | os.PathLike,
+    complete_only: bool = True,
+    up_to_step: int | None = None,
+    resumable: bool = True,
+    processes: int | None = None,
 ) -> list[Path]:
     """`checkpoint-N` folders in `directory`, oldest first (only N <= `up_to_step` when given); incomplete ones
-    (`incomplete_reason`; with `resumable=False` only the weights and trainer_state.json count) are skipped with a
-    warning that says what is wrong."""
+    (`incomplete_reason`; with `resumable=False` only the weights and trainer_state.json count; `processes`: every
+    rank's RNG state) are skipped with a warning that says what is wrong."""
     found = []
     for path in Path(directory).iterdir() if Path(directory).is_dir() else []:
         match = _CHECKPOINT.match(path.name)
         if not (match and path.is_dir()) or (up_to_step is not None and int(match.group(1)) > up_to_step):
             continue
-        problem = incomplete_reason(path, resumable) if complete_only else None
+        problem = incomplete_reason(path, resumable, processes) if complete_only else None
         if problem:
             logger.warning("ignoring %s: it was not completely written (%s)", path, problem)
             continue
@@ -170,9 +186,9 @@ def list_checkpoints(
     return [path for _, path in sorted(found)]
 
 
-def last_checkpoint(directory: str | os.PathLike, resumable: bool = True) -> Path | None:
+def last_checkpoint(directory: str | os.PathLike, resumable: bool = True, processes: int | None = None) -> Path | None:
     """The newest complete checkpoint in `directory` (see `list_checkpoints`), or None."""
-    checkpoints = list_checkpoints(directory, resumable=resumable)
+    checkpoints = list_checkpoints(directory, resumable=resumable, processes=processes)
     return checkpoints[-1] if checkpoints else None
 
 
@@ -284,15 +300,50 @@ def describe_write_failure(folder: Path, error: Exception) -> str:
 def resume_point(training_args: Seq2SeqTrainingArguments, output_dir: Path) -> str | None:
     """The checkpoint to resume from: the one given, or (by default, or `last`/`auto`/`true`) the last complete one
     (`checkpoints.incomplete_reason`; under `--save_only_model` the weights and trainer_state.json suffice, as
-    such a run saves nothing else). A given one that is not complete raises `CheckpointError`, with the reason."""
+    such a run saves nothing else; under DDP every rank's RNG state too). A given one that is not complete raises
+    `CheckpointError`, with the reason.
+
+    Under DDP rank 0 alone decides and broadcasts its choice, so every rank resumes from the same checkpoint even
+    while the files change under them or the ranks see different disks, and the warnings about damaged checkpoints
+    come once. Every rank then checks that it sees the chosen folder: a rank that does not (an output folder on a
+    disk the ranks do not share) ends the run on every rank with a `CheckpointError` naming it, not a hang.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return _choose_resume_point(training_args, output_dir)
+    decision: list = [None]
+    if dist.get_rank() == 0:
+        try:
+            decision = [("ok", _choose_resume_point(training_args, output_dir))]
+        except CheckpointError as error:
+            decision = [("error", str(error))]
+    dist.broadcast_object_list(decision, src=0)
+    outcome, value = decision[0]
+    if outcome == "error":
+        raise CheckpointError(value)
+    unseen = None if value is None or Path(value).is_dir() else f"rank {dist.get_rank()} cannot see {value}"
+    problems: list = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, unseen)
+    problems = [problem for problem in problems if problem]
+    if problems:
+        raise CheckpointError(
+            f"rank 0 resumes from {value}, but {problems[0]}: the output folder must be on a disk every process "
+            "shares (or give each node its own with --save_on_each_node)"
+        )
+    return value
+
+
+def _choose_resume_point(training_args: Seq2SeqTrainingArguments, output_dir: Path) -> str | None:
     resume = training_args.resume_from_checkpoint
     resumable = not training_args.save_only_model
+    processes = max(1, training_args.world_size)
     if resume in (None, "", "last", "auto", "True", "true"):
-        found = last_checkpoint(output_dir, resumable=resumable)
+        found = last_checkpoint(output_dir, resumable=resumable, processes=processes)
         if found is None and resume not in (None, ""):
             logger.warning("no complete checkpoint in %s to resume from; starting fresh", output_dir)
         return str(found) if found is not None else None
-    problem = incomplete_reason(resume, resumable) if Path(resume).is_dir() else "no such folder"
+    problem = incomplete_reason(resume, resumable, processes) if Path(resume).is_dir() else "no such folder"
     if problem:
         raise CheckpointError(f"--resume_from_checkpoint {resume}: not a complete checkpoint ({problem})")
     return resume
