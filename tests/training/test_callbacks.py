@@ -79,3 +79,26 @@ def test_a_signal_ends_the_step_with_a_checkpoint_and_a_second_one_is_not_caught
         assert signal.getsignal(signum) is stand_in  # the block's end leaves the old handler in place
     finally:
         signal.signal(signum, before)
+
+
+def test_under_a_launcher_the_same_signal_twice_at_once_is_one(monkeypatch):
+    """Slurm signals every process of a job, and torchrun passes the signal on to its workers: a worker gets it
+    twice within milliseconds. The copy is not the user's second signal: the step still ends with a checkpoint."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    preemption = PreemptionCallback()
+    assert preemption.echo_seconds == 2.0 and PreemptionCallback(echo_seconds=0).echo_seconds == 0
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    assert PreemptionCallback().echo_seconds == 0.0  # outside a launcher, a second signal stops at once
+    before, caught = signal.getsignal(signal.SIGTERM), []
+    signal.signal(signal.SIGTERM, lambda *_: caught.append("stopped at once"))
+    try:
+        with preemption.catching_signals():
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)  # the launcher's copy
+            assert caught == [] and preemption.signal_name == "SIGTERM"
+            assert preemption.on_step_end(None, TrainerState(global_step=3), TrainerControl()).should_save
+            preemption._first_signal_at -= 2.0  # two seconds later: a signal of its own
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert caught == ["stopped at once"]
+    finally:
+        signal.signal(signal.SIGTERM, before)

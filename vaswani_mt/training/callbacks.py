@@ -83,16 +83,23 @@ class PreemptionCallback(TrainerCallback):
     The signal handler only records the signal (`signal_name`); the step that is running completes, and at its end
     this callback asks the Trainer for a checkpoint and the end of training. Under DDP the ranks take the decision
     together (any rank's signal stops all of them at the same step, so none waits in a collective for the others).
-    A second signal is not caught: Ctrl-C twice stops at once (KeyboardInterrupt), as does a second SIGTERM.
-    The handlers are installed only inside `catching_signals()`, around `trainer.train()`.
+    A second signal is not caught: Ctrl-C twice stops at once (KeyboardInterrupt), as does a second SIGTERM. Under
+    a launcher (`accelerate launch`, torchrun) a worker can get the same signal twice at once, the scheduler's and
+    the launcher's copy of it (Slurm signals every process of a job): a second signal within `echo_seconds` of the
+    first counts as the same one there. The handlers are installed only inside `catching_signals()`, around
+    `trainer.train()`. It prints nothing: the command says, once, where the run stopped.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self):
+    def __init__(self, echo_seconds: float | None = None):
         self.signal_name: str | None = None  # the signal that asked training to stop, once one did
         self.signum: int | None = None
         self.stopped_at_step: int | None = None
+        if echo_seconds is None:  # torchrun's agent (under accelerate launch too) sets TORCHELASTIC_RUN_ID
+            echo_seconds = 2.0 if "TORCHELASTIC_RUN_ID" in os.environ else 0.0
+        self.echo_seconds = echo_seconds
+        self._first_signal_at: float | None = None
         self._previous: dict[int, object] = {}
 
     @contextmanager
@@ -118,20 +125,31 @@ class PreemptionCallback(TrainerCallback):
         return 128 + (self.signum or signal.SIGTERM)
 
     def _handle(self, signum, frame):
-        self.signum, self.signal_name = signum, signal.Signals(signum).name
-        signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))  # the second one is not caught
+        now = time.monotonic()
+        if self._first_signal_at is None:
+            self.signum, self.signal_name, self._first_signal_at = signum, signal.Signals(signum).name, now
+            return
+        if now - self._first_signal_at < self.echo_seconds:
+            return  # the launcher's copy of the signal this process already got
+        previous = self._previous.get(signum, signal.SIG_DFL)  # a second signal: what it would have done
+        signal.signal(signum, previous)
+        if callable(previous):
+            previous(signum, frame)  # Python's SIGINT handler: KeyboardInterrupt
+        else:
+            signal.raise_signal(signum)  # SIG_DFL: the process ends by the signal; SIG_IGN: nothing
 
     def on_step_end(self, args, state, control, **kwargs):
         stop = self.signal_name is not None
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            flag = torch.tensor([int(stop)], device=args.device)
+            flag = torch.tensor([self.signum or 0], device=args.device)  # the signal, for the ranks without one
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
             if flag.item() and not stop:
-                self.signal_name = "a signal to another process"
+                self.signum = int(flag.item())
+                self.signal_name = signal.Signals(self.signum).name
             stop = bool(flag.item())
         if stop and self.stopped_at_step is None:
             self.stopped_at_step = state.global_step
-            logger.warning("%s: saving checkpoint-%d and stopping", self.signal_name, state.global_step)
+            logger.debug("%s: saving checkpoint-%d and stopping", self.signal_name, state.global_step)
         if stop:
             control.should_save = True
             control.should_training_stop = True

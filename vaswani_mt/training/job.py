@@ -52,6 +52,7 @@ from .callbacks import (
     trained_seconds,
 )
 from .checkpoints import (
+    CheckpointError,
     average_checkpoints,
     last_checkpoint,
     list_checkpoints,
@@ -269,6 +270,9 @@ def run_training(
                 if not resume:
                     raise
                 raise unpickling_refused(resume, error) from error
+            except CheckpointError:  # under DDP every rank raises it at the same checkpoint: they leave together
+                trainer.leave_process_group()
+                raise
     trainer.save_state()
     trainer.leave_process_group()  # from here on rank 0 works alone, and the other ranks exit cleanly
     train_seconds = time.monotonic() - started
@@ -276,7 +280,9 @@ def run_training(
     result: dict = {"train": train_metrics, "output_dir": str(output_dir)}
     if preemption.signal_name:
         # Not the end of the job: averaging, scoring and the model folder wait for the run that finishes it.
-        saved = last_checkpoint(output_dir)
+        saved = (
+            last_checkpoint(output_dir, processes=training_args.world_size) if trainer.is_world_process_zero() else None
+        )
         step = trainer.state.global_step
         result["preempted"] = {
             "signal": preemption.signal_name,
@@ -284,9 +290,7 @@ def run_training(
             "checkpoint": str(saved) if saved else None,
             "exit_code": preemption.exit_code,
         }
-        logger.warning("stopped by %s at step %d (%s saved): not averaging, scoring or writing the model folder; "
-                       "the same command resumes from there", preemption.signal_name, step, saved)  # fmt: skip
-        return result
+        return result  # the command says so, once
     if not trainer.is_world_process_zero():
         return result
 

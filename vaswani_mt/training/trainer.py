@@ -153,13 +153,17 @@ class VaswaniTrainer(Seq2SeqTrainer):
         super().log(logs, start_time)
 
     def _save_checkpoint(self, model, trial) -> None:
-        """Trainer's checkpoint, with two guarantees more.
+        """Trainer's checkpoint, with three guarantees more.
 
         - A folder of the same step from an earlier attempt (cut off by a kill, or a later checkpoint than the one
           this run resumed from) is removed first: a checkpoint never mixes the files of two attempts.
         - A failed write (a full disk, a file-size limit) removes the half-written folder and raises
           `CheckpointError`, which names the folder and the cause. The checkpoints before it are intact: Trainer
           deletes old ones (`--save_total_limit`) only after a new one is complete.
+        - Under DDP the ranks agree on the outcome: each rank writes its part (rank 0 the weights, optimizer and
+          state, every rank its RNG state), then all of them exchange what failed, so that a full disk on one rank
+          stops every rank at this checkpoint with the same `CheckpointError` instead of leaving the others
+          waiting in the next step's collective. An incomplete folder is removed only once no rank writes to it.
 
         Trainer writes into the final folder, `trainer_state.json` last, and `checkpoints.incomplete_reason` tells a
         cut-off folder from a complete one. A temporary folder renamed into place would not need that, but Trainer
@@ -170,16 +174,54 @@ class VaswaniTrainer(Seq2SeqTrainer):
         if self.args.should_save and folder.exists():
             shutil.rmtree(folder)
         self.accelerator.wait_for_everyone()  # under DDP every rank writes its RNG state there: after the removal
+        failure, cause = None, None
+        self._weights_written = False
         try:
             super()._save_checkpoint(model, trial)
         except Exception as error:
-            failure = describe_write_failure(folder, error)
-            if self.args.should_save and not is_complete(folder):
-                shutil.rmtree(folder, ignore_errors=True)
+            failure, cause = describe_write_failure(folder, error), error
+            if not self._weights_written and self._best_model_barrier_follows():
+                torch.distributed.barrier()  # the one the other ranks wait in (Trainer's, after the weights)
+        try:
+            failures = self._gather(failure)
+        except Exception:  # a rank died while the folder was written: what it left out, nobody writes now
+            self._remove_if_incomplete(folder)
+            raise
+        if any(failures):
+            self._remove_if_incomplete(folder)  # a whole one stays (a failed upload after the write, say)
+            rank = next(rank for rank, text in enumerate(failures) if text)
+            where = f" (rank {rank})" if len(failures) > 1 else ""
             raise CheckpointError(
-                f"could not write checkpoint {folder}: {failure}; the checkpoints before it are intact, and the same "
-                "command resumes from the last of them"
-            ) from error
+                f"could not write checkpoint {folder}{where}: {failures[rank]}; the checkpoints before it are "
+                "intact, and the same command resumes from the last of them"
+            ) from cause
+
+    def _remove_if_incomplete(self, folder: Path) -> None:
+        processes = self.args.world_size if any(folder.glob("rng_state_*.pth")) else None
+        if self.args.should_save and not is_complete(folder, not self.args.save_only_model, processes):
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        super().save_model(output_dir, _internal_call)
+        self._weights_written = True  # `_save_checkpoint`: past the point where Trainer may wait for every rank
+
+    def _best_model_barrier_follows(self) -> bool:
+        """Whether Trainer's `_save_checkpoint` has every rank wait in a barrier after the weights (it does while
+        it tracks a best checkpoint under DDP): a rank whose weights failed must wait there too before the ranks
+        exchange their outcome, or each would wait in a different collective."""
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        return bool(
+            distributed and self.state.best_global_step and self.args.save_strategy in ("steps", "epoch", "best")
+        )
+
+    @staticmethod
+    def _gather(value) -> list:
+        """`value` from every rank (a list as long as the world), or `[value]` outside DDP."""
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return [value]
+        gathered: list = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(gathered, value)
+        return gathered
 
     def leave_process_group(self) -> None:
         """End this process's part in distributed training: wait for every rank, then close the process group.
