@@ -129,6 +129,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def accelerate_launch(*argv: str) -> list[str]:
+    """`accelerate launch` of 2 CPU processes (gloo) on this machine, each running `argv` (a script and its
+    arguments); a command's `--use_cpu` makes the Trainer's processes CPU ones."""
+    accelerate = str(Path(sys.executable).parent / "accelerate")
+    return [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port",
+            str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no", *argv]  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The tiny model and its data
 
@@ -376,6 +384,42 @@ REFERENCE_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", 
 def reference_command(corpus: Path, output: Path) -> list[str]:
     """The reference run's command: REFERENCE_STEPS steps with dropout on, so that the RNG state matters."""
     return train_command(corpus, output, "--max_steps", str(REFERENCE_STEPS), "--dropout", "0.1")
+
+
+def checkpoint_step(checkpoint: Path | None) -> int:
+    return int(checkpoint.name.split("-")[1]) if checkpoint else 0
+
+
+def _step_rows(output: Path) -> dict[int, dict]:
+    rows = json.loads((output / "trainer_state.json").read_text())["log_history"]
+    return {row["step"]: row for row in rows if "loss" in row}
+
+
+def assert_same_training(run: Path, reference: Path, steps: int = REFERENCE_STEPS) -> None:
+    """Bit for bit the same weights at every checkpoint the two runs share, and the same loss and learning rate at
+    every step; the trained minutes and seconds only grow across the resumes."""
+    from safetensors.torch import load_file
+    from transformers import TrainerState
+
+    from vaswani_mt.training.callbacks import trained_seconds
+    from vaswani_mt.training.checkpoints import list_checkpoints
+
+    shared = sorted({c.name for c in list_checkpoints(reference)} & {c.name for c in list_checkpoints(run)})
+    assert f"checkpoint-{steps}" in shared
+    for name in shared:
+        ours, theirs = load_file(run / name / "model.safetensors"), load_file(reference / name / "model.safetensors")
+        assert ours.keys() == theirs.keys()
+        for key in theirs:
+            assert torch.equal(ours[key], theirs[key]), f"{name}: {key} differs from the uninterrupted run's"
+    ours, theirs = _step_rows(run), _step_rows(reference)
+    assert sorted(ours) == sorted(theirs) == list(range(1, steps + 1))
+    for step, row in theirs.items():
+        assert (ours[step]["loss"], ours[step]["learning_rate"]) == (row["loss"], row["learning_rate"]), step
+    minutes = [ours[step]["train_minutes"] for step in sorted(ours)]
+    assert minutes == sorted(minutes) and minutes[0] > 0
+    seconds = [trained_seconds(TrainerState.load_from_json(str(c / "trainer_state.json"))) for c in
+               list_checkpoints(run)]  # fmt: skip
+    assert seconds == sorted(seconds) and seconds[0] > 0
 
 
 @pytest.fixture(scope="session")

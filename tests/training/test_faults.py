@@ -19,13 +19,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REFERENCE_ENV, REFERENCE_STEPS, reference_command
-from safetensors.torch import load_file
-from transformers import TrainerState
+from conftest import REFERENCE_ENV, REFERENCE_STEPS, assert_same_training, checkpoint_step, reference_command
 
 from vaswani_mt import VaswaniForConditionalGeneration
 from vaswani_mt.training.arguments import parse_args
-from vaswani_mt.training.callbacks import trained_seconds
 from vaswani_mt.training.checkpoints import (
     incomplete_reason,
     is_complete,
@@ -86,36 +83,6 @@ def _interrupt(command: list[str], lines: int, signum: int, log: Path, env: dict
     return code
 
 
-def _step(checkpoint: Path | None) -> int:
-    return int(checkpoint.name.split("-")[1]) if checkpoint else 0
-
-
-def _history(output: Path) -> dict[int, dict]:
-    rows = json.loads((output / "trainer_state.json").read_text())["log_history"]
-    return {row["step"]: row for row in rows if "loss" in row}
-
-
-def _assert_same_training(run: Path, reference: Path) -> None:
-    """Bit for bit the same weights at every checkpoint the two runs share, and the same loss and learning rate at
-    every step; the trained minutes and seconds only grow across the resumes."""
-    shared = sorted({c.name for c in list_checkpoints(reference)} & {c.name for c in list_checkpoints(run)})
-    assert f"checkpoint-{STEPS}" in shared
-    for name in shared:
-        ours, theirs = load_file(run / name / "model.safetensors"), load_file(reference / name / "model.safetensors")
-        assert ours.keys() == theirs.keys()
-        for key in theirs:
-            assert torch.equal(ours[key], theirs[key]), f"{name}: {key} differs from the uninterrupted run's"
-    ours, theirs = _history(run), _history(reference)
-    assert sorted(ours) == sorted(theirs) == list(range(1, STEPS + 1))
-    for step, row in theirs.items():
-        assert (ours[step]["loss"], ours[step]["learning_rate"]) == (row["loss"], row["learning_rate"]), step
-    minutes = [ours[step]["train_minutes"] for step in sorted(ours)]
-    assert minutes == sorted(minutes) and minutes[0] > 0
-    seconds = [trained_seconds(TrainerState.load_from_json(str(c / "trainer_state.json"))) for c in
-               list_checkpoints(run)]  # fmt: skip
-    assert seconds == sorted(seconds) and seconds[0] > 0
-
-
 def test_sigkill_sigint_and_a_cut_off_checkpoint_resume_to_the_uninterrupted_weights(reference, corpus, tmp_path):
     rng = random.Random(SEED)
     kill = rng.randint(1, STEPS - 4)
@@ -129,7 +96,7 @@ def test_sigkill_sigint_and_a_cut_off_checkpoint_resume_to_the_uninterrupted_wei
     survivor = last_checkpoint(output)
 
     # SIGINT (Ctrl-C): the step ends, a checkpoint is saved, the exit status is 128 + 2.
-    assert _interrupt(command, interrupt - _step(survivor), signal.SIGINT, tmp_path / "int.log") == 130
+    assert _interrupt(command, interrupt - checkpoint_step(survivor), signal.SIGINT, tmp_path / "int.log") == 130
     log = (tmp_path / "int.log").read_text()
     assert (f"resuming from {survivor} " in log) if survivor else ("resuming from" not in log)
     stopped = _stopped(tmp_path / "int.log", "SIGINT", output)
@@ -137,12 +104,12 @@ def test_sigkill_sigint_and_a_cut_off_checkpoint_resume_to_the_uninterrupted_wei
 
     # A kill in the middle of that checkpoint's write: its weights file cut short.
     newest = last_checkpoint(output)
-    assert _step(newest) == stopped
+    assert checkpoint_step(newest) == stopped
     weights = newest / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     assert "model.safetensors is truncated" in incomplete_reason(newest)
     fallback = last_checkpoint(output)
-    assert _step(fallback) < stopped
+    assert checkpoint_step(fallback) < stopped
 
     recorder = tmp_path / "recorder"
     recorder.mkdir()
@@ -154,7 +121,7 @@ def test_sigkill_sigint_and_a_cut_off_checkpoint_resume_to_the_uninterrupted_wei
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"ignoring {newest}: it was not completely written (model.safetensors is truncated" in result.stderr
     assert f"resuming from {fallback} " in result.stderr
-    _assert_same_training(output, reference)
+    assert_same_training(output, reference)
 
     # No pickle on resume: Trainer read the optimizer, scheduler and RNG state with weights_only=True.
     loads = [json.loads(line) for line in record.read_text().splitlines()]
@@ -187,12 +154,12 @@ def test_sigterm_and_a_full_disk_stop_cleanly_and_the_same_command_finishes_the_
     assert f"files limited to {limit} bytes" in errors[0] and "the checkpoints before it are intact" in errors[0]
     assert not folder.exists()  # the half-written folder is gone
     kept = sorted(path.name for path in output.glob("checkpoint-*"))
-    assert kept == [c.name for c in list_checkpoints(output)] and _step(last_checkpoint(output)) == stopped
+    assert kept == [c.name for c in list_checkpoints(output)] and checkpoint_step(last_checkpoint(output)) == stopped
 
     result = subprocess.run(command, env=ENV, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"resuming from {output / f'checkpoint-{stopped}'} " in result.stderr
-    _assert_same_training(output, reference)
+    assert_same_training(output, reference)
 
 
 def _stopped(log: Path, name: str, output: Path) -> int:

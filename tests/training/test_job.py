@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import free_port, make_model
+from conftest import accelerate_launch, make_model
 from conftest import train_command as _train_command
 from conftest import write_jsonl as _write_jsonl
 from safetensors.torch import load_file
@@ -22,7 +22,6 @@ from vaswani_mt.training.trainer import paper_learning_rate
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
-ACCELERATE = str(Path(PYTHON).parent / "accelerate")
 
 
 def test_main_job_under_two_cpu_processes_publishes_and_scores_once(tmp_path):
@@ -32,10 +31,8 @@ def test_main_job_under_two_cpu_processes_publishes_and_scores_once(tmp_path):
     output = tmp_path / "run"
     train = _train_command(data, output, "--max_steps", "4", "--average_last", "2", "--test_bleu", "true")
     train += ["--max_eval_samples", "12", "--use_cpu"]
-    launch = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
-    launch += ["--main_process_port", str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    result = subprocess.run(launch + train[1:], env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(accelerate_launch(*train[1:]), env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("test sacreBLEU") == 1  # printed by rank 0 only
     results = json.loads((output / "results.json").read_text())

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import free_port, make_model, rng_kept
+from conftest import accelerate_launch, make_model, rng_kept
 from ddp_budget_worker import BUDGET, budget_dataset, train_with_budget
 from safetensors.torch import load_file
 
@@ -20,13 +20,6 @@ from vaswani_mt.training.trainer import VaswaniTrainer, paper_learning_rate
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
-ACCELERATE = str(Path(PYTHON).parent / "accelerate")
-
-
-def _launch(*worker_argv: str) -> list[str]:
-    """`accelerate launch` of 2 CPU processes on this machine, each running `worker_argv`."""
-    return [ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port",
-            str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no", *worker_argv]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -73,7 +66,7 @@ def test_two_process_ddp_gives_the_same_loss_and_update_as_one_process(tmp_path)
     worker = str(ROOT / "tests" / "ddp_worker.py")
     single, double = tmp_path / "single", tmp_path / "double"
     subprocess.run([PYTHON, worker, str(single), "4", "--use_cpu"], check=True, env=env, capture_output=True)
-    launch = _launch(worker, str(double), "2", "--use_cpu")
+    launch = accelerate_launch(worker, str(double), "2", "--use_cpu")
     result = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     one, two = (json.loads((d / "result.json").read_text()) for d in (single, double))
@@ -169,7 +162,7 @@ def test_two_cpu_ranks_get_distinct_whole_budget_batches_and_match_one_process_w
     steps = 7  # 5 steps per epoch on each rank: 2 steps into the second epoch
     double = tmp_path / "double"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    launch = _launch(str(ROOT / "tests" / "ddp_budget_worker.py"), str(double), "1", str(steps), "--use_cpu")
+    launch = accelerate_launch(str(ROOT / "tests" / "ddp_budget_worker.py"), str(double), "1", str(steps), "--use_cpu")
     result = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((double / f"rank{rank}.json").read_text()) for rank in (0, 1)]

@@ -1,0 +1,232 @@
+"""Faults across ranks (issue 32): two CPU processes (gloo) under `accelerate launch`, as a multi-GPU run has them. A
+rank killed at a random step, SIGTERM to the launcher (a cluster's preemption), a full disk on rank 0 while it writes
+a checkpoint, and a damaged newest checkpoint: every rank ends within `BOUND` seconds (no hang), vaswani_mt says what
+happened once (not once per rank, no traceback of its own), and the same command resumes to the weights of an
+uninterrupted two-rank run, bit for bit. One-process faults: test_faults.py.
+
+The fault steps come from a seeded RNG (`VASWANI_FAULT_SEED`, default 32) and are printed (`pytest -s`)."""
+
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import REFERENCE_ENV, REFERENCE_STEPS, accelerate_launch, assert_same_training, reference_command
+
+from vaswani_mt.training.checkpoints import incomplete_reason, is_complete, list_checkpoints
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS, ENV = REFERENCE_STEPS, REFERENCE_ENV
+SEED = int(os.environ.get("VASWANI_FAULT_SEED", "32"))
+BOUND = 60  # seconds from a fault to the launcher's exit; measured: under 1 s for a kill, about 2 for SIGTERM
+# In the child processes of a launch: rank VASWANI_FULL_DISK_RANK (0) writes no file past VASWANI_FULL_DISK_BYTES,
+# and a write past it fails with EFBIG (SIGXFSZ ignored), as on a full disk; the launcher and other ranks write freely.
+_FULL_DISK = """
+import os
+_rank = os.environ.get("VASWANI_FULL_DISK_RANK", "0")
+if os.environ.get("VASWANI_FULL_DISK_BYTES") and os.environ.get("RANK") == _rank:
+    import resource, signal
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    _size = int(os.environ["VASWANI_FULL_DISK_BYTES"])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (_size, _size))
+"""
+
+
+def ddp_command(corpus: Path, output: Path) -> list[str]:
+    """The reference run's command (tests/conftest.py) on 2 CPU processes."""
+    return accelerate_launch(*reference_command(corpus, output)[1:], "--use_cpu")
+
+
+@pytest.fixture(scope="module")
+def ddp_reference(tmp_path_factory, corpus) -> Path:
+    """An uninterrupted two-rank run of `ddp_command`: what every interrupted one must end with."""
+    output = tmp_path_factory.mktemp("ddp-reference") / "run"
+    result = subprocess.run(ddp_command(corpus, output), env=ENV, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert all(is_complete(c, processes=2) for c in list_checkpoints(output)), "every rank's RNG state is there"
+    return output
+
+
+@dataclass
+class Launch:
+    returncode: int
+    seconds: float  # from the fault (or the last step logged, when the fault comes from inside) to the exit
+    stderr: str
+    workers: dict[int, int] = field(default_factory=dict)  # rank: pid
+    left: list[int] = field(default_factory=list)  # workers still alive after the launcher's exit
+
+    def lines(self, start: str) -> list[str]:
+        return [line for line in self.stderr.splitlines() if line.startswith(start)]
+
+
+def _workers(launcher: subprocess.Popen) -> dict[int, int]:
+    """The launcher's worker processes by rank (torchrun starts each in a session of its own)."""
+    found = {}
+    for child in psutil.Process(launcher.pid).children(recursive=True):
+        try:
+            rank = child.environ().get("RANK")
+        except psutil.Error:
+            continue
+        if rank is not None:
+            found[int(rank)] = child.pid
+    return found
+
+
+def _launch(command: list[str], log: Path, after: int | None = None, fault=None, env: dict = ENV) -> Launch:
+    """Runs a launch; once rank 0 has logged `after` steps (one log row a step), calls `fault(launcher, workers)`.
+    Returns its status, the seconds from the fault (or from the last step logged) to its exit, its stderr, and which
+    workers outlived it."""
+    with log.open("w") as stderr:
+        launcher = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                    start_new_session=True)  # fmt: skip
+        workers: dict[int, int] = {}
+        watchdog = threading.Timer(300, lambda: [os.kill(pid, signal.SIGKILL) for pid in [launcher.pid, *workers]])
+        watchdog.start()
+        try:
+            logged, since = 0, time.monotonic()
+            for line in launcher.stdout:
+                if "'loss'" not in line:
+                    continue
+                logged, since = logged + 1, time.monotonic()
+                workers = workers or _workers(launcher)
+                if logged == after and fault is not None:
+                    fault(launcher, workers)
+                    break
+            for _ in launcher.stdout:  # drain, so that a process stopping cleanly never blocks on a full pipe
+                pass
+            code = launcher.wait()
+            seconds = time.monotonic() - since
+        finally:
+            watchdog.cancel()
+    assert after is None or logged == after, f"the run ended after {logged} steps, before the fault"
+    deadline = time.monotonic() + 5  # an orphaned worker is reaped by init
+    while (
+        left := [p for p in workers.values() if psutil.pid_exists(p) and not _zombie(p)]
+    ) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return Launch(code, seconds, log.read_text(), workers, left)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
+def _vaswani_warnings(launch: Launch) -> list[str]:
+    return [line for line in launch.stderr.splitlines() if re.search(r" (WARNING|ERROR) vaswani_mt\.", line)]
+
+
+def _resumed_from(launch: Launch) -> list[str]:
+    """The checkpoint each rank said it resumes from (every rank logs its own)."""
+    return re.findall(r"INFO vaswani_mt\.training\.job: resuming from (\S+) ", launch.stderr)
+
+
+def test_a_killed_rank_ends_the_launch_and_every_rank_resumes_from_the_same_checkpoint(ddp_reference, corpus, tmp_path):
+    rng = random.Random(SEED)
+    after, rank = rng.randint(5, STEPS - 1), rng.randint(0, 1)  # after step 5, checkpoint-2 and -4 are whole
+    print(f"\nVASWANI_FAULT_SEED={SEED}: SIGKILL to rank {rank} after step {after}")
+    output = tmp_path / "run"
+    command = ddp_command(corpus, output)
+
+    killed = _launch(command, tmp_path / "kill.log", after, lambda launcher, workers: os.kill(workers[rank], 9))
+    assert killed.returncode != 0 and sorted(killed.workers) == [0, 1]
+    assert killed.seconds < BOUND and killed.left == [], (killed.seconds, killed.left, killed.stderr[-3000:])
+
+    # The newest whole checkpoint damaged where one rank alone reads: rank 1's RNG state. Rank 0 decides for all.
+    complete = list_checkpoints(output, processes=2)
+    assert len(complete) >= 2, complete
+    newest, fallback = complete[-1], complete[-2]
+    (newest / "rng_state_1.pth").unlink()
+    assert incomplete_reason(newest, processes=2).startswith("no rng_state_1.pth")
+    cut_off = [c for c in output.glob("checkpoint-*") if not is_complete(c, processes=2)]  # the kill's, if any
+    resumed = _launch(command, tmp_path / "resume.log")
+    assert resumed.returncode == 0 and resumed.left == [], resumed.stderr[-3000:]
+    for folder in cut_off:  # each said once, by rank 0
+        assert resumed.stderr.count(f"ignoring {folder}: it was not completely written") == 1, folder
+    assert f"ignoring {newest}: it was not completely written (no rng_state_1.pth" in resumed.stderr
+    assert _resumed_from(resumed) == [str(fallback)] * 2  # both ranks, the same checkpoint
+    assert len(_vaswani_warnings(resumed)) == len(cut_off)
+    assert_same_training(output, ddp_reference)
+
+
+def test_sigterm_to_the_launcher_and_a_full_disk_on_rank_0_end_every_rank_with_one_line(ddp_reference, corpus,
+                                                                                       tmp_path):  # fmt: skip
+    output = tmp_path / "run"
+    command = ddp_command(corpus, output)
+
+    # SIGTERM to the launcher: it passes it on to each rank; the ranks finish the step together, rank 0 saves one
+    # checkpoint (every rank its RNG state), and one line says where the run stopped.
+    after = random.Random(SEED + 1).randint(1, 3)
+    print(f"\nVASWANI_FAULT_SEED={SEED}: SIGTERM to the launcher after step {after}")
+    stopped = _launch(command, tmp_path / "term.log", after, lambda launcher, _: launcher.send_signal(signal.SIGTERM))
+    assert stopped.returncode != 0 and stopped.seconds < BOUND and stopped.left == [], stopped.stderr[-3000:]
+    said = stopped.lines("stopped by")
+    assert len(said) == 1 and not _vaswani_warnings(stopped) and "Traceback" not in _workers_part(stopped), said
+    found = re.fullmatch(r"stopped by SIGTERM at step (\d+); (\S+) saved: run the same command to resume", said[0])
+    step = int(found.group(1))
+    assert step >= after and found.group(2) == str(output / f"checkpoint-{step}")
+    assert [c.name for c in output.glob("checkpoint-*") if int(c.name.split("-")[1]) > step] == []
+    assert is_complete(output / f"checkpoint-{step}", processes=2)
+
+    # A full disk on rank 0 while it writes the next checkpoint: a file-size limit between the weights' size and
+    # the optimizer state's, so that rank 0 writes the weights and fails on optimizer.pt. The other rank is told.
+    sizes = [(ddp_reference / "checkpoint-2" / name).stat().st_size for name in ("model.safetensors", "optimizer.pt")]
+    limit = sum(sizes) // 2
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_FULL_DISK)
+    env = {**ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), ENV.get("PYTHONPATH")])),
+           "VASWANI_FULL_DISK_BYTES": str(limit)}  # fmt: skip
+    full = _launch(command, tmp_path / "full.log", env=env)
+    failed = output / f"checkpoint-{step + 2 - step % 2}"  # the next multiple of --save_steps 2
+    assert full.returncode != 0 and full.seconds < BOUND and full.left == [], full.stderr[-3000:]
+    errors = full.lines("error:")
+    assert len(errors) == 1 and "Traceback" not in _workers_part(full), full.stderr[-3000:]
+    assert errors[0].startswith(f"error: could not write checkpoint {failed} (rank 0): optimizer.pt: torch.save ")
+    assert f"files limited to {limit} bytes" in errors[0] and "the checkpoints before it are intact" in errors[0]
+    assert not failed.exists()  # the half-written folder is gone
+    assert [c.name for c in list_checkpoints(output, processes=2)] == sorted(
+        (c.name for c in output.glob("checkpoint-*")), key=lambda name: int(name.split("-")[1])
+    )
+
+    resumed = _launch(command, tmp_path / "resume.log")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _resumed_from(resumed) == [str(output / f"checkpoint-{step}")] * 2
+    assert_same_training(output, ddp_reference)
+
+
+def _workers_part(launch: Launch) -> str:
+    """The launch's stderr without the launcher's own report of a failed or signalled run (torchrun's traceback
+    of ChildFailedError or SignalException, which accelerate lets through): what the ranks printed."""
+    return launch.stderr.split('Traceback (most recent call last):\n  File "' + str(Path(sys.executable).parent))[0]
+
+
+def test_every_rank_resumes_from_rank_0s_choice_and_a_rank_that_cannot_see_it_ends_the_run(reference, tmp_path):
+    """Rank 0 chooses and broadcasts: here the ranks look in folders of their own (as on disks they do not share),
+    and rank 1's holds a newer checkpoint than rank 0's, which it would have taken alone."""
+    for rank, steps in ((0, [2]), (1, [2, 4])):
+        for step in steps:
+            shutil.copytree(reference / f"checkpoint-{step}", tmp_path / f"rank{rank}" / f"checkpoint-{step}")
+    worker = str(ROOT / "tests" / "ddp_resume_worker.py")
+    chosen = tmp_path / "rank0" / "checkpoint-2"
+    run = subprocess.run(accelerate_launch(worker, str(tmp_path)), env=ENV, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert sorted(run.stdout.splitlines()) == [f"rank {r} resumes from {chosen}" for r in (0, 1)]
+
+    hidden = subprocess.run(accelerate_launch(worker, str(tmp_path), "--hide"), env=ENV, capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    assert hidden.returncode == 0, hidden.stderr[-3000:]
+    message = f"error: rank 0 resumes from {chosen}, but rank 1 cannot see {chosen}: the output folder must be on"
+    said = sorted(hidden.stdout.splitlines())
+    assert len(said) == 2 and all(line.startswith(f"rank {r}: {message}") for r, line in enumerate(said)), said
