@@ -71,7 +71,11 @@ class Launch:
 def _workers(launcher: subprocess.Popen) -> dict[int, int]:
     """The launcher's worker processes by rank (torchrun starts each in a session of its own)."""
     found = {}
-    for child in psutil.Process(launcher.pid).children(recursive=True):
+    try:
+        children = psutil.Process(launcher.pid).children(recursive=True)
+    except psutil.Error:  # the launcher has ended
+        return found
+    for child in children:
         try:
             rank = child.environ().get("RANK")
         except psutil.Error:
@@ -89,7 +93,7 @@ def _launch(command: list[str], log: Path, after: int | None = None, fault=None,
         launcher = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
                                     start_new_session=True)  # fmt: skip
         workers: dict[int, int] = {}
-        watchdog = threading.Timer(300, lambda: [os.kill(pid, signal.SIGKILL) for pid in [launcher.pid, *workers]])
+        watchdog = threading.Timer(300, _kill_all, (launcher,))  # a hung launch fails the test, and ends
         watchdog.start()
         try:
             logged, since = 0, time.monotonic()
@@ -108,12 +112,21 @@ def _launch(command: list[str], log: Path, after: int | None = None, fault=None,
         finally:
             watchdog.cancel()
     assert after is None or logged == after, f"the run ended after {logged} steps, before the fault"
+    print(f"{log.stem}: exit status {code}, {seconds:.2f} s after the {'fault' if fault else 'last step logged'}")
     deadline = time.monotonic() + 5  # an orphaned worker is reaped by init
     while (
         left := [p for p in workers.values() if psutil.pid_exists(p) and not _zombie(p)]
     ) and time.monotonic() < deadline:
         time.sleep(0.1)
     return Launch(code, seconds, log.read_text(), workers, left)
+
+
+def _kill_all(launcher: subprocess.Popen) -> None:
+    for pid in [*_workers(launcher).values(), launcher.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _zombie(pid: int) -> bool:
@@ -183,12 +196,7 @@ def test_sigterm_to_the_launcher_and_a_full_disk_on_rank_0_end_every_rank_with_o
     # the optimizer state's, so that rank 0 writes the weights and fails on optimizer.pt. The other rank is told.
     sizes = [(ddp_reference / "checkpoint-2" / name).stat().st_size for name in ("model.safetensors", "optimizer.pt")]
     limit = sum(sizes) // 2
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(_FULL_DISK)
-    env = {**ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), ENV.get("PYTHONPATH")])),
-           "VASWANI_FULL_DISK_BYTES": str(limit)}  # fmt: skip
-    full = _launch(command, tmp_path / "full.log", env=env)
+    full = _launch(command, tmp_path / "full.log", env=_full_disk_env(tmp_path, limit))
     failed = output / f"checkpoint-{step + 2 - step % 2}"  # the next multiple of --save_steps 2
     assert full.returncode != 0 and full.seconds < BOUND and full.left == [], full.stderr[-3000:]
     errors = full.lines("error:")
@@ -204,6 +212,31 @@ def test_sigterm_to_the_launcher_and_a_full_disk_on_rank_0_end_every_rank_with_o
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert _resumed_from(resumed) == [str(output / f"checkpoint-{step}")] * 2
     assert_same_training(output, ddp_reference)
+
+
+def test_a_full_disk_while_the_best_checkpoint_is_chosen_ends_every_rank(corpus, tmp_path):
+    """With a best checkpoint to track (early stopping), Trainer has every rank wait in a barrier after rank 0
+    wrote the weights: rank 0 failing on the weights themselves must wait there too, or the ranks would each wait in
+    a different collective for ever (they did, before)."""
+    output = tmp_path / "run"
+    command = [*ddp_command(corpus, output), "--eval_strategy", "steps", "--eval_steps", "2"]
+    command += ["--metric_for_best_model", "loss", "--max_eval_samples", "3"]
+    full = _launch(command, tmp_path / "full.log", env=_full_disk_env(tmp_path, 100_000))  # under the weights' size
+    assert full.returncode != 0 and full.seconds < BOUND and full.left == [], full.stderr[-3000:]
+    errors = full.lines("error:")
+    assert len(errors) == 1 and "Traceback" not in _workers_part(full), full.stderr[-3000:]
+    assert errors[0].startswith(f"error: could not write checkpoint {output / 'checkpoint-2'} (rank 0): ")
+    assert "files limited to 100000 bytes" in errors[0]
+    assert list(output.glob("checkpoint-*")) == []
+
+
+def _full_disk_env(tmp_path: Path, limit: int) -> dict:
+    """The environment of a launch whose rank 0 writes no file past `limit` bytes (`_FULL_DISK`)."""
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(_FULL_DISK)
+    return {**ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), ENV.get("PYTHONPATH")])),
+            "VASWANI_FULL_DISK_BYTES": str(limit)}  # fmt: skip
 
 
 def _workers_part(launch: Launch) -> str:
