@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vaswani_mt.inference import demo as demo_module
-from vaswani_mt.inference.demo import DEMO_MAX_REQUEST_BYTES, translate_for_demo
+from vaswani_mt.inference.demo import DEMO_MAX_REQUEST_BYTES, DEMO_STATE_SESSIONS, translate_for_demo
 from vaswani_mt.inference.loading import load_for_inference
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,9 +133,9 @@ def test_app_ends_with_one_line_naming_a_bad_model_folder(tmp_path, capsys):
 
 
 @pytest.fixture(scope="module")
-def served(fitted_folder):
+def served_app(fitted_folder):
     """The demo as `app.py` starts it (no host given, GRADIO_SERVER_NAME unset), in this process on a free port,
-    with a queue of QUEUE_SIZE."""
+    with a queue of QUEUE_SIZE: (its Blocks, its port)."""
     pytest.importorskip("gradio")
     port = free_port()
     with pytest.MonkeyPatch.context() as env:
@@ -144,9 +144,15 @@ def served(fitted_folder):
         demo = demo_module.launch(str(fitted_folder), port=port, queue_size=QUEUE_SIZE, prevent_thread_lock=True,
                                   quiet=True)  # fmt: skip
     try:
-        yield port
+        yield demo, port
     finally:
         demo.close()
+
+
+@pytest.fixture(scope="module")
+def served(served_app) -> int:
+    """The served demo's port."""
+    return served_app[1]
 
 
 def _request(port: int, method: str, path: str, body: bytes = b"", headers: dict | None = None, send_body=True):
@@ -249,6 +255,24 @@ def test_served_demo_translates_hostile_text_or_says_why_not(served):
         assert event == "complete" and isinstance(translation, str) and note in notes, (text[:40], notes)
     event, (translation, plot, _) = _translate(served, ["The girl ate an apple.", *SEARCH])
     assert translation == "Das Mädchen hat einen Apfel gegessen." and plot is not None
+
+
+def test_served_demo_keeps_the_state_of_a_bounded_number_of_sessions(served_app):
+    """Every API call is a Gradio session of its own, with a copy of the page's configuration that Gradio keeps (10,000
+    sessions by default: a server that grew with every request until then). The demo keeps DEMO_STATE_SESSIONS."""
+    demo, port = served_app
+    assert demo.state_session_capacity == demo.state_holder.capacity == DEMO_STATE_SESSIONS
+    before = len(demo.state_holder.session_data)
+    for _ in range(2):
+        assert _translate(port, ["The house is small.", *SEARCH])[0] == "complete"
+    assert len(demo.state_holder.session_data) == before + 2  # a session a call
+    demo.state_holder.capacity = before + 2  # the same bound, reached here
+    try:
+        for _ in range(4):
+            assert _translate(port, ["The house is small.", *SEARCH])[0] == "complete"
+        assert len(demo.state_holder.session_data) == before + 2  # the oldest go
+    finally:
+        demo.state_holder.capacity = DEMO_STATE_SESSIONS
 
 
 def test_served_demo_refuses_impossible_values_with_a_message(served):

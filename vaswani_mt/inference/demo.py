@@ -43,6 +43,11 @@ DEMO_QUEUE_SIZE = 16
 # The largest request body, refused before it is read: a 100,000-character line of any script written as JSON
 # escapes (12 bytes a character outside the BMP) fits, a multi-megabyte upload does not.
 DEMO_MAX_REQUEST_BYTES = 2 * 1024 * 1024
+# Sessions whose state Gradio keeps (its `state_session_capacity`, 10,000 by default): every API call is a session
+# of its own, and each keeps a copy of the page's configuration, about 150 KB here, so the server grew by ~15 MiB
+# per 100 requests until the 10,000th (`benchmarks/demo_load.py --waves`). The demo keeps no state between
+# requests; a session evicted from this cache only has its copy made again.
+DEMO_STATE_SESSIONS = 64
 # The heatmap's longest side in pixels. Drawn at 0.35 inch a token, 256 source tokens by 300 target tokens make a
 # 9,000 × 9,000-pixel picture: seconds to render and 300 MB of the server's memory, for a page column that shows it
 # scaled down to 600 pixels anyway. Above this the picture keeps its layout at a lower resolution.
@@ -206,6 +211,7 @@ def launch(model_id: str, host: str | None = None, port: int | None = None, *, w
         app_kwargs={"middleware": [Middleware(_RefuseFilesAndLargeBodies, max_body_bytes=max_body_bytes)]},
         # Nothing the demo does not need: no traffic dashboard, MCP server, Node renderer or Hub-backed run history.
         enable_monitoring=False, mcp_server=False, ssr_mode=False, run_history=False,
+        state_session_capacity=DEMO_STATE_SESSIONS,
         # show_error: a request Gradio refuses before the translation runs (too few values, a word for a number)
         # gets Gradio's one-line reason instead of a bare "error"; the demo's own failures are messages already.
         **{"share": False, "show_error": True, **kwargs},
@@ -215,5 +221,6 @@ def launch(model_id: str, host: str | None = None, port: int | None = None, *, w
 
 __all__ = [
     "DEMO_MAX_CHARACTERS", "DEMO_MAX_FIGURE_PIXELS", "DEMO_MAX_REQUEST_BYTES", "DEMO_MAX_SOURCE_TOKENS",
-    "DEMO_QUEUE_SIZE", "DEMO_WORKERS", "build_demo", "launch", "server_name", "translate_for_demo",
+    "DEMO_QUEUE_SIZE", "DEMO_STATE_SESSIONS", "DEMO_WORKERS", "build_demo", "launch", "server_name",
+    "translate_for_demo",
 ]  # fmt: skip
