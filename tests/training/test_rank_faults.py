@@ -4,7 +4,9 @@ a checkpoint, and a damaged newest checkpoint: every rank ends within `BOUND` se
 happened once (not once per rank, no traceback of its own), and the same command resumes to the weights of an
 uninterrupted two-rank run, bit for bit. One-process faults: test_faults.py.
 
-The fault steps come from a seeded RNG (`VASWANI_FAULT_SEED`, default 32) and are printed (`pytest -s`)."""
+The fault steps come from a seeded RNG (`VASWANI_FAULT_SEED`, default 32) and are printed (`pytest -s`), with how
+long each launch took to end. CI runs the killed rank and the full disk while the best checkpoint is tracked; `pytest
+-m slow` adds SIGTERM to the launcher with a full disk and a resume, and ranks that see different disks."""
 
 import os
 import random
@@ -173,6 +175,7 @@ def test_a_killed_rank_ends_the_launch_and_every_rank_resumes_from_the_same_chec
     assert_same_training(output, ddp_reference)
 
 
+@pytest.mark.slow  # 18 s; CI runs the full disk's smaller case (below) and SIGTERM's rule (test_callbacks.py)
 def test_sigterm_to_the_launcher_and_a_full_disk_on_rank_0_end_every_rank_with_one_line(ddp_reference, corpus,
                                                                                        tmp_path):  # fmt: skip
     output = tmp_path / "run"
@@ -245,6 +248,7 @@ def _workers_part(launch: Launch) -> str:
     return launch.stderr.split('Traceback (most recent call last):\n  File "' + str(Path(sys.executable).parent))[0]
 
 
+@pytest.mark.slow  # 10 s; CI resumes both ranks from the same checkpoint in the killed-rank test
 def test_every_rank_resumes_from_rank_0s_choice_and_a_rank_that_cannot_see_it_ends_the_run(reference, tmp_path):
     """Rank 0 chooses and broadcasts: here the ranks look in folders of their own (as on disks they do not share),
     and rank 1's holds a newer checkpoint than rank 0's, which it would have taken alone."""
