@@ -77,6 +77,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         self._steps = 0.0  # optimizer steps since the last log; a short last step of an epoch counts whole
         self._window_start: float | None = None
         self._train_start: float | None = None
+        self._weights_written = False  # in `_save_checkpoint`: whether this checkpoint's weights are written
         if max_tokens_per_batch:
             self.add_callback(SamplerEpochCallback(self))
 
