@@ -16,12 +16,18 @@ Every request ends one of three ways: `answered` (a translation), `refused` with
 an over-large body: 413; a value out of range: Gradio's validation error), or `error` (anything else: an exception
 without a message, a 5xx, a timeout, a broken stream). Latency is from the POST to the last byte of the answer.
 The server's RSS is read when it is ready, after one warm-up request, after the first round (as many requests done
-as there are clients), every 0.2 s while the clients run (the peak) and at the end: flat memory means
-`rss_growth_mb` (end minus first round) near zero.
+as there are clients), after every round, every 0.2 s while the clients run (the peak) and at the end.
+
+Memory's trend (`--waves W`): the load comes in W waves of clients × requests, and after each wave, with no request
+in flight, the server's RSS is read again. Under load the RSS swings by hundreds of MiB with what is in flight; idle
+between waves it shows what the server kept. `rss_trend` gives the median idle RSS of each quarter of the waves and
+the least-squares slope over the second half, in MiB per 100 requests: a leak keeps a slope the size of what it
+leaks per request, a bounded server's quarters level off and its slope is near 0.
 
     python benchmarks/demo_load.py                    # the tests' fitted tiny model, 8 clients × 20 requests
     python benchmarks/demo_load.py outputs/ding-cpu   # the main job's model
     python benchmarks/demo_load.py MODEL --clients 8 --requests 20 --queue_size 4 --json out.json
+    python benchmarks/demo_load.py --clients 8 --requests 10 --waves 24   # 1,920 requests: memory's trend
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -73,6 +80,26 @@ SERVE = (
     "launch(sys.argv[1], '127.0.0.1', int(sys.argv[2]), workers=int(sys.argv[3]), queue_size=int(sys.argv[4]), "
     "quiet=True)"
 )
+# --diagnose: on SIGUSR1 the server writes one JSON line to $DEMO_LOAD_REPORT: its RSS, then again after a garbage
+# collection and `malloc_trim(0)` (memory glibc holds free, not objects), the live Python objects and the most
+# numerous types. What grows from wave to wave there is what the server keeps.
+DIAGNOSE = """
+import collections, ctypes, gc, json, os, signal, threading, psutil
+def _report():
+    process, mib = psutil.Process(), 2**20
+    row = {"rss_mb": process.memory_info().rss / mib}
+    gc.collect()
+    objects = gc.get_objects()
+    row["python_objects"] = len(objects)
+    row["types"] = collections.Counter(type(o).__name__ for o in objects).most_common(40)
+    del objects
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    row["rss_after_gc_and_trim_mb"] = process.memory_info().rss / mib
+    row["threads"] = threading.active_count()
+    with open(os.environ["DEMO_LOAD_REPORT"], "a") as out:
+        out.write(json.dumps(row) + "\\n")
+signal.signal(signal.SIGUSR1, lambda *_: _report())
+"""
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -86,12 +113,14 @@ def parse(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--clients", type=int, default=8, help="concurrent clients")
     parser.add_argument("--requests", type=int, default=20, help="requests per client, one after another")
+    parser.add_argument("--waves", type=int, default=1, help="waves of clients x requests, idle RSS after each")
     parser.add_argument("--workers", type=int, default=DEMO_WORKERS, help="the demo's translations at a time")
     parser.add_argument("--queue_size", type=int, default=DEMO_QUEUE_SIZE, help="the demo's longest queue")
     parser.add_argument("--server_threads", type=int, help="OMP_NUM_THREADS of the demo's process (default: torch's)")
     parser.add_argument(
         "--timeout", type=float, default=300.0, help="seconds a request may take before it counts as an error"
     )
+    parser.add_argument("--diagnose", action="store_true", help="after each wave, the server's objects (DIAGNOSE)")
     parser.add_argument("--json", help="write the results here")
     return parser.parse_args(argv)
 
@@ -169,11 +198,13 @@ def start_server(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.Po
     env.pop("GRADIO_SERVER_NAME", None)
     if args.server_threads:
         env["OMP_NUM_THREADS"] = str(args.server_threads)
+    env["DEMO_LOAD_REPORT"] = str(workdir / "report.jsonl")
     log = workdir / "server.log"
     model = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model  # the server runs in workdir
     with open(log, "w") as out:  # a file, not a pipe: a pipe nobody reads would fill and stall the server
         server = subprocess.Popen(
-            [sys.executable, "-c", SERVE, model, str(port), str(args.workers), str(args.queue_size)],
+            [sys.executable, "-c", (DIAGNOSE if args.diagnose else "") + SERVE, model, str(port), str(args.workers),
+             str(args.queue_size)],
             cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
@@ -226,6 +257,25 @@ def summarise(results: list[dict]) -> dict:
     }
 
 
+def rss_trend(idle_mb: list[float], requests_per_wave: int) -> dict:
+    """Whether the server keeps more memory the more requests it has served: the median idle RSS of each quarter of
+    the waves, and the least-squares slope of idle RSS against requests served over the second half, in MiB per 100
+    requests (a leak keeps a slope the size of what it leaks; a bounded server's is near 0)."""
+    if len(idle_mb) < 8:
+        return {"note": f"{len(idle_mb)} waves: too few to tell a trend (8 or more)"}
+    quarter = len(idle_mb) // 4
+    medians = [round(statistics.median(idle_mb[i * quarter : (i + 1) * quarter]), 1) for i in range(4)]
+    start = len(idle_mb) // 2
+    half = idle_mb[start:]
+    served = [requests_per_wave * (start + i + 1) for i in range(len(half))]
+    slope = statistics.linear_regression(served, half).slope
+    return {
+        "idle_quarter_medians_mb": medians,
+        "second_half_slope_mb_per_100_requests": round(100 * slope, 2),
+        "second_half_idle_range_mb": [round(min(half), 1), round(max(half), 1)],
+    }
+
+
 def run_load(args: argparse.Namespace) -> dict:
     import httpx
     import psutil
@@ -253,10 +303,10 @@ def run_load(args: argparse.Namespace) -> dict:
             rounds: list[int] = []  # the server's RSS after each round
             lock = threading.Lock()
 
-            def client_loop(index: int) -> None:
+            def client_loop(index: int, wave: int) -> None:
                 with httpx.Client() as client:
                     for j in range(args.requests):
-                        k = index * args.requests + j
+                        k = (wave * args.clients + index) * args.requests + j
                         kind = MIX[k % len(MIX)]
                         request = request_for(kind, k // len(MIX))
                         row = {
@@ -275,11 +325,23 @@ def run_load(args: argparse.Namespace) -> dict:
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
             started = time.perf_counter()
-            clients = [threading.Thread(target=client_loop, args=(i,)) for i in range(args.clients)]
-            for thread in clients:
-                thread.start()
-            for thread in clients:
-                thread.join()
+            idle: list[int] = []  # the server's RSS after each wave, nothing in flight
+            diagnosis: list[dict] = []  # --diagnose: the server's report after each wave
+            for wave in range(args.waves):
+                clients = [threading.Thread(target=client_loop, args=(i, wave)) for i in range(args.clients)]
+                for thread in clients:
+                    thread.start()
+                for thread in clients:
+                    thread.join()
+                time.sleep(1.0)  # the last answers' buffers go back
+                idle.append(process.memory_info().rss)
+                if args.diagnose:
+                    report = Path(workdir) / "report.jsonl"
+                    written = len(report.read_text().splitlines()) if report.exists() else 0
+                    server.send_signal(signal.SIGUSR1)
+                    while not report.exists() or len(report.read_text().splitlines()) == written:
+                        time.sleep(0.2)
+                    diagnosis.append(json.loads(report.read_text().splitlines()[-1]))
             wall = time.perf_counter() - started
             done.set()
             sampler.join()
@@ -296,7 +358,7 @@ def run_load(args: argparse.Namespace) -> dict:
     return {
         "model": args.model if not args.model.startswith(tempfile.gettempdir()) else "tests' fitted tiny model",
         "clients": args.clients,
-        "requests_per_client": args.requests,
+        "requests_per_client": args.requests * args.waves,
         "workers": args.workers,
         "queue_size": args.queue_size,
         **summarise(results),
@@ -305,6 +367,10 @@ def run_load(args: argparse.Namespace) -> dict:
         "rss_mb": {key: round(value / mib, 1) for key, value in rss.items()},
         "rss_growth_mb": round((rss["end"] - rss["first_round"]) / mib, 1),
         "rss_by_round_mb": [round(value / mib) for value in rounds],
+        "waves": args.waves,
+        "rss_idle_by_wave_mb": [round(value / mib, 1) for value in idle],
+        "rss_trend": rss_trend([value / mib for value in idle], args.clients * args.requests),
+        **({"diagnosis": diagnosis} if args.diagnose else {}),
         "over_long_notes": sorted(
             {r["notes"].splitlines()[0] for r in results if r["kind"] == "over_long" and r.get("notes")}
         ),
@@ -316,10 +382,12 @@ def main(argv=None) -> dict:
     args = parse(argv)
     result = run_load(args)
     print(
-        f"{result['requests']} requests ({args.clients} clients × {args.requests}): {result['answered']} answered, "
+        f"{result['requests']} requests ({args.waves} × {args.clients} clients × {args.requests}): "
+        f"{result['answered']} answered, "
         f"{result['refused']} refused, {result['error']} errors; p50 {result['p50_s']} s, p95 {result['p95_s']} s; "
         f"server RSS {result['rss_mb']['ready']} at start, {result['rss_mb']['first_round']} after the first "
-        f"round, {result['rss_mb']['end']} at the end (peak {result['rss_mb']['peak']}) MiB"
+        f"round, {result['rss_mb']['end']} at the end (peak {result['rss_mb']['peak']}) MiB; trend "
+        f"{result['rss_trend']}"
     )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
