@@ -92,6 +92,10 @@ def _report():
     objects = gc.get_objects()
     row["python_objects"] = len(objects)
     row["types"] = collections.Counter(type(o).__name__ for o in objects).most_common(40)
+    events = [o for o in objects if type(o).__name__ == "Event" and type(o).__module__.startswith("gradio")]
+    inputs = [getattr(getattr(e, "data", None), "data", None) or [] for e in events]
+    row["gradio_events"] = len(events)
+    row["gradio_event_input_chars"] = sum(len(x) for data in inputs for x in data if isinstance(x, str))
     del objects
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     row["rss_after_gc_and_trim_mb"] = process.memory_info().rss / mib
