@@ -6,7 +6,8 @@ uninterrupted two-rank run, bit for bit. One-process faults: test_faults.py.
 
 The fault steps come from a seeded RNG (`VASWANI_FAULT_SEED`, default 32) and are printed (`pytest -s`), with how
 long each launch took to end. CI runs the killed rank and the full disk while the best checkpoint is tracked; `pytest
--m slow` adds SIGTERM to the launcher with a full disk and a resume, and ranks that see different disks."""
+-m slow` adds SIGTERM to the launcher with a full disk and a resume, SIGTERM to every process (as Slurm sends it),
+and ranks that see different disks."""
 
 import os
 import random
@@ -216,6 +217,25 @@ def test_sigterm_to_the_launcher_and_a_full_disk_on_rank_0_end_every_rank_with_o
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert _resumed_from(resumed) == [str(output / f"checkpoint-{step}")] * 2
     assert_same_training(output, ddp_reference)
+
+
+@pytest.mark.slow  # 8 s; CI checks the rule itself (test_callbacks.py)
+def test_sigterm_to_every_process_as_slurm_sends_it_saves_one_checkpoint(corpus, tmp_path):
+    """Slurm signals every process of a job: each rank gets SIGTERM twice, its own and the launcher's copy. Counted
+    as two, the second killed the ranks at once, with no checkpoint (before: 0.34 s, checkpoint-2 only)."""
+    output = tmp_path / "run"
+
+    def everyone(launcher, workers):
+        for pid in workers.values():
+            os.kill(pid, signal.SIGTERM)
+        launcher.send_signal(signal.SIGTERM)
+
+    stopped = _launch(ddp_command(corpus, output), tmp_path / "term.log", 3, everyone)
+    assert stopped.returncode != 0 and stopped.seconds < BOUND and stopped.left == [], stopped.stderr[-3000:]
+    said = stopped.lines("stopped by SIGTERM at step ")
+    assert len(said) == 1 and "Traceback" not in _workers_part(stopped), stopped.stderr[-3000:]
+    step = int(said[0].split()[5].rstrip(";"))
+    assert step >= 3 and is_complete(output / f"checkpoint-{step}", processes=2)
 
 
 def test_a_full_disk_while_the_best_checkpoint_is_chosen_ends_every_rank(corpus, tmp_path):
