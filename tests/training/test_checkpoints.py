@@ -114,6 +114,22 @@ def test_a_checkpoint_of_several_processes_needs_each_ones_rng_state(reference, 
     assert is_complete(checkpoint, resumable=False, processes=3)  # averaging reads no RNG state
 
 
+def test_a_failed_write_names_the_file_this_rank_was_writing(tmp_path):
+    """Under DDP the ranks write into one folder at once: rank 0 everything but the others' RNG states, rank r its
+    own `rng_state_<r>.pth`; the newest file of the folder may be another rank's."""
+    import os
+
+    from vaswani_mt.training.checkpoints import describe_write_failure
+
+    for age, name in enumerate(["rng_state_1.pth", "optimizer.pt", "rng_state_0.pth", "model.safetensors"]):
+        (tmp_path / name).write_bytes(b"x")
+        os.utime(tmp_path / name, ns=(10**18 - age * 10**9,) * 2)  # rng_state_1.pth the newest
+    full = OSError(28, "No space left on device")
+    assert describe_write_failure(tmp_path, full, rank=0).startswith("optimizer.pt: No space left on device (")
+    assert describe_write_failure(tmp_path, full, rank=1, writes_all=False).startswith("rng_state_1.pth: No space")
+    assert describe_write_failure(tmp_path, full).startswith("optimizer.pt: ")  # one process: rng_state.pth
+
+
 def test_a_checkpoint_given_to_resume_from_must_be_complete(reference, corpus, tmp_path):
     checkpoint = tmp_path / "checkpoint-2"
     shutil.copytree(reference / "checkpoint-2", checkpoint)

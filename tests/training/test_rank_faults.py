@@ -7,7 +7,7 @@ uninterrupted two-rank run, bit for bit. One-process faults: test_faults.py.
 The fault steps come from a seeded RNG (`VASWANI_FAULT_SEED`, default 32) and are printed (`pytest -s`), with how
 long each launch took to end. CI runs the killed rank and the full disk while the best checkpoint is tracked; `pytest
 -m slow` adds SIGTERM to the launcher with a full disk and a resume, SIGTERM to every process (as Slurm sends it),
-and ranks that see different disks."""
+a full disk on rank 1, and ranks that see different disks."""
 
 import os
 import random
@@ -252,6 +252,20 @@ def test_a_full_disk_while_the_best_checkpoint_is_chosen_ends_every_rank(corpus,
     assert errors[0].startswith(f"error: could not write checkpoint {output / 'checkpoint-2'} (rank 0): ")
     assert "files limited to 100000 bytes" in errors[0]
     assert list(output.glob("checkpoint-*")) == []
+
+
+@pytest.mark.slow  # 6 s; CI: the file named, in test_checkpoints.py
+def test_a_full_disk_on_rank_1_ends_every_rank_with_rank_0s_one_line(corpus, tmp_path):
+    """Rank 1 writes only its RNG state into a checkpoint; when that fails, rank 0 says so for it."""
+    output = tmp_path / "run"
+    env = {**_full_disk_env(tmp_path, 10_000), "VASWANI_FULL_DISK_RANK": "1"}  # under the RNG state's 14 KB
+    full = _launch(ddp_command(corpus, output), tmp_path / "full.log", env=env)
+    assert full.returncode != 0 and full.seconds < BOUND and full.left == [], full.stderr[-3000:]
+    errors = full.lines("error:")
+    assert len(errors) == 1 and "Traceback" not in _workers_part(full), full.stderr[-3000:]
+    folder = output / "checkpoint-2"
+    assert errors[0].startswith(f"error: could not write checkpoint {folder} (rank 1): rng_state_1.pth: torch.save ")
+    assert not folder.exists()
 
 
 def _full_disk_env(tmp_path: Path, limit: int) -> dict:

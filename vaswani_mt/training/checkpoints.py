@@ -272,10 +272,14 @@ def average_checkpoints(
     return output
 
 
-def describe_write_failure(folder: Path, error: Exception) -> str:
+def describe_write_failure(folder: Path, error: Exception, rank: int | None = None, writes_all: bool = True) -> str:
     """What stopped a checkpoint's write, in one line: the file it stopped in, the cause, the free space, and the
     file-size limit (`ulimit -f`) when there is one. torch.save reports a failed write as an internal assertion of
-    its zip writer, which says nothing to a user: it becomes "torch.save could not write the whole file"."""
+    its zip writer, which says nothing to a user: it becomes "torch.save could not write the whole file".
+
+    The file is the newest of those this process writes: under DDP (`rank` given) its own `rng_state_<rank>.pth`,
+    and with `writes_all` (the rank that saves) every file but the other ranks' RNG states, which they write into
+    the same folder at the same time."""
     text = " ".join(str(error).split())
     if isinstance(error, OSError) and error.strerror:
         cause = error.strerror
@@ -283,7 +287,12 @@ def describe_write_failure(folder: Path, error: Exception) -> str:
         cause = "torch.save could not write the whole file"
     else:
         cause = text or type(error).__name__
-    written = sorted(folder.iterdir(), key=lambda p: p.stat().st_mtime_ns) if folder.is_dir() else []
+    own = "rng_state.pth" if rank is None else f"rng_state_{rank}.pth"
+
+    def mine(path: Path) -> bool:
+        return path.name == own or (writes_all and not path.name.startswith("rng_state"))
+
+    written = sorted(filter(mine, folder.iterdir()), key=lambda p: p.stat().st_mtime_ns) if folder.is_dir() else []
     where = f"{written[-1].name}: " if written else ""
     facts = [f"{shutil.disk_usage(folder.parent).free / 2**30:.1f} GiB free on its disk"]
     try:

@@ -180,7 +180,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
         try:
             super()._save_checkpoint(model, trial)
         except Exception as error:
-            failure, cause = describe_write_failure(folder, error), error
+            rank = self.args.process_index if self.args.world_size > 1 else None
+            failure, cause = describe_write_failure(folder, error, rank, self.args.should_save), error
             if not self._weights_written and self._best_model_barrier_follows():
                 torch.distributed.barrier()  # the one the other ranks wait in (Trainer's, after the weights)
         try:
