@@ -93,8 +93,7 @@ class PreemptionCallback(TrainerCallback):
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self, echo_seconds: float | None = None):
-        self.signal_name: str | None = None  # the signal that asked training to stop, once one did
-        self.signum: int | None = None
+        self.signum: int | None = None  # the signal that asked training to stop, once one did
         self.stopped_at_step: int | None = None
         if echo_seconds is None:  # torchrun's agent (under accelerate launch too) sets TORCHELASTIC_RUN_ID
             echo_seconds = 2.0 if "TORCHELASTIC_RUN_ID" in os.environ else 0.0
@@ -118,6 +117,11 @@ class PreemptionCallback(TrainerCallback):
             self._previous = {}
 
     @property
+    def signal_name(self) -> str | None:
+        """The name of the signal that asked training to stop ("SIGTERM"), None before one did."""
+        return signal.Signals(self.signum).name if self.signum else None
+
+    @property
     def exit_code(self) -> int:
         """The shell's status for a process ended by the signal, 128 + its number: 130 for SIGINT, 143 for SIGTERM.
         Not 0: a scheduler must not take a preempted job for a finished one (a Kubernetes Job, for one, restarts a
@@ -127,7 +131,7 @@ class PreemptionCallback(TrainerCallback):
     def _handle(self, signum, frame):
         now = time.monotonic()
         if self._first_signal_at is None:
-            self.signum, self.signal_name, self._first_signal_at = signum, signal.Signals(signum).name, now
+            self.signum, self._first_signal_at = signum, now
             return
         if now - self._first_signal_at < self.echo_seconds:
             return  # the launcher's copy of the signal this process already got
@@ -139,14 +143,12 @@ class PreemptionCallback(TrainerCallback):
             signal.raise_signal(signum)  # SIG_DFL: the process ends by the signal; SIG_IGN: nothing
 
     def on_step_end(self, args, state, control, **kwargs):
-        stop = self.signal_name is not None
+        stop = self.signum is not None
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             flag = torch.tensor([self.signum or 0], device=args.device)  # the signal, for the ranks without one
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            if flag.item() and not stop:
-                self.signum = int(flag.item())
-                self.signal_name = signal.Signals(self.signum).name
-            stop = bool(flag.item())
+            self.signum = int(flag.item()) or None
+            stop = self.signum is not None
         if stop and self.stopped_at_step is None:
             self.stopped_at_step = state.global_step
             logger.debug("%s: saving checkpoint-%d and stopping", self.signal_name, state.global_step)

@@ -318,6 +318,7 @@ def resume_point(training_args: Seq2SeqTrainingArguments, output_dir: Path) -> s
     disk the ranks do not share) ends the run on every rank with a `CheckpointError` naming it, not a hang.
     """
     import torch.distributed as dist
+    from accelerate.utils import gather_object
 
     if not (dist.is_available() and dist.is_initialized()):
         return _choose_resume_point(training_args, output_dir)
@@ -332,9 +333,7 @@ def resume_point(training_args: Seq2SeqTrainingArguments, output_dir: Path) -> s
     if outcome == "error":
         raise CheckpointError(value)
     unseen = None if value is None or Path(value).is_dir() else f"rank {dist.get_rank()} cannot see {value}"
-    problems: list = [None] * dist.get_world_size()
-    dist.all_gather_object(problems, unseen)
-    problems = [problem for problem in problems if problem]
+    problems = [problem for problem in gather_object([unseen]) if problem]
     if problems:
         raise CheckpointError(
             f"rank 0 resumes from {value}, but {problems[0]}: the output folder must be on a disk every process "

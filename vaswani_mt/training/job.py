@@ -54,6 +54,7 @@ from .callbacks import (
 from .checkpoints import (
     CheckpointError,
     average_checkpoints,
+    is_complete,
     last_checkpoint,
     list_checkpoints,
     resume_point,
@@ -280,10 +281,11 @@ def run_training(
     result: dict = {"train": train_metrics, "output_dir": str(output_dir)}
     if preemption.signal_name:
         # Not the end of the job: averaging, scoring and the model folder wait for the run that finishes it.
-        saved = (
-            last_checkpoint(output_dir, processes=training_args.world_size) if trainer.is_world_process_zero() else None
-        )
         step = trainer.state.global_step
+        saved = output_dir / f"checkpoint-{step}"  # the stop's own; a signal after the last step saved none
+        whole = {"resumable": not training_args.save_only_model, "processes": training_args.world_size}
+        if not is_complete(saved, **whole):
+            saved = last_checkpoint(output_dir, **whole)
         result["preempted"] = {
             "signal": preemption.signal_name,
             "step": step,

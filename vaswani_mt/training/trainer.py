@@ -16,6 +16,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from accelerate.utils import gather_object
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer
@@ -185,7 +186,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
             if not self._weights_written and self._best_model_barrier_follows():
                 torch.distributed.barrier()  # the one the other ranks wait in (Trainer's, after the weights)
         try:
-            failures = self._gather(failure)
+            failures = gather_object([failure])  # one per rank; [failure] alone outside DDP
         except Exception:  # a rank died while the folder was written: what it left out, nobody writes now
             self._remove_if_incomplete(folder)
             raise
@@ -199,8 +200,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
             ) from cause
 
     def _remove_if_incomplete(self, folder: Path) -> None:
-        processes = self.args.world_size if any(folder.glob("rng_state_*.pth")) else None
-        if self.args.should_save and not is_complete(folder, not self.args.save_only_model, processes):
+        if self.args.should_save and not is_complete(folder, not self.args.save_only_model, self.args.world_size):
             shutil.rmtree(folder, ignore_errors=True)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
@@ -215,15 +215,6 @@ class VaswaniTrainer(Seq2SeqTrainer):
         return bool(
             distributed and self.state.best_global_step and self.args.save_strategy in ("steps", "epoch", "best")
         )
-
-    @staticmethod
-    def _gather(value) -> list:
-        """`value` from every rank (a list as long as the world), or `[value]` outside DDP."""
-        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            return [value]
-        gathered: list = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(gathered, value)
-        return gathered
 
     def leave_process_group(self) -> None:
         """End this process's part in distributed training: wait for every rank, then close the process group.
