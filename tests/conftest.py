@@ -1,20 +1,23 @@
 """What several test files share: the six sentence pairs and the tiny model (`make_model`, fitted: `fitted_folder`),
-training runs read by several files (`reference`, `job_run`), the bad model folders, the hostile texts, and guards
-that put process-wide settings (threads, RNG states, environment) back. A fixture or helper lives here when two files
-need it; one file's own stays in that file."""
+training runs read by several files (`reference`, `ddp_reference`, `job_run`) and the launch helpers, the bad model
+folders, the hostile texts, and guards that put process-wide settings (threads, RNG states, environment) back. A
+fixture or helper lives here when two files need it; one file's own stays in that file."""
 
 import contextlib
 import json
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import psutil
 import pytest
 import torch
 
@@ -437,6 +440,72 @@ def reference(tmp_path_factory, corpus) -> Path:
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((output / "config.json").read_text())["dropout"] == 0.1
     return output
+
+
+def ddp_command(corpus: Path, output: Path) -> list[str]:
+    """The reference run's command on 2 CPU processes of one machine."""
+    return accelerate_launch(*reference_command(corpus, output)[1:], "--use_cpu")
+
+
+@pytest.fixture(scope="session")
+def ddp_reference(tmp_path_factory, corpus) -> Path:
+    """An uninterrupted two-rank run of `ddp_command`: what every interrupted two-rank run, on one machine or two,
+    must end with."""
+    from vaswani_mt.training.checkpoints import is_complete, list_checkpoints
+
+    output = tmp_path_factory.mktemp("ddp-reference") / "run"
+    result = subprocess.run(ddp_command(corpus, output), env=REFERENCE_ENV, capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert all(is_complete(c, processes=2) for c in list_checkpoints(output)), "every rank's RNG state is there"
+    return output
+
+
+@dataclass
+class Launch:
+    """What a launch (`accelerate launch`) did: its status, how long it took to end, what it printed, its workers."""
+
+    returncode: int
+    seconds: float  # from the fault (or the last step logged, when the fault comes from inside) to the exit
+    stderr: str
+    workers: dict[int, int] = field(default_factory=dict)  # rank: pid
+    left: list[int] = field(default_factory=list)  # workers still alive after the launcher's exit
+
+    def lines(self, start: str) -> list[str]:
+        return [line for line in self.stderr.splitlines() if line.startswith(start)]
+
+
+def launch_workers(launcher: subprocess.Popen) -> dict[int, int]:
+    """The launcher's worker processes by rank (torchrun starts each in a session of its own)."""
+    found = {}
+    try:
+        children = psutil.Process(launcher.pid).children(recursive=True)
+    except psutil.Error:  # the launcher has ended
+        return found
+    for child in children:
+        try:
+            rank = child.environ().get("RANK")
+        except psutil.Error:
+            continue
+        if rank is not None:
+            found[int(rank)] = child.pid
+    return found
+
+
+def kill_launch(launcher: subprocess.Popen) -> None:
+    """SIGKILL to a launcher and its workers (a lost machine; a hung test's end)."""
+    for pid in [*launch_workers(launcher).values(), launcher.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def is_zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
 
 
 @pytest.fixture(scope="session")

@@ -18,12 +18,21 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REFERENCE_ENV, REFERENCE_STEPS, accelerate_launch, assert_same_training, reference_command
+from conftest import (
+    REFERENCE_ENV,
+    REFERENCE_STEPS,
+    Launch,
+    accelerate_launch,
+    assert_same_training,
+    ddp_command,
+    is_zombie,
+    kill_launch,
+    launch_workers,
+)
 
 from vaswani_mt.training.checkpoints import incomplete_reason, is_complete, list_checkpoints
 
@@ -45,50 +54,6 @@ if os.environ.get("VASWANI_FULL_DISK_BYTES") and os.environ.get("RANK") == _rank
 """
 
 
-def ddp_command(corpus: Path, output: Path) -> list[str]:
-    """The reference run's command (tests/conftest.py) on 2 CPU processes."""
-    return accelerate_launch(*reference_command(corpus, output)[1:], "--use_cpu")
-
-
-@pytest.fixture(scope="module")
-def ddp_reference(tmp_path_factory, corpus) -> Path:
-    """An uninterrupted two-rank run of `ddp_command`: what every interrupted one must end with."""
-    output = tmp_path_factory.mktemp("ddp-reference") / "run"
-    result = subprocess.run(ddp_command(corpus, output), env=ENV, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert all(is_complete(c, processes=2) for c in list_checkpoints(output)), "every rank's RNG state is there"
-    return output
-
-
-@dataclass
-class Launch:
-    returncode: int
-    seconds: float  # from the fault (or the last step logged, when the fault comes from inside) to the exit
-    stderr: str
-    workers: dict[int, int] = field(default_factory=dict)  # rank: pid
-    left: list[int] = field(default_factory=list)  # workers still alive after the launcher's exit
-
-    def lines(self, start: str) -> list[str]:
-        return [line for line in self.stderr.splitlines() if line.startswith(start)]
-
-
-def _workers(launcher: subprocess.Popen) -> dict[int, int]:
-    """The launcher's worker processes by rank (torchrun starts each in a session of its own)."""
-    found = {}
-    try:
-        children = psutil.Process(launcher.pid).children(recursive=True)
-    except psutil.Error:  # the launcher has ended
-        return found
-    for child in children:
-        try:
-            rank = child.environ().get("RANK")
-        except psutil.Error:
-            continue
-        if rank is not None:
-            found[int(rank)] = child.pid
-    return found
-
-
 def _launch(command: list[str], log: Path, after: int | None = None, fault=None, env: dict = ENV) -> Launch:
     """Runs a launch; once rank 0 has logged `after` steps (one log row a step), calls `fault(launcher, workers)`.
     Returns its status, the seconds from the fault (or from the last step logged) to its exit, its stderr, and which
@@ -97,7 +62,7 @@ def _launch(command: list[str], log: Path, after: int | None = None, fault=None,
         launcher = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
                                     start_new_session=True)  # fmt: skip
         workers: dict[int, int] = {}
-        watchdog = threading.Timer(300, _kill_all, (launcher,))  # a hung launch fails the test, and ends
+        watchdog = threading.Timer(300, kill_launch, (launcher,))  # a hung launch fails the test, and ends
         watchdog.start()
         try:
             logged, since = 0, time.monotonic()
@@ -105,7 +70,7 @@ def _launch(command: list[str], log: Path, after: int | None = None, fault=None,
                 if "'loss'" not in line:
                     continue
                 logged, since = logged + 1, time.monotonic()
-                workers = workers or _workers(launcher)
+                workers = workers or launch_workers(launcher)
                 if logged == after and fault is not None:
                     fault(launcher, workers)
                     break
@@ -119,25 +84,10 @@ def _launch(command: list[str], log: Path, after: int | None = None, fault=None,
     print(f"{log.stem}: exit status {code}, {seconds:.2f} s after the {'fault' if fault else 'last step logged'}")
     deadline = time.monotonic() + 5  # an orphaned worker is reaped by init
     while (
-        left := [p for p in workers.values() if psutil.pid_exists(p) and not _zombie(p)]
+        left := [p for p in workers.values() if psutil.pid_exists(p) and not is_zombie(p)]
     ) and time.monotonic() < deadline:
         time.sleep(0.1)
     return Launch(code, seconds, log.read_text(), workers, left)
-
-
-def _kill_all(launcher: subprocess.Popen) -> None:
-    for pid in [*_workers(launcher).values(), launcher.pid]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return True
 
 
 def _vaswani_warnings(launch: Launch) -> list[str]:

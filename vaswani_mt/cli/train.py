@@ -13,11 +13,11 @@ Started again with the same command, a run resumes from its last complete checkp
 (preemption) ends the current step, saves a checkpoint and exits with status 128 + the signal's number (130, 143),
 not 0: the job is not finished, and the same command resumes it. A second signal stops at once.
 
-Under a launcher the ranks end together, and only rank 0 prints the `error:` line or where the run stopped.
+Under a launcher the ranks end together, and each machine's first process alone prints the `error:` line or where the
+run stopped (rank 0 on one machine).
 """
 
 import logging
-import os
 import shlex
 import sys
 
@@ -25,6 +25,7 @@ from vaswani_mt.data.corpus import DataError
 from vaswani_mt.training.arguments import check_dataset_options, parse_args
 from vaswani_mt.training.checkpoints import CheckpointError
 from vaswani_mt.training.job import print_summary, run_training
+from vaswani_mt.training.machines import MachinesError, speaks_for_machine
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -33,26 +34,20 @@ def main(argv: list[str] | None = None) -> None:
         model_args, data_args, recipe, training_args = parse_args(argv)
         check_dataset_options(data_args, recipe)
     except ValueError as error:  # a bad option or config file: one line that names it, no traceback
-        sys.exit(f"error: {error}" if _rank_zero() else 1)
+        sys.exit(f"error: {error}" if speaks_for_machine() else 1)
     command = "python " + shlex.join(["scripts/train.py", *(sys.argv[1:] if argv is None else argv)])
     try:
         result = run_training(model_args, data_args, recipe, training_args, command=command)
-    except (CheckpointError, DataError) as error:  # bad data (file:line), a full disk, a bad checkpoint: one line
-        sys.exit(f"error: {error}" if _rank_zero() else 1)
+    except (CheckpointError, DataError, MachinesError) as error:  # bad data (file:line), a full disk, a lost machine
+        sys.exit(f"error: {error}" if speaks_for_machine() else 1)
     if "preempted" in result:
         stop = result["preempted"]
-        if _rank_zero():
+        if speaks_for_machine():
             print(f"stopped by {stop['signal']} at step {stop['step']}; {stop['checkpoint']} saved: run the same "
                   "command to resume", file=sys.stderr)  # fmt: skip
         sys.exit(stop["exit_code"])
     if "test" in result or "examples" in result:
         print_summary(result)
-
-
-def _rank_zero() -> bool:
-    """Whether this process speaks for the run: rank 0 of a launched one (every rank meets the same error or stop,
-    as they decide together, and the others end with the same status in silence), or a process on its own."""
-    return os.environ.get("RANK", "0") == "0"
 
 
 if __name__ == "__main__":

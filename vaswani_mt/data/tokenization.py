@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
+from datasets.fingerprint import Hasher
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -114,6 +116,16 @@ def build_tokenizer(
     return trained
 
 
+def tokenizer_content(tokenizer) -> str:
+    """A hash of what a tokenizer does: its class, its `tokenizers` JSON (vocabulary, merges, normalizer,
+    post-processor) and special tokens; equal for a trained tokenizer and the same one saved and loaded again."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:  # a slow tokenizer: datasets' hash of the object
+        return Hasher.hash(tokenizer)
+    return Hasher.hash([type(tokenizer).__name__, backend.to_str(), tokenizer.special_tokens_map,
+                        tokenizer.model_max_length])  # fmt: skip
+
+
 def side_texts(pairs, languages: tuple[str, ...], batch_size: int = 10_000) -> Iterator[str]:
     """Every sentence of `pairs` (a `datasets.Dataset` of `translation` rows) on each side in turn (all sources,
     then all targets), streamed in batches: a corpus of millions of pairs is never a Python list."""
@@ -136,9 +148,10 @@ def tokenize_corpus(
     processes; cached next to a corpus read from disk, so a rerun reuses it); drops over-long training pairs, with
     a count.
 
-    The cache is keyed by datasets' fingerprint of the corpus and of `encode` / `short_enough` with what they
-    capture (the tokenizer's vocabulary and settings, the languages, the maximum lengths), so a changed tokenizer,
-    corpus or limit never reads an old result; cache files that are not whole are removed first and recomputed
+    The cache is keyed by datasets' fingerprint of the corpus, the tokenizer's content (`tokenizer_content`: not the
+    object, so that every process and machine, and a rerun that loads the saved tokenizer, finds the same cache), the
+    languages and the maximum lengths, so a changed tokenizer, corpus or limit never reads an old result; cache
+    files that are not whole are removed first and recomputed
     (`remove_damaged_cache_files`). The rows themselves were checked when the corpus was loaded."""
     src, tgt = source_lang, target_lang
     max_source, max_target = max_source_length, max_target_length
@@ -154,11 +167,19 @@ def tokenize_corpus(
     def short_enough(source_lengths, target_lengths):
         return [s <= max_source and t <= max_target for s, t in zip(source_lengths, target_lengths, strict=True)]
 
+    content = tokenizer_content(tokenizer)
     out = {}
     for split, dataset in corpus.items():
         remove_damaged_cache_files(dataset)
+        started = time.time()
+        fingerprint = Hasher.hash([dataset._fingerprint, "tokenize_corpus", content, src, tgt])
         dataset = dataset.map(encode, batched=True, remove_columns=dataset.column_names, num_proc=num_proc,
-                              desc=f"tokenizing {split}")  # fmt: skip
+                              desc=f"tokenizing {split}", new_fingerprint=fingerprint)  # fmt: skip
+        cached = [Path(f["filename"]) for f in dataset.cache_files]
+        if cached:  # on disk: whether this process tokenized it, or read what another one (or an earlier run) wrote
+            reused = all(path.stat().st_mtime < started for path in cached)
+            logger.info("%s the %s split (%d pairs) %s datasets' cache", "read" if reused else "tokenized", split,
+                        len(dataset), "from" if reused else "into")  # fmt: skip
         if split == "train":
             before = len(dataset)
             dataset = dataset.filter(short_enough, input_columns=["source_length", "target_length"], batched=True,

@@ -26,6 +26,8 @@ from safetensors.torch import save_file
 
 from vaswani_mt.inference.loading import PICKLE_SUFFIXES
 
+from .machines import MachinesError, machines
+
 if TYPE_CHECKING:
     from transformers import Seq2SeqTrainingArguments
 
@@ -322,6 +324,8 @@ def resume_point(training_args: Seq2SeqTrainingArguments, output_dir: Path) -> s
 
     if not (dist.is_available() and dist.is_initialized()):
         return _choose_resume_point(training_args, output_dir)
+    if training_args.save_on_each_node and machines().count > 1:
+        return _common_resume_point(training_args, output_dir)
     decision: list = [None]
     if dist.get_rank() == 0:
         try:
@@ -340,6 +344,58 @@ def resume_point(training_args: Seq2SeqTrainingArguments, output_dir: Path) -> s
             "shares (or give each node its own with --save_on_each_node)"
         )
     return value
+
+
+def _common_resume_point(training_args: Seq2SeqTrainingArguments, output_dir: Path) -> str | None:
+    """Where each machine keeps its own copy of the checkpoints: the newest one that every machine holds whole, in
+    its own output folder. A machine that holds none of them while another holds some (its folder missing, or
+    behind the others' with no checkpoint in common) ends the run with a `MachinesError` naming it. A machine ahead
+    of another resumes from the older checkpoint with them (the same weights an uninterrupted run had there)."""
+    from accelerate.utils import gather_object
+
+    where = machines()
+    processes = max(1, training_args.world_size)
+    resume = training_args.resume_from_checkpoint
+    if resume in (None, "", "last", "auto", "True", "true"):
+        wanted = None
+    else:
+        wanted = Path(resume).name
+        if not _CHECKPOINT.match(wanted):
+            raise CheckpointError(f"--resume_from_checkpoint {resume}: not a checkpoint-N folder")
+    held = None
+    if training_args.local_process_index == 0:
+        held = [checkpoint_step(c) for c in list_checkpoints(output_dir, resumable=not training_args.save_only_model,
+                                                             processes=processes)]  # fmt: skip
+    holdings = {machine: set(steps) for machine, steps in gather_object([(where.index, held)]) if steps is not None}
+    newest = {machine: max(steps, default=None) for machine, steps in holdings.items()}
+    if wanted is not None:
+        step = int(wanted.rsplit("-", 1)[1])
+        lacking = sorted(machine for machine, steps in holdings.items() if step not in steps)
+        if lacking:
+            raise MachinesError(f"--resume_from_checkpoint {wanted}: {where.name(lacking)} hold no complete copy of it")
+        return str(output_dir / wanted)
+    if not any(holdings.values()):
+        return None
+    common = set.intersection(*holdings.values())
+    if not common:
+        behind = sorted(holdings, key=lambda machine: (newest[machine] or -1, machine))[0]
+        has = f"checkpoint-{newest[behind]}" if newest[behind] is not None else "no checkpoint"
+        ahead = max(holdings, key=lambda machine: newest[machine] or -1)
+        raise MachinesError(
+            f"machine {behind}'s output folder is missing or behind: it holds {has}, machine {ahead} "
+            f"checkpoint-{newest[ahead]}, and no checkpoint is on both; copy machine {ahead}'s newest checkpoint "
+            "folder there, or start every machine afresh in an empty folder"
+        )
+    step = max(common)
+    for machine in sorted(holdings):
+        if newest[machine] > step and training_args.local_process_index == 0:
+            logger.warning("machine %d holds checkpoint-%d, which another machine lacks: every machine resumes from "
+                           "checkpoint-%d, the newest they all hold", machine, newest[machine], step)  # fmt: skip
+    return str(output_dir / f"checkpoint-{step}")
+
+
+def checkpoint_step(checkpoint: str | os.PathLike) -> int:
+    return int(Path(checkpoint).name.rsplit("-", 1)[1])
 
 
 def _choose_resume_point(training_args: Seq2SeqTrainingArguments, output_dir: Path) -> str | None:

@@ -18,6 +18,8 @@ import pickle
 import shutil
 import sys
 import time
+from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 from transformers import (
@@ -31,6 +33,7 @@ from transformers import (
 from transformers.trainer_callback import ProgressCallback
 
 from vaswani_mt.data.corpus import (
+    DataError,
     describe_corpus,
     load_run_corpus,
     source_target,
@@ -69,6 +72,7 @@ from .hardware import (
     resolve_precision,
     use_every_core,
 )
+from .machines import check_same_launch, from_rank_zero, is_lost_peer, lost_machine_error, machines, settle_storage
 from .trainer import VaswaniTrainer
 
 logger = logging.getLogger(__name__)
@@ -196,26 +200,30 @@ def run_training(
         for split in ("validation", "test"):
             corpus[split] = corpus[split].select(range(min(data_args.max_eval_samples, len(corpus[split]))))
     logger.info("corpus %s: %s", data_args.dataset, {k: len(v) for k, v in corpus.items()})
+    languages = (data_args.source_lang, data_args.target_lang)
+    where = machines()  # several machines: the same command and corpus on each, and who writes where
+    check_same_launch(where, (model_args, data_args, recipe, training_args), corpus, languages)
+    shared = settle_storage(where, training_args, output_dir)
 
-    with training_args.main_process_first(desc="tokenizer"):
-        tokenizer = build_tokenizer(
+    tokenizer = from_rank_zero(  # trained once, by global rank 0, and sent to every other rank
+        partial(build_tokenizer, corpus, languages, output_dir, tokenizer=model_args.tokenizer,
+                model_name_or_path=model_args.model_name_or_path, vocab_size=model_args.vocab_size,
+                sample=model_args.tokenizer_sample),
+        errors=(DataError, OSError, ValueError),
+    )  # fmt: skip
+    # A corpus cached on disk is tokenized by one process per cache (all machines' first, or each machine's), and
+    # the others read the result; one held in memory is tokenized by each process.
+    on_disk = any(split.cache_files for split in corpus.values())
+    with training_args.main_process_first(local=not shared, desc="tokenizing") if on_disk else nullcontext():
+        tokenized = tokenize_corpus(
             corpus,
-            (data_args.source_lang, data_args.target_lang),
-            output_dir,
-            tokenizer=model_args.tokenizer,
-            model_name_or_path=model_args.model_name_or_path,
-            vocab_size=model_args.vocab_size,
-            sample=model_args.tokenizer_sample,
+            tokenizer,
+            data_args.source_lang,
+            data_args.target_lang,
+            max_source_length=data_args.max_source_length,
+            max_target_length=data_args.max_target_length,
+            num_proc=data_args.preprocessing_num_workers,
         )
-    tokenized = tokenize_corpus(
-        corpus,
-        tokenizer,
-        data_args.source_lang,
-        data_args.target_lang,
-        max_source_length=data_args.max_source_length,
-        max_target_length=data_args.max_target_length,
-        num_proc=data_args.preprocessing_num_workers,
-    )
     model = build_model(model_args, tokenizer)
     if recipe.length_penalty is not None:
         model.generation_config.length_penalty = recipe.length_penalty
@@ -274,6 +282,10 @@ def run_training(
             except CheckpointError:  # under DDP every rank raises it at the same checkpoint: they leave together
                 trainer.leave_process_group()
                 raise
+            except RuntimeError as error:  # a collective whose peer is gone: name the machine, leave at once
+                if not is_lost_peer(error):
+                    raise
+                raise lost_machine_error(error, trainer.state.global_step) from error
     trainer.save_state()
     trainer.leave_process_group()  # from here on rank 0 works alone, and the other ranks exit cleanly
     train_seconds = time.monotonic() - started

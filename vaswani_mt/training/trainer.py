@@ -10,8 +10,11 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -26,6 +29,7 @@ from vaswani_mt.data.batching import TokenBudgetBatchSampler, length_array
 
 from .callbacks import SamplerEpochCallback
 from .checkpoints import CheckpointError, describe_write_failure, is_complete
+from .machines import machines
 
 logger = logging.getLogger(__name__)
 
@@ -185,8 +189,14 @@ class VaswaniTrainer(Seq2SeqTrainer):
             failure, cause = describe_write_failure(folder, error, rank, self.args.should_save), error
             if not self._weights_written and self._best_model_barrier_follows():
                 torch.distributed.barrier()  # the one the other ranks wait in (Trainer's, after the weights)
-        try:
-            failures = gather_object([failure])  # one per rank; [failure] alone outside DDP
+        copies = self._copies_rng_states()
+        own = folder / f"rng_state_{self.args.process_index}.pth"
+        try:  # one outcome per rank ([...] alone outside DDP), with its RNG state where every machine keeps a copy
+            outcomes = gather_object([(failure, own.read_bytes() if copies and failure is None else None)])
+            failures = [text for text, _ in outcomes]
+            if copies and not any(failures):
+                failure = self._write_rng_states(folder, [state for _, state in outcomes])
+                failures = gather_object([failure])
         except Exception:  # a rank died while the folder was written: what it left out, nobody writes now
             self._remove_if_incomplete(folder)
             raise
@@ -199,13 +209,50 @@ class VaswaniTrainer(Seq2SeqTrainer):
                 "intact, and the same command resumes from the last of them"
             ) from cause
 
+    def _copies_rng_states(self) -> bool:
+        """Whether each machine keeps a whole copy of every checkpoint (`machines.settle_storage`): then every
+        rank's RNG state goes into every copy, so that any one machine's folder resumes the whole run."""
+        return bool(self.args.save_on_each_node and not self.args.save_only_model and machines().count > 1)
+
+    def _write_rng_states(self, folder: Path, states: list[bytes | None]) -> str | None:
+        """This machine's copy of the other machines' RNG states (its main process writes them, each under a name of
+        its own first, then moved into place); what failed, or None."""
+        if not self.args.should_save:
+            return None
+        try:
+            for rank, state in enumerate(states):
+                path = folder / f"rng_state_{rank}.pth"
+                if state is not None and not path.exists():
+                    tmp = path.with_name(f".{path.name}.tmp")
+                    tmp.write_bytes(state)
+                    os.replace(tmp, path)
+        except OSError as error:
+            return describe_write_failure(folder, error, self.args.process_index)
+        return None
+
     def _remove_if_incomplete(self, folder: Path) -> None:
         if self.args.should_save and not is_complete(folder, not self.args.save_only_model, self.args.world_size):
             shutil.rmtree(folder, ignore_errors=True)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        super().save_model(output_dir, _internal_call)
+        with self._writing_on_this_machine():
+            super().save_model(output_dir, _internal_call)
         self._weights_written = True  # `_save_checkpoint`: past the point where Trainer may wait for every rank
+
+    @contextmanager
+    def _writing_on_this_machine(self) -> Iterator[None]:
+        """Lets another machine's main process write the weights of its own copy of a checkpoint
+        (`save_on_each_node`): transformers' `save_pretrained` writes on global rank 0 alone once torch.distributed
+        is up (the model's `should_save_on_this_rank`), which left those copies without weights or config."""
+        model = self.accelerator.unwrap_model(self.model)
+        if not (hasattr(model, "should_save_on_this_rank") and self.args.should_save and self.args.process_index):
+            yield
+            return
+        model.should_save_on_this_rank = lambda is_main_process: is_main_process
+        try:
+            yield
+        finally:
+            del model.should_save_on_this_rank
 
     def _best_model_barrier_follows(self) -> bool:
         """Whether Trainer's `_save_checkpoint` has every rank wait in a barrier after the weights (it does while

@@ -1,0 +1,344 @@
+"""Several machines (issue 36): two launchers on 127.0.0.1 through accelerate's multi-node path (`--num_machines 2
+--machine_rank 0/1 --rdzv_backend static`, gloo, one CPU process each), as two machines run them. Sharing one output
+folder, they train to the weights of one machine with two processes, bit for bit; with a folder and a datasets cache
+each, each machine keeps a whole copy of every checkpoint. A lost machine ends the other within seconds with one line
+that names it, SIGTERM to both (Slurm's preemption) saves one checkpoint, and a machine started with other options
+or another corpus is refused before any step. The Slurm script runs as written, with stand-in `srun` and `scontrol`.
+
+CI runs the Slurm script on a shared folder, a lost machine with folders of their own, and the refusals; `pytest -m
+slow` adds SIGTERM to both launchers, a lost machine on a shared folder, and the Slurm script's preemption."""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from conftest import (
+    REFERENCE_ENV,
+    ROOT,
+    Launch,
+    assert_same_training,
+    free_port,
+    is_zombie,
+    kill_launch,
+    launch_workers,
+    reference_command,
+)
+from safetensors.torch import load_file
+
+from vaswani_mt.data.corpus import load_corpus
+from vaswani_mt.training.checkpoints import is_complete, list_checkpoints
+
+BOUND = 15  # seconds from a fault to machine 0's exit; under the launcher's 30 s between SIGTERM and SIGKILL
+SLURM = ROOT / "scripts" / "slurm" / "train_multinode.sbatch"
+
+
+def machine_command(rank: int, port: int, corpus: Path, output: Path, *extra: str) -> list[str]:
+    """Machine `rank`'s launcher of the reference run (tests/conftest.py), one CPU process on each of 2 machines."""
+    accelerate = str(Path(sys.executable).parent / "accelerate")
+    return [accelerate, "launch", "--multi_gpu", "--num_machines", "2", "--num_processes", "2", "--machine_rank",
+            str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--rdzv_backend", "static",
+            "--same_network", "--mixed_precision", "no", "--dynamo_backend", "no",
+            *reference_command(corpus, output)[1:], "--use_cpu", *extra]  # fmt: skip
+
+
+def run_machines(commands: list[list[str]], logs: list[Path], envs: list[dict] | None = None, after: int | None = None,
+                 fault: Callable[[list[subprocess.Popen]], None] | None = None) -> list[Launch]:  # fmt: skip
+    """Starts one launcher per machine; once machine 0 has logged `after` steps, calls `fault(launchers)`. Returns
+    each launch: its status, its output (stdout and stderr), its workers, and those alive after it ended; machine
+    0's `seconds` run from the fault (or its last step logged) to its exit."""
+    envs = envs or [REFERENCE_ENV] * len(commands)
+    launchers = []
+    for rank, (command, log, env) in enumerate(zip(commands, logs, envs, strict=True)):
+        stdout = subprocess.PIPE if rank == 0 else log.open("w")
+        stderr = log.with_suffix(".err").open("w") if rank == 0 else subprocess.STDOUT
+        launchers.append(subprocess.Popen(command, env=env, stdout=stdout, stderr=stderr, text=True,
+                                          start_new_session=True))  # fmt: skip
+    watchdog = threading.Timer(300, lambda: [kill_launch(launcher) for launcher in launchers])
+    watchdog.start()
+    workers: list[dict[int, int]] = [{} for _ in launchers]
+    try:
+        logged, since, output = 0, time.monotonic(), []
+        for line in launchers[0].stdout:
+            output.append(line)
+            if "'loss'" not in line:
+                continue
+            logged, since = logged + 1, time.monotonic()
+            workers = [found or launch_workers(launcher) for found, launcher in zip(workers, launchers, strict=True)]
+            if logged == after and fault is not None:
+                fault(launchers)
+                break
+        output += list(launchers[0].stdout)
+        codes = [launcher.wait(timeout=120) for launcher in launchers]
+        seconds = time.monotonic() - since
+    finally:
+        watchdog.cancel()
+        for launcher in launchers:
+            kill_launch(launcher) if launcher.poll() is None else None
+    assert after is None or logged == after, f"machine 0 ended after {logged} steps, before the fault"
+    print(f"{logs[0].stem}: exit statuses {codes}, machine 0 {seconds:.2f} s after the {'fault' if fault else 'end'}")
+    texts = ["".join(output) + logs[0].with_suffix(".err").read_text(), *(log.read_text() for log in logs[1:])]
+    deadline = time.monotonic() + 5  # an orphaned worker is reaped by init
+    pids = [pid for found in workers for pid in found.values()]
+    while (left := [p for p in pids if psutil.pid_exists(p) and not is_zombie(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [Launch(code, seconds, text, found, left) for code, text, found in zip(codes, texts, workers, strict=True)]
+
+
+def lose_machine_1(launchers: list[subprocess.Popen]) -> None:
+    """Machine 1 is gone: its launcher and its workers killed at once, as a crash or a power cut of the machine
+    would end them (their sockets close)."""
+    kill_launch(launchers[1])
+
+
+def errors(launch: Launch) -> list[str]:
+    return [line for line in launch.stderr.splitlines() if line.startswith("error:")]
+
+
+def steps_logged(launch: Launch) -> int:
+    return len(re.findall(r"'loss': ", launch.stderr))
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    ours, theirs = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    return ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+@pytest.fixture(scope="module")
+def saved_corpus(corpus, tmp_path_factory) -> Path:
+    """The reference corpus as a `save_to_disk` folder: datasets caches its tokenization on disk beside it."""
+    folder = tmp_path_factory.mktemp("saved-corpus") / "pairs"
+    load_corpus(str(corpus)).save_to_disk(str(folder))
+    return folder
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The Slurm script, with stand-ins for srun and scontrol
+
+_SRUN = """#!{python}
+# srun's stand-in: --ntasks tasks of the command, all on this machine, task i with SLURM_NODEID=i, SLURM_PROCID=i and
+# SLURM_JOB_NODELIST; SIGTERM and SIGINT passed on to every task; with --kill-on-bad-exit, a task that fails ends the
+# others. Exits with the highest status, as srun does.
+import os, signal, subprocess, sys, time
+args, ntasks, kill_on_bad_exit = sys.argv[1:], 1, False
+while args and args[0].startswith("-"):
+    option = args.pop(0)
+    name, _, value = option.partition("=")
+    if name in ("--ntasks", "-n"):
+        ntasks = int(value or args.pop(0))
+    elif name in ("--nodes", "-N", "--ntasks-per-node") and not value:
+        args.pop(0)
+    elif name == "--kill-on-bad-exit":
+        kill_on_bad_exit = value != "0"
+tasks = [subprocess.Popen(args, env={{**os.environ, "SLURM_NODEID": str(i), "SLURM_PROCID": str(i),
+         "SLURM_LOCALID": "0", "SLURM_JOB_NODELIST": os.environ["SLURM_JOB_NODELIST"]}}, start_new_session=True)
+         for i in range(ntasks)]
+def forward(signum, frame):
+    for task in tasks:
+        task.send_signal(signum)
+signal.signal(signal.SIGTERM, forward)
+signal.signal(signal.SIGINT, forward)
+while any(task.poll() is None for task in tasks):
+    if kill_on_bad_exit and any(task.poll() not in (None, 0) for task in tasks):
+        for task in tasks:
+            if task.poll() is None:
+                os.killpg(task.pid, signal.SIGKILL)
+    time.sleep(0.1)
+codes = [task.returncode for task in tasks]
+sys.exit(max((128 - c if c < 0 else c) for c in codes))
+"""
+_SCONTROL = """#!/usr/bin/env bash
+# scontrol's stand-in: `show hostnames LIST` names this machine once per node; `requeue ID` is written down.
+case "$1 $2" in
+    "show hostnames") for _ in $(seq "$SLURM_JOB_NUM_NODES"); do echo localhost; done ;;
+    "requeue "*) echo "$2" >> "$SCONTROL_REQUEUED" ;;
+    *) echo "scontrol stand-in: $*" >&2; exit 1 ;;
+esac
+"""
+
+
+def slurm_env(tmp_path: Path) -> dict:
+    """What `sbatch --nodes 2` sets for the script, with the stand-ins first on PATH and this venv's accelerate."""
+    stand_ins = tmp_path / "bin"
+    stand_ins.mkdir(exist_ok=True)
+    (stand_ins / "srun").write_text(_SRUN.format(python=sys.executable))
+    (stand_ins / "scontrol").write_text(_SCONTROL)
+    for tool in ("srun", "scontrol"):
+        (stand_ins / tool).chmod(0o755)
+    path = os.pathsep.join([str(stand_ins), str(Path(sys.executable).parent), os.environ["PATH"]])
+    return {**REFERENCE_ENV, "PATH": path, "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2",
+            "SLURM_JOB_NODELIST": "node[0-1]", "SLURM_SUBMIT_DIR": str(ROOT), "MASTER_PORT": str(free_port()),
+            "SCONTROL_REQUEUED": str(tmp_path / "requeued")}  # fmt: skip
+
+
+def test_the_slurm_script_runs_two_machines_that_share_a_folder_as_one_machine_with_two_processes(
+    ddp_reference, corpus, saved_corpus, tmp_path
+):
+    """Through scripts/slurm/train_multinode.sbatch as written: each machine's rank from its own $SLURM_NODEID, the
+    head node from scontrol, one CPU process a node with --use_cpu. The same weights as one machine's two processes
+    (on the same pairs, read from a save_to_disk copy of the corpus), the tokenizer trained once and the corpus
+    tokenized once, both ranks' RNG states in the one checkpoint folder, the model published by global rank 0."""
+    output = tmp_path / "run"
+    arguments = reference_command(corpus, output)[2:]
+    arguments[arguments.index("--dataset") + 1] = str(saved_corpus)
+    run = subprocess.run(["bash", str(SLURM), *arguments, "--use_cpu"], env=slurm_env(tmp_path), cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "vaswani_mt: 2 nodes x 1 processes, head localhost:" in run.stderr
+    assert re.findall(r"--machine_rank|rank: [01] \(local_rank: 0\)", run.stderr) == []  # no launcher failed
+    assert_same_training(output, ddp_reference)
+    assert run.stderr.count("trained a 195-token BPE vocabulary") == 1
+    assert run.stderr.count("tokenized the train split (231 pairs) into datasets' cache") == 1
+    assert run.stderr.count("read the train split (231 pairs) from datasets' cache") == 1
+    for checkpoint in list_checkpoints(output):
+        assert {p.name for p in checkpoint.glob("rng_state_*.pth")} == {"rng_state_0.pth", "rng_state_1.pth"}
+    assert run.stderr.count("averaged checkpoint-2, checkpoint-4") == 1  # rank 0 alone publishes
+    assert (output / "model.safetensors").is_file() and not (tmp_path / "requeued").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Storage per machine, and a lost machine
+
+
+def test_machines_with_folders_of_their_own_each_keep_a_whole_copy_and_a_lost_machine_is_named(
+    ddp_reference, corpus, tmp_path
+):
+    """A folder and a datasets cache per machine: each machine's main process writes a whole copy of each checkpoint
+    (the other machine's RNG state included). Machine 1 lost after step 5: machine 0 ends within seconds with one
+    line naming it, no process outlives the launches, and both commands again resume, each from its own folder, to
+    the uninterrupted run's weights. A machine whose folder is missing is named, in one line on every machine."""
+    port = free_port()
+    folders = [tmp_path / f"machine{rank}" for rank in (0, 1)]
+    commands = [machine_command(rank, port, corpus, folders[rank]) for rank in (0, 1)]
+    envs = [{**REFERENCE_ENV, "HF_DATASETS_CACHE": str(tmp_path / f"cache{rank}")} for rank in (0, 1)]
+    logs = [tmp_path / f"lost-{rank}.log" for rank in (0, 1)]
+
+    lost = run_machines(commands, logs, envs, after=5, fault=lose_machine_1)
+    assert lost[0].returncode != 0 and lost[0].seconds < BOUND, (lost[0].seconds, lost[0].stderr[-3000:])
+    assert lost[0].left == [] and lost[1].left == [] and sorted(lost[0].workers) == [0]
+    assert len(errors(lost[0])) == 1 and "Traceback" not in lost[0].stderr.split("E1")[0], lost[0].stderr[-3000:]
+    assert re.fullmatch(r"error: machine 1 \(rank 1\) was lost at step [56] \(.*\); the checkpoints before it are "
+                        r"intact: start every machine's command again to resume", errors(lost[0])[0])  # fmt: skip
+    for folder in folders:  # each copy whole: the weights, the optimizer, both ranks' RNG states
+        assert [c.name for c in list_checkpoints(folder, processes=2)][:2] == ["checkpoint-2", "checkpoint-4"]
+
+    port = free_port()
+    commands = [machine_command(rank, port, corpus, folders[rank]) for rank in (0, 1)]
+    resumed = run_machines(commands, [tmp_path / f"resume-{rank}.log" for rank in (0, 1)], envs)
+    assert [launch.returncode for launch in resumed] == [0, 0], resumed[0].stderr[-3000:]
+    for launch, folder in zip(resumed, folders, strict=True):
+        assert re.search(rf"resuming from {folder}/checkpoint-[46] ", launch.stderr), launch.stderr[-3000:]
+    assert_same_training(folders[0], ddp_reference)
+    for checkpoint in list_checkpoints(ddp_reference):
+        assert same_weights(folders[1] / checkpoint.name, checkpoint), checkpoint.name
+        assert is_complete(folders[1] / checkpoint.name, processes=2)
+    assert (folders[0] / "model.safetensors").is_file() and not (folders[1] / "model.safetensors").exists()
+
+    shutil.rmtree(folders[1])  # machine 1's disk replaced: its folder is gone
+    port = free_port()
+    commands = [machine_command(rank, port, corpus, folders[rank]) for rank in (0, 1)]
+    missing = run_machines(commands, [tmp_path / f"missing-{rank}.log" for rank in (0, 1)], envs)
+    said = "error: machine 1's output folder is missing or behind: it holds no checkpoint, machine 0 checkpoint-10"
+    for launch in missing:
+        assert launch.returncode != 0 and len(errors(launch)) == 1 and errors(launch)[0].startswith(said), (
+            launch.stderr[-3000:]
+        )
+        assert steps_logged(launch) == 0
+
+
+def test_a_machine_started_with_other_options_or_another_corpus_is_refused_before_any_step(corpus, tmp_path):
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(corpus.read_text(encoding="utf-8").splitlines(keepends=True)[:-1]), encoding="utf-8")
+    output = tmp_path / "run"
+    for name, extra, said in (
+        ("options", ["--warmup_steps", "8"], "error: machine 1 was started with --warmup_steps 8.0, machine 0 with "
+                                             "4.0: every machine must run the same command"),
+        ("corpus", ["--dataset", str(other)], "error: machine 1 has another corpus than machine 0: its train split "
+                                              "holds 230 pairs, sha256 "),
+    ):  # fmt: skip
+        port = free_port()
+        commands = [machine_command(0, port, corpus, output), machine_command(1, port, corpus, output, *extra)]
+        launches = run_machines(commands, [tmp_path / f"{name}-{rank}.log" for rank in (0, 1)])
+        for launch in launches:
+            assert launch.returncode != 0 and steps_logged(launch) == 0, launch.stderr[-3000:]
+            assert len(errors(launch)) == 1 and errors(launch)[0].startswith(said), errors(launch)
+        assert list(output.glob("checkpoint-*")) == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Longer cases (pytest -m slow)
+
+
+@pytest.mark.slow  # 25 s; CI loses a machine that has a folder of its own (above)
+def test_a_lost_machine_on_a_shared_folder_resumes_to_the_uninterrupted_run(ddp_reference, corpus, tmp_path):
+    output = tmp_path / "run"
+    port = free_port()
+    lost = run_machines([machine_command(rank, port, corpus, output) for rank in (0, 1)],
+                        [tmp_path / f"lost-{rank}.log" for rank in (0, 1)], after=5, fault=lose_machine_1)  # fmt: skip
+    assert lost[0].returncode != 0 and lost[0].seconds < BOUND and lost[0].left == [], lost[0].stderr[-3000:]
+    assert len(errors(lost[0])) == 1 and errors(lost[0])[0].startswith("error: machine 1 (rank 1) was lost at step")
+    port = free_port()
+    resumed = run_machines([machine_command(rank, port, corpus, output) for rank in (0, 1)],
+                           [tmp_path / f"resume-{rank}.log" for rank in (0, 1)])  # fmt: skip
+    assert [launch.returncode for launch in resumed] == [0, 0], resumed[0].stderr[-3000:]
+    assert_same_training(output, ddp_reference)
+
+
+@pytest.mark.slow  # 20 s
+def test_sigterm_to_both_launchers_saves_one_checkpoint_and_each_machine_says_so(ddp_reference, corpus, tmp_path):
+    """Slurm's preemption: SIGTERM to each machine's launcher, which passes it on to its rank. The ranks stop at
+    the same step, one checkpoint is written, each machine prints one line, and the rerun resumes exactly."""
+    output = tmp_path / "run"
+    port = free_port()
+
+    def preempt(launchers):
+        for launcher in launchers:
+            launcher.send_signal(signal.SIGTERM)
+
+    stopped = run_machines([machine_command(rank, port, corpus, output) for rank in (0, 1)],
+                           [tmp_path / f"term-{rank}.log" for rank in (0, 1)], after=3, fault=preempt)  # fmt: skip
+    assert stopped[0].seconds < BOUND and all(launch.left == [] for launch in stopped)
+    said = [launch.lines("stopped by SIGTERM at step ") for launch in stopped]
+    assert [len(lines) for lines in said] == [1, 1] and said[0] == said[1], said
+    step = int(said[0][0].split()[5].rstrip(";"))
+    assert said[0][0].endswith(f"{output / f'checkpoint-{step}'} saved: run the same command to resume")
+    assert [c.name for c in list_checkpoints(output, processes=2)][-1] == f"checkpoint-{step}"
+    assert [c for c in output.glob("checkpoint-*") if int(c.name.split("-")[1]) > step] == []
+    port = free_port()
+    resumed = run_machines([machine_command(rank, port, corpus, output) for rank in (0, 1)],
+                           [tmp_path / f"resume-{rank}.log" for rank in (0, 1)])  # fmt: skip
+    assert [launch.returncode for launch in resumed] == [0, 0], resumed[0].stderr[-3000:]
+    assert_same_training(output, ddp_reference)
+
+
+@pytest.mark.slow  # 12 s
+def test_the_slurm_script_passes_sigterm_on_and_requeues_the_job(corpus, tmp_path):
+    output = tmp_path / "run"
+    arguments = reference_command(corpus, output)[2:]
+    script = subprocess.Popen(["bash", str(SLURM), *arguments, "--max_steps", "200", "--use_cpu"],
+                              env=slurm_env(tmp_path), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True)  # fmt: skip
+    try:
+        for line in script.stdout:
+            if "'loss'" in line:
+                break
+        time.sleep(1)
+        script.send_signal(signal.SIGTERM)  # what --signal=B:TERM sends: to the batch script alone
+        _, stderr = script.communicate(timeout=60)
+    finally:
+        if script.poll() is None:
+            os.killpg(script.pid, signal.SIGKILL)
+    said = [line for line in stderr.splitlines() if line.startswith("stopped by SIGTERM at step ")]
+    assert len(said) == 2 and said[0] == said[1], stderr[-3000:]
+    assert "vaswani_mt: requeueing job 4242" in stderr and (tmp_path / "requeued").read_text() == "4242\n"
+    step = int(said[0].split()[5].rstrip(";"))
+    assert is_complete(output / f"checkpoint-{step}", processes=2)

@@ -1,0 +1,256 @@
+"""Several machines (accelerate's multi-node path, torchrun underneath, Slurm): where each rank runs, whether the
+machines share the output folder, that they were started alike, the tokenizer from rank 0, and a lost machine named.
+
+`accelerate launch --num_machines M --machine_rank m` starts the same number of processes on each machine; torchrun
+numbers them machine by machine, so global rank r runs on machine `r // processes per machine`. Storage decides who
+writes:
+- one folder every machine sees: global rank 0 writes each checkpoint (every rank its RNG state) and the tokenizer;
+- a folder per machine: each machine's main process writes a whole copy of each checkpoint (Trainer's
+  `save_on_each_node`, switched on when `settle_storage` finds the folder not shared), every rank's RNG state
+  included (`VaswaniTrainer` exchanges them), so that any one machine's folder resumes the whole run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+# Options that name a place on one machine (its own disk) rather than what is trained: they may differ between
+# machines. The corpus is compared by content instead of by path; rank 0's tokenizer is every rank's.
+_PER_MACHINE_OPTIONS = frozenset(
+    {
+        *("output_dir", "logging_dir", "local_rank", "resume_from_checkpoint", "hub_token"),
+        *("dataset", "tokenizer", "model_name_or_path", "config"),
+    }
+)
+_PROBE = ".vaswani-storage-probe"
+
+
+class MachinesError(RuntimeError):
+    """The machines of a launch cannot train together: started with other options or corpora, storage shared by
+    some and not others, a checkpoint missing on one, or a machine lost. The message names the machine."""
+
+
+@dataclass(frozen=True)
+class Machines:
+    count: int  # machines in the launch
+    index: int  # this process's machine (torchrun's GROUP_RANK, accelerate's --machine_rank)
+    per_machine: int  # processes on each machine
+
+    def of_rank(self, rank: int) -> int:
+        return rank // self.per_machine
+
+    def name(self, machines: list[int] | set[int]) -> str:
+        ordered = sorted(machines)
+        return ("machine " if len(ordered) == 1 else "machines ") + ", ".join(map(str, ordered))
+
+
+def machines() -> Machines:
+    """This launch's machines, from the variables torchrun sets for each worker (one machine when not launched)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return Machines(max(1, world // max(1, per_machine)), int(os.environ.get("GROUP_RANK", "0")), max(1, per_machine))
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def speaks_for_machine() -> bool:
+    """Whether this process prints a run's one-line outcome for its machine: each machine's first process (its
+    user reads that machine's log), which on one machine is global rank 0; a process on its own."""
+    return os.environ.get("LOCAL_RANK", "0") == "0"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Agreement before the first step
+
+
+def _options(*arguments) -> dict:
+    values = {}
+    for group in arguments:
+        values.update(group.to_dict() if hasattr(group, "to_dict") else asdict(group))
+    return {k: v for k, v in values.items() if k not in _PER_MACHINE_OPTIONS}
+
+
+def corpus_digest(split, languages: tuple[str, str]) -> str:
+    """SHA-256 of a split's texts, in order (Arrow batches of both sides, streamed: seconds for millions of pairs),
+    with its number of rows: equal only for the same pairs wherever the files lie."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    digest = hashlib.sha256(str(len(split)).encode())
+    for batch in split.select_columns("translation").with_format("arrow").iter(batch_size=100_000):
+        column = batch.column("translation").combine_chunks()
+        sides = pa.table({lang: pc.struct_field(column, lang) for lang in languages}).combine_chunks()
+        sink = io.BytesIO()
+        with pa.ipc.new_stream(sink, sides.schema) as writer:
+            writer.write_table(sides)
+        digest.update(sink.getvalue())
+    return f"{len(split)} pairs, sha256 {digest.hexdigest()[:12]}"
+
+
+def check_same_launch(where: Machines, arguments: tuple, corpus, languages: tuple[str, str]) -> None:
+    """Every machine was started with the same options and the same corpus (by content), or `MachinesError` on
+    every rank, naming the first machine that differs from machine 0 and how, before anything is trained."""
+    if where.count < 2 or not _distributed():
+        return
+    from accelerate.utils import gather_object
+
+    mine = {"options": _options(*arguments), "corpus": {s: corpus_digest(corpus[s], languages) for s in corpus}}
+    everyone = gather_object([(where.index, mine)])
+    reference = everyone[0][1]
+    for machine, theirs in everyone:
+        for key in sorted(set(reference["options"]) | set(theirs["options"])):
+            ours, other = reference["options"].get(key), theirs["options"].get(key)
+            if ours != other:
+                raise MachinesError(
+                    f"machine {machine} was started with --{key} {other!r}, machine 0 with {ours!r}: every machine "
+                    "must run the same command (only the folders may differ)"
+                )
+        for split, digest in reference["corpus"].items():
+            if theirs["corpus"].get(split) != digest:
+                raise MachinesError(
+                    f"machine {machine} has another corpus than machine 0: its {split} split holds "
+                    f"{theirs['corpus'].get(split, 'nothing')}, machine 0's {digest}"
+                )
+
+
+def settle_storage(where: Machines, training_args, output_dir: Path) -> bool:
+    """Whether every machine sees rank 0's output folder; sets `save_on_each_node` to match: on for folders of
+    their own (each machine keeps a whole copy of every checkpoint), off for one shared folder (two writers would
+    mix their files). Rank 0 writes a probe file that the other machines look for in their own output folder; some
+    machines sharing it and others not is `MachinesError`. One machine: its setting stays."""
+    if where.count < 2 or not _distributed():
+        return True
+    from accelerate.utils import gather_object
+
+    probe = output_dir / _PROBE
+    token = [None]
+    if dist.get_rank() == 0:
+        token = [uuid.uuid4().hex]
+        probe.write_text(token[0])
+    dist.broadcast_object_list(token, src=0)
+    try:
+        sees = probe.read_text() == token[0]
+    except OSError:
+        sees = False
+    seen = {machine: sees for machine, sees in gather_object([(where.index, sees)])}
+    if dist.get_rank() == 0:
+        probe.unlink(missing_ok=True)
+    blind = {machine for machine, sees in seen.items() if not sees}
+    if blind and len(blind) < where.count - 1:
+        sharing = set(seen) - blind
+        raise MachinesError(
+            f"{where.name(sharing)} share the output folder {output_dir} but {where.name(blind)} "
+            "cannot see it: give every machine one shared folder, or each a folder of its own"
+        )
+    shared = not blind
+    if shared and training_args.save_on_each_node:
+        logger.warning("--save_on_each_node off: the %d machines share %s, where two writers would mix their files",
+                       where.count, output_dir)  # fmt: skip
+    elif not shared and not training_args.save_on_each_node:
+        logger.info("the output folder is not shared between the machines: each keeps a whole copy of every "
+                    "checkpoint (--save_on_each_node)")  # fmt: skip
+    training_args.save_on_each_node = not shared
+    return shared
+
+
+def from_rank_zero(build: Callable[[], object], *, errors: tuple[type[BaseException], ...] = ()):
+    """A tokenizer built once, by global rank 0 (`build()`, which may train one and save it in the output folder),
+    and sent to every other rank as its saved files: every rank of every machine gets the same vocabulary, and
+    nothing else writes it. An error of `errors` in rank 0's build is raised on every rank."""
+    if not _distributed():
+        return build()
+    from transformers import AutoTokenizer
+
+    message: list = [None]
+    built = None
+    if dist.get_rank() == 0:
+        try:
+            built = build()
+            with tempfile.TemporaryDirectory() as folder:
+                built.save_pretrained(folder)
+                message = [("ok", {p.name: p.read_bytes() for p in Path(folder).iterdir() if p.is_file()})]
+        except errors as error:
+            message = [("error", error)]
+    dist.broadcast_object_list(message, src=0)
+    outcome, value = message[0]
+    if outcome == "error":
+        raise value
+    if built is not None:
+        return built
+    with tempfile.TemporaryDirectory() as folder:
+        for name, data in value.items():
+            Path(folder, name).write_bytes(data)
+        return AutoTokenizer.from_pretrained(folder)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A lost machine
+
+# What gloo (and NCCL) say when a peer process is gone: its sockets closed, or the collective timed out on it.
+_LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out waiting",
+              "remote process exited", "Connection refused")  # fmt: skip
+
+
+def is_lost_peer(error: BaseException) -> bool:
+    return isinstance(error, RuntimeError) and any(text in str(error) for text in _LOST_PEER)
+
+
+def lost_machine_error(error: BaseException, step: int, wait_seconds: float = 3.0) -> MachinesError:
+    """The one line for a collective that failed because a peer is gone: which machine was lost, found by asking
+    every rank that is still alive to sign in to the launch's rendezvous store (hosted by machine 0's launcher) for
+    `wait_seconds`. Where the store itself cannot be reached, machine 0 is the lost one."""
+    where, rank = machines(), int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    lost: set[int]
+    try:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=timedelta(seconds=wait_seconds), wait_for_workers=False)  # fmt: skip
+        store.set(f"vaswani_mt/alive/{rank}", "1")
+        keys = [f"vaswani_mt/alive/{r}" for r in range(world)]
+        deadline = time.monotonic() + wait_seconds
+        while time.monotonic() < deadline and not store.check(keys):
+            time.sleep(0.1)
+        alive = {r for r in range(world) if store.check([keys[r]])}
+        lost = {where.of_rank(r) for r in range(world) if r not in alive}
+    except Exception:  # no store: machine 0's launcher, which holds it, is gone
+        lost = {0}
+    lost.discard(where.index)
+    cause = " ".join(str(error).split())
+    cause = cause.split("] ", 1)[-1].split(". ", 1)[0]  # after gloo's source location, its first sentence
+    who = where.name(lost) if lost else "another machine"
+    ranks = sorted(r for r in range(world) if where.of_rank(r) in lost)
+    rank_words = f" (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})" if ranks else ""
+    return MachinesError(
+        f"{who}{rank_words} was lost at step {step} ({cause}); the checkpoints before it are intact: start every "
+        "machine's command again to resume"
+    )
+
+
+__all__ = [
+    "Machines",
+    "MachinesError",
+    "check_same_launch",
+    "corpus_digest",
+    "from_rank_zero",
+    "is_lost_peer",
+    "lost_machine_error",
+    "machines",
+    "settle_storage",
+    "speaks_for_machine",
+]
