@@ -8,13 +8,16 @@
 #      speed_train.py step mode, 100 pairs x 30 tokens (3,000 target tokens, the per-GPU batch of the 8-GPU recipe),
 #      ours and MarianMTModel under bf16 autocast, forward + loss + backward + fused AdamW; MFU = tokens/s x the
 #      training FLOPs per target token counted by vaswani_mt.flops / the device's dense bf16 peak (the table in
-#      vaswani_mt/flops.py, by torch.cuda.get_device_name(), or GPU_CHECK_PEAK_TFLOPS);
+#      vaswani_mt/training/flops.py, by torch.cuda.get_device_name(), or GPU_CHECK_PEAK_TFLOPS);
 #   3. decoding speed against MarianMTModel with the same weights: speed_decode.py synthetic mode, base shapes,
-#      beam 4 and greedy at batch 1, 16 and 64, float32 and bf16 weights.
+#      beam 4 and greedy at batch 1, 16 and 64, float32 and bf16 weights;
+#   4. every visible GPU (benchmarks/multi_gpu_check.py): NCCL DDP at base shapes, target tokens/s per GPU and the
+#      weights equal on every rank; and whether the three-way tied matrix (§3.4) survives FSDP2 in the installed
+#      accelerate (it refused shared parameters before accelerate PR #4171), recorded as found.
 #
 #   bash benchmarks/gpu_check.sh OUT.json
 #
-# Each step has a time limit (240 + 2 x 90 + 120 s, then the summary), so that the whole stays under 10 minutes.
+# Each step has a time limit (240 + 2 x 90 + 120 + 120 + 90 s, then the summary): about 12 minutes at most.
 # Environment: PYTHON (default .venv/bin/python, else python3); GPU_CHECK_PEAK_TFLOPS (the peak, where the device
 # is not in the table); GPU_CHECK_DRY_RUN=1 runs steps 2 and 3 at tiny shapes on any device, without the tests (a
 # check of this script itself, for machines without a GPU). Without CUDA (and no dry run) it exits with status 2
@@ -65,8 +68,9 @@ else
     train_shape=(--batch 100 --length $train_length --repeats 20 --warmup 3)
     decode_shape=(--length 30 --steps 30 --batches 1,16,64 --repeats 5)
     step tests 240 "$PYTHON" -m pytest -q -p no:cacheprovider --junitxml="$work/tests.xml" \
-        tests/test_modeling_vaswani.py tests/test_generation.py tests/test_fast_paths.py tests/test_training.py \
-        tests/test_callbacks.py tests/test_hardware.py tests/test_export.py tests/test_speed_benchmarks.py
+        tests/model/test_modeling_vaswani.py tests/model/test_generation.py tests/model/test_fast_paths.py \
+        tests/training/test_trainer.py tests/training/test_callbacks.py tests/training/test_hardware.py \
+        tests/export/test_export.py tests/test_speed_benchmarks.py
 fi
 for preset in base big; do
     preset_args=("${shape[@]}")
@@ -76,6 +80,25 @@ for preset in base big; do
 done
 step decode 120 "$PYTHON" benchmarks/speed_decode.py --mode synthetic --device "$device" "${shape[@]}" \
     "${decode_shape[@]}" --bf16 --no-memory --json "$work/decode.json"
+
+# 4. Every visible GPU: NCCL DDP (tokens/s per GPU, the same weights on every rank), and the tied matrix under FSDP2.
+# The dry run: 2 CPU processes (gloo), no FSDP (accelerate's FSDP needs GPUs).
+accelerate=$(dirname "$PYTHON")/accelerate
+[[ -x $accelerate ]] || accelerate=accelerate
+if [[ $dry_run == 1 ]]; then
+    gpus=2
+    multi=(--preset tiny --vocab_size 300 --batch 4 --length 6 --steps 4 --cpu)
+else
+    gpus=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')
+    multi=(--preset base --batch 100 --length 30 --steps 20)
+fi
+launch=("$accelerate" launch --num_machines 1 --num_processes "$gpus" --main_process_port 29517 --dynamo_backend no)
+step multi_gpu_ddp 120 "${launch[@]}" --multi_gpu benchmarks/multi_gpu_check.py --mode ddp "${multi[@]}" \
+    --json "$work/multi_gpu_ddp.json"
+if [[ $dry_run != 1 ]]; then
+    step multi_gpu_fsdp 90 "${launch[@]}" --use_fsdp --fsdp_version 2 benchmarks/multi_gpu_check.py --mode fsdp \
+        "${multi[@]}" --steps 1 --json "$work/multi_gpu_fsdp.json"
+fi
 
 status=0
 "$PYTHON" - "$out" "$work" "$device" "$dry_run" "$train_length" "$((SECONDS - start))" <<'PYTHON' || status=$?
@@ -91,7 +114,7 @@ import torch
 import transformers
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani_mt.flops import count_training_flops, mfu, peak_tflops
+from vaswani_mt.training.flops import count_training_flops, mfu, peak_tflops
 
 out, work, device, dry_run, length, seconds = sys.argv[1:]
 work, dry_run, length = Path(work), dry_run == "1", int(length)
@@ -181,6 +204,11 @@ if decode is not None:
             for case in decode["cases"]
         ],
     }
+for mode in ("ddp", "fsdp"):
+    status = step_status(f"multi_gpu_{mode}")
+    if status is not None:
+        result["steps"][f"multi_gpu_{mode}"] = status
+        result[f"multi_gpu_{mode}"] = read(f"multi_gpu_{mode}.json")
 failed = [step for step, status in result["steps"].items() if status is None or status["exit_status"] != 0]
 result["failed_steps"] = failed
 Path(out).parent.mkdir(parents=True, exist_ok=True)

@@ -219,6 +219,11 @@ def test_gpu_check_without_cuda_fails_with_one_line_and_writes_nothing(tmp_path)
     assert len(done.stderr.strip().splitlines()) == 1 and "no CUDA device" in done.stderr
 
 
+def test_gpu_check_and_its_multi_gpu_worker_parse():
+    assert subprocess.run(["bash", "-n", str(GPU_CHECK)], capture_output=True).returncode == 0
+    compile((BENCHMARKS / "multi_gpu_check.py").read_text(), "multi_gpu_check.py", "exec")
+
+
 @pytest.mark.slow
 def test_gpu_check_dry_run_writes_one_json_with_every_figure(tmp_path):
     """The script's own check on any machine: every step at tiny shapes, without the tests (about 45 s)."""
@@ -227,7 +232,11 @@ def test_gpu_check_dry_run_writes_one_json_with_every_figure(tmp_path):
     done = subprocess.run(["bash", str(GPU_CHECK), str(out)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert result["failed_steps"] == [] and set(result["steps"]) == {"train_base", "train_big", "decode"}
+    assert result["failed_steps"] == [] and set(result["steps"]) == {"train_base", "train_big", "decode",
+                                                                      "multi_gpu_ddp"}  # fmt: skip
+    ddp = result["multi_gpu_ddp"]
+    assert ddp["processes"] == 2 and ddp["backend"] == "gloo" and ddp["weights_equal_on_every_rank"] is True
+    assert ddp["target_tokens_per_s_per_process"] > 0
     assert {"torch", "transformers"} <= set(result["versions"]) and result["peak_bf16_tflops"] == 0.2
     for preset in ("base", "big"):
         training = result["training_bf16"][preset]

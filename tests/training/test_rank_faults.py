@@ -109,6 +109,9 @@ def test_a_killed_rank_ends_the_launch_and_every_rank_resumes_from_the_same_chec
     killed = _launch(command, tmp_path / "kill.log", after, lambda launcher, workers: os.kill(workers[rank], 9))
     assert killed.returncode != 0 and sorted(killed.workers) == [0, 1]
     assert killed.seconds < BOUND and killed.left == [], (killed.seconds, killed.left, killed.stderr[-3000:])
+    if rank == 1:  # rank 0 names it, once; a killed rank 0 leaves the report to the launcher
+        said = killed.lines("error:")
+        assert len(said) == 1 and said[0].startswith(f"error: rank 1 was lost at step {after}"), killed.stderr[-3000:]
 
     # The newest whole checkpoint damaged where one rank alone reads: rank 1's RNG state. Rank 0 decides for all.
     complete = list_checkpoints(output, processes=2)

@@ -211,13 +211,14 @@ def is_lost_peer(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and any(text in str(error) for text in _LOST_PEER)
 
 
-def lost_machine_error(error: BaseException, step: int, wait_seconds: float = 3.0) -> MachinesError:
-    """The one line for a collective that failed because a peer is gone: which machine was lost, found by asking
-    every rank that is still alive to sign in to the launch's rendezvous store (hosted by machine 0's launcher) for
-    `wait_seconds`. Where the store itself cannot be reached, machine 0 is the lost one."""
+def lost_machine_error(error: BaseException, step: int, wait_seconds: float | None = None) -> MachinesError:
+    """The one line for a collective that failed because a peer is gone: which machine (or, on one machine, which
+    rank) was lost, found by asking every rank still alive to sign in to the launch's rendezvous store (held by
+    machine 0's launcher) within `wait_seconds`. Where the store itself cannot be reached, machine 0 is lost."""
     where, rank = machines(), int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    lost: set[int]
+    if wait_seconds is None:  # the processes of one machine see a lost peer within milliseconds of each other
+        wait_seconds = 3.0 if where.count > 1 else 1.0
     try:
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                               timeout=timedelta(seconds=wait_seconds), wait_for_workers=False)  # fmt: skip
@@ -226,19 +227,22 @@ def lost_machine_error(error: BaseException, step: int, wait_seconds: float = 3.
         deadline = time.monotonic() + wait_seconds
         while time.monotonic() < deadline and not store.check(keys):
             time.sleep(0.1)
-        alive = {r for r in range(world) if store.check([keys[r]])}
-        lost = {where.of_rank(r) for r in range(world) if r not in alive}
+        lost_ranks = [r for r in range(world) if not store.check([keys[r]])]
     except Exception:  # no store: machine 0's launcher, which holds it, is gone
-        lost = {0}
-    lost.discard(where.index)
+        lost_ranks = [r for r in range(world) if where.of_rank(r) == 0]
+    lost_ranks = [r for r in lost_ranks if r != rank]
     cause = " ".join(str(error).split())
     cause = cause.split("] ", 1)[-1].split(". ", 1)[0]  # after gloo's source location, its first sentence
-    who = where.name(lost) if lost else "another machine"
-    ranks = sorted(r for r in range(world) if where.of_rank(r) in lost)
-    rank_words = f" (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})" if ranks else ""
+    ranks = f"rank{'s' if len(lost_ranks) > 1 else ''} {', '.join(map(str, lost_ranks))}"
+    if not lost_ranks:
+        who = "another process"
+    elif where.count > 1:
+        who = f"{where.name({where.of_rank(r) for r in lost_ranks})} ({ranks})"
+    else:
+        who = ranks
+    again = "start every machine's command again" if where.count > 1 else "run the same command again"
     return MachinesError(
-        f"{who}{rank_words} was lost at step {step} ({cause}); the checkpoints before it are intact: start every "
-        "machine's command again to resume"
+        f"{who} was lost at step {step} ({cause}); the checkpoints before it are intact: {again} to resume"
     )
 
 
