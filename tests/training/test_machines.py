@@ -5,8 +5,9 @@ each, each machine keeps a whole copy of every checkpoint. A lost machine ends t
 that names it, SIGTERM to both (Slurm's preemption) saves one checkpoint, and a machine started with other options
 or another corpus is refused before any step. The Slurm script runs as written, with stand-in `srun` and `scontrol`.
 
-CI runs the Slurm script on a shared folder, a lost machine with folders of their own, and the refusals; `pytest -m
-slow` adds SIGTERM to both launchers, a lost machine on a shared folder, and the Slurm script's preemption."""
+CI runs the Slurm script on a shared folder and a lost machine with folders of their own; `pytest -m slow` adds a
+folder missing or behind, the refusals, a lost machine on a shared folder, SIGTERM to both launchers, and the Slurm
+script's preemption."""
 
 import os
 import re
@@ -37,6 +38,7 @@ from safetensors.torch import load_file
 
 from vaswani_mt.data.corpus import load_corpus
 from vaswani_mt.training.checkpoints import is_complete, list_checkpoints
+from vaswani_mt.training.machines import Machines, corpus_digest, is_lost_peer, machines, speaks_for_machine
 
 BOUND = 15  # seconds from a fault to machine 0's exit; under the launcher's 30 s between SIGTERM and SIGKILL
 SLURM = ROOT / "scripts" / "slurm" / "train_multinode.sbatch"
@@ -119,6 +121,39 @@ def saved_corpus(corpus, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("saved-corpus") / "pairs"
     load_corpus(str(corpus)).save_to_disk(str(folder))
     return folder
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The parts, without a launch
+
+
+def test_ranks_are_placed_machine_by_machine_from_torchruns_variables(monkeypatch):
+    for name, value in {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1", "LOCAL_RANK": "2"}.items():
+        monkeypatch.setenv(name, value)
+    where = machines()
+    assert (where.count, where.index, where.per_machine) == (2, 1, 4)
+    assert [where.of_rank(r) for r in range(8)] == [0] * 4 + [1] * 4
+    assert where.name({1}) == "machine 1" and where.name([2, 0]) == "machines 0, 2"
+    assert not speaks_for_machine()  # local rank 2; each machine's local rank 0 speaks for it
+    for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name)
+    assert machines() == Machines(1, 0, 1) and speaks_for_machine()
+
+
+def test_a_corpus_digest_depends_on_the_text_not_on_where_the_file_lies(corpus, tmp_path):
+    copy = tmp_path / "elsewhere.jsonl"
+    shutil.copy(corpus, copy)
+    changed = tmp_path / "changed.jsonl"
+    changed.write_text(corpus.read_text(encoding="utf-8").replace("Katze", "Kater", 1), encoding="utf-8")
+    digests = [corpus_digest(load_corpus(str(path))["train"], ("en", "de")) for path in (corpus, copy, changed)]
+    assert digests[0] == digests[1] != digests[2]
+    assert digests[0].startswith("231 pairs, sha256 ")
+
+
+def test_gloos_words_for_a_lost_peer_are_recognised():
+    closed = "[/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:15253. This is typically caused"
+    assert is_lost_peer(RuntimeError(closed)) and is_lost_peer(RuntimeError("Read error: Connection reset by peer"))
+    assert not is_lost_peer(RuntimeError("CUDA out of memory")) and not is_lost_peer(ValueError(closed))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -215,7 +250,7 @@ def test_machines_with_folders_of_their_own_each_keep_a_whole_copy_and_a_lost_ma
     """A folder and a datasets cache per machine: each machine's main process writes a whole copy of each checkpoint
     (the other machine's RNG state included). Machine 1 lost after step 5: machine 0 ends within seconds with one
     line naming it, no process outlives the launches, and both commands again resume, each from its own folder, to
-    the uninterrupted run's weights. A machine whose folder is missing is named, in one line on every machine."""
+    the uninterrupted run's weights."""
     port = free_port()
     folders = [tmp_path / f"machine{rank}" for rank in (0, 1)]
     commands = [machine_command(rank, port, corpus, folders[rank]) for rank in (0, 1)]
@@ -243,10 +278,34 @@ def test_machines_with_folders_of_their_own_each_keep_a_whole_copy_and_a_lost_ma
         assert is_complete(folders[1] / checkpoint.name, processes=2)
     assert (folders[0] / "model.safetensors").is_file() and not (folders[1] / "model.safetensors").exists()
 
+
+@pytest.mark.slow  # 25 s; CI resumes machines with folders of their own (above)
+def test_a_machine_whose_folder_is_missing_or_behind_is_named_on_every_machine(ddp_reference, corpus, tmp_path):
+    """Machine 1's folder gone (a replaced disk): one line on every machine, before any step. Machine 1's folder
+    behind machine 0's (its last checkpoints lost): every machine resumes from the newest one both hold, and the
+    run ends with the uninterrupted run's weights."""
+    folders = [tmp_path / f"machine{rank}" for rank in (0, 1)]
+    envs = [{**REFERENCE_ENV, "HF_DATASETS_CACHE": str(tmp_path / f"cache{rank}")} for rank in (0, 1)]
+    for folder in folders:
+        shutil.copytree(
+            ddp_reference, folder, ignore=shutil.ignore_patterns("checkpoint-10", "*.safetensors", "*.json")
+        )
+    shutil.rmtree(folders[1] / "checkpoint-8")
+
+    def launch(name: str) -> list[Launch]:
+        port = free_port()
+        commands = [machine_command(rank, port, corpus, folders[rank]) for rank in (0, 1)]
+        return run_machines(commands, [tmp_path / f"{name}-{rank}.log" for rank in (0, 1)], envs)
+
+    behind = launch("behind")
+    assert [launch.returncode for launch in behind] == [0, 0], behind[0].stderr[-3000:]
+    assert "machine 0 holds checkpoint-8, which another machine lacks: every machine resumes from checkpoint-6" in (
+        behind[0].stderr
+    )
+    assert_same_training(folders[0], ddp_reference)
+
     shutil.rmtree(folders[1])  # machine 1's disk replaced: its folder is gone
-    port = free_port()
-    commands = [machine_command(rank, port, corpus, folders[rank]) for rank in (0, 1)]
-    missing = run_machines(commands, [tmp_path / f"missing-{rank}.log" for rank in (0, 1)], envs)
+    missing = launch("missing")
     said = "error: machine 1's output folder is missing or behind: it holds no checkpoint, machine 0 checkpoint-10"
     for launch in missing:
         assert launch.returncode != 0 and len(errors(launch)) == 1 and errors(launch)[0].startswith(said), (
@@ -255,6 +314,7 @@ def test_machines_with_folders_of_their_own_each_keep_a_whole_copy_and_a_lost_ma
         assert steps_logged(launch) == 0
 
 
+@pytest.mark.slow  # 16 s
 def test_a_machine_started_with_other_options_or_another_corpus_is_refused_before_any_step(corpus, tmp_path):
     other = tmp_path / "other.jsonl"
     other.write_text("".join(corpus.read_text(encoding="utf-8").splitlines(keepends=True)[:-1]), encoding="utf-8")

@@ -25,7 +25,7 @@ from vaswani_mt.data.corpus import DataError
 from vaswani_mt.training.arguments import check_dataset_options, parse_args
 from vaswani_mt.training.checkpoints import CheckpointError
 from vaswani_mt.training.job import print_summary, run_training
-from vaswani_mt.training.machines import MachinesError, speaks_for_machine
+from vaswani_mt.training.machines import MachinesError, is_lost_peer, lost_machine_error, speaks_for_machine
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> None:
         result = run_training(model_args, data_args, recipe, training_args, command=command)
     except (CheckpointError, DataError, MachinesError) as error:  # bad data (file:line), a full disk, a lost machine
         sys.exit(f"error: {error}" if speaks_for_machine() else 1)
+    except RuntimeError as error:  # a peer lost outside the training steps: while starting, or after the last step
+        if not is_lost_peer(error):
+            raise
+        sys.exit(f"error: {lost_machine_error(error)}" if speaks_for_machine() else 1)
     if "preempted" in result:
         stop = result["preempted"]
         if speaks_for_machine():

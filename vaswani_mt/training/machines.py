@@ -211,7 +211,9 @@ def is_lost_peer(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and any(text in str(error) for text in _LOST_PEER)
 
 
-def lost_machine_error(error: BaseException, step: int, wait_seconds: float | None = None) -> MachinesError:
+def lost_machine_error(
+    error: BaseException, step: int | None = None, wait_seconds: float | None = None
+) -> MachinesError:
     """The one line for a collective that failed because a peer is gone: which machine (or, on one machine, which
     rank) was lost, found by asking every rank still alive to sign in to the launch's rendezvous store (held by
     machine 0's launcher) within `wait_seconds`. Where the store itself cannot be reached, machine 0 is lost."""
@@ -241,9 +243,8 @@ def lost_machine_error(error: BaseException, step: int, wait_seconds: float | No
     else:
         who = ranks
     again = "start every machine's command again" if where.count > 1 else "run the same command again"
-    return MachinesError(
-        f"{who} was lost at step {step} ({cause}); the checkpoints before it are intact: {again} to resume"
-    )
+    when = f"at step {step}" if step is not None else "outside the training steps"
+    return MachinesError(f"{who} was lost {when} ({cause}); the checkpoints before it are intact: {again} to resume")
 
 
 __all__ = [
