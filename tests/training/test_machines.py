@@ -5,9 +5,9 @@ each, each machine keeps a whole copy of every checkpoint. A lost machine ends t
 that names it, SIGTERM to both (Slurm's preemption) saves one checkpoint, and a machine started with other options
 or another corpus is refused before any step. The Slurm script runs as written, with stand-in `srun` and `scontrol`.
 
-CI runs the Slurm script on a shared folder and a lost machine with folders of their own; `pytest -m slow` adds a
-folder missing or behind, the refusals, a lost machine on a shared folder, SIGTERM to both launchers, and the Slurm
-script's preemption."""
+CI runs the Slurm script on a shared folder and two machines with folders of their own; `pytest -m slow` adds a lost
+machine (folders per machine, and a shared one), a folder missing or behind, the refusals, SIGTERM to both
+launchers, and the Slurm script's preemption."""
 
 import os
 import re
@@ -94,6 +94,24 @@ def run_machines(commands: list[list[str]], logs: list[Path], envs: list[dict] |
     while (left := [p for p in pids if psutil.pid_exists(p) and not is_zombie(p)]) and time.monotonic() < deadline:
         time.sleep(0.1)
     return [Launch(code, seconds, text, found, left) for code, text, found in zip(codes, texts, workers, strict=True)]
+
+
+def launch_both(name: str, corpus: Path, folders: list[Path], tmp_path: Path, envs: list[dict] | None = None,
+                extra: tuple[list[str], list[str]] = ([], []), **fault) -> list[Launch]:  # fmt: skip
+    """Both machines' launchers of the reference run on a new port, machine m writing to `folders[m]` with the
+    options `extra[m]` more; logs `<tmp_path>/<name>-<m>.log`; `fault`: `run_machines`' `after` and `fault`."""
+    port = free_port()
+    commands = [machine_command(rank, port, corpus, folders[rank], *extra[rank]) for rank in (0, 1)]
+    return run_machines(commands, [tmp_path / f"{name}-{rank}.log" for rank in (0, 1)], envs, **fault)
+
+
+def assert_resume_exactly(corpus: Path, folders: list[Path], tmp_path: Path, reference: Path,
+                          envs: list[dict] | None = None) -> list[Launch]:  # fmt: skip
+    """Both commands again finish the run, with the uninterrupted run's weights, losses and learning rates."""
+    resumed = launch_both("resume", corpus, folders, tmp_path, envs)
+    assert [launch.returncode for launch in resumed] == [0, 0], resumed[0].stderr[-3000:]
+    assert_same_training(folders[0], reference)
+    return resumed
 
 
 def lose_machine_1(launchers: list[subprocess.Popen]) -> None:
@@ -244,20 +262,31 @@ def test_the_slurm_script_runs_two_machines_that_share_a_folder_as_one_machine_w
 # Storage per machine, and a lost machine
 
 
-def test_machines_with_folders_of_their_own_each_keep_a_whole_copy_and_a_lost_machine_is_named(
-    ddp_reference, corpus, tmp_path
-):
-    """A folder and a datasets cache per machine: each machine's main process writes a whole copy of each checkpoint
-    (the other machine's RNG state included). Machine 1 lost after step 5: machine 0 ends within seconds with one
-    line naming it, no process outlives the launches, and both commands again resume, each from its own folder, to
-    the uninterrupted run's weights."""
-    port = free_port()
+def test_machines_with_folders_of_their_own_each_keep_a_whole_copy_of_every_checkpoint(ddp_reference, corpus, tmp_path):
+    """A folder and a datasets cache per machine: found by the run, each machine's first process writes a whole copy
+    of each checkpoint (the other machine's RNG state included), with one machine's two processes' weights; the model
+    is published on machine 0 alone."""
     folders = [tmp_path / f"machine{rank}" for rank in (0, 1)]
-    commands = [machine_command(rank, port, corpus, folders[rank]) for rank in (0, 1)]
     envs = [{**REFERENCE_ENV, "HF_DATASETS_CACHE": str(tmp_path / f"cache{rank}")} for rank in (0, 1)]
-    logs = [tmp_path / f"lost-{rank}.log" for rank in (0, 1)]
+    run = launch_both("run", corpus, folders, tmp_path, envs)
+    assert [launch.returncode for launch in run] == [0, 0], run[0].stderr[-3000:]
+    for launch in run:
+        assert "the output folder is not shared between the machines: each keeps a whole copy" in launch.stderr
+    assert_same_training(folders[0], ddp_reference)
+    for checkpoint in list_checkpoints(ddp_reference):
+        assert is_complete(folders[1] / checkpoint.name, processes=2)
+        assert same_weights(folders[1] / checkpoint.name, checkpoint), checkpoint.name
+    assert (folders[0] / "model.safetensors").is_file() and not (folders[1] / "model.safetensors").exists()
 
-    lost = run_machines(commands, logs, envs, after=5, fault=lose_machine_1)
+
+@pytest.mark.slow  # 25 s; CI: each machine keeps a whole copy (above), and a killed rank on one machine
+def test_a_lost_machine_is_named_and_both_resume_each_from_its_own_folder(ddp_reference, corpus, tmp_path):
+    """Machine 1 lost after step 5 (folders per machine): machine 0 ends within seconds with one line naming it, no
+    process outlives the launches, and both commands again resume, each from its own folder, to the uninterrupted
+    run's weights."""
+    folders = [tmp_path / f"machine{rank}" for rank in (0, 1)]
+    envs = [{**REFERENCE_ENV, "HF_DATASETS_CACHE": str(tmp_path / f"cache{rank}")} for rank in (0, 1)]
+    lost = launch_both("lost", corpus, folders, tmp_path, envs, after=5, fault=lose_machine_1)
     assert lost[0].returncode != 0 and lost[0].seconds < BOUND, (lost[0].seconds, lost[0].stderr[-3000:])
     assert lost[0].left == [] and lost[1].left == [] and sorted(lost[0].workers) == [0]
     assert len(errors(lost[0])) == 1 and "Traceback" not in lost[0].stderr.split("E1")[0], lost[0].stderr[-3000:]
@@ -265,18 +294,11 @@ def test_machines_with_folders_of_their_own_each_keep_a_whole_copy_and_a_lost_ma
                         r"intact: start every machine's command again to resume", errors(lost[0])[0])  # fmt: skip
     for folder in folders:  # each copy whole: the weights, the optimizer, both ranks' RNG states
         assert [c.name for c in list_checkpoints(folder, processes=2)][:2] == ["checkpoint-2", "checkpoint-4"]
-
-    port = free_port()
-    commands = [machine_command(rank, port, corpus, folders[rank]) for rank in (0, 1)]
-    resumed = run_machines(commands, [tmp_path / f"resume-{rank}.log" for rank in (0, 1)], envs)
-    assert [launch.returncode for launch in resumed] == [0, 0], resumed[0].stderr[-3000:]
+    resumed = assert_resume_exactly(corpus, folders, tmp_path, ddp_reference, envs)
     for launch, folder in zip(resumed, folders, strict=True):
         assert re.search(rf"resuming from {folder}/checkpoint-[46] ", launch.stderr), launch.stderr[-3000:]
-    assert_same_training(folders[0], ddp_reference)
     for checkpoint in list_checkpoints(ddp_reference):
         assert same_weights(folders[1] / checkpoint.name, checkpoint), checkpoint.name
-        assert is_complete(folders[1] / checkpoint.name, processes=2)
-    assert (folders[0] / "model.safetensors").is_file() and not (folders[1] / "model.safetensors").exists()
 
 
 @pytest.mark.slow  # 25 s; CI resumes machines with folders of their own (above)
@@ -286,26 +308,17 @@ def test_a_machine_whose_folder_is_missing_or_behind_is_named_on_every_machine(d
     run ends with the uninterrupted run's weights."""
     folders = [tmp_path / f"machine{rank}" for rank in (0, 1)]
     envs = [{**REFERENCE_ENV, "HF_DATASETS_CACHE": str(tmp_path / f"cache{rank}")} for rank in (0, 1)]
-    for folder in folders:
-        shutil.copytree(
-            ddp_reference, folder, ignore=shutil.ignore_patterns("checkpoint-10", "*.safetensors", "*.json")
-        )
-    shutil.rmtree(folders[1] / "checkpoint-8")
+    for folder, steps in zip(folders, ((2, 4, 6, 8), (2, 4, 6)), strict=True):  # machine 1 lost its checkpoint-8
+        for step in steps:
+            shutil.copytree(ddp_reference / f"checkpoint-{step}", folder / f"checkpoint-{step}")
 
-    def launch(name: str) -> list[Launch]:
-        port = free_port()
-        commands = [machine_command(rank, port, corpus, folders[rank]) for rank in (0, 1)]
-        return run_machines(commands, [tmp_path / f"{name}-{rank}.log" for rank in (0, 1)], envs)
-
-    behind = launch("behind")
-    assert [launch.returncode for launch in behind] == [0, 0], behind[0].stderr[-3000:]
+    behind = assert_resume_exactly(corpus, folders, tmp_path, ddp_reference, envs)
     assert "machine 0 holds checkpoint-8, which another machine lacks: every machine resumes from checkpoint-6" in (
         behind[0].stderr
     )
-    assert_same_training(folders[0], ddp_reference)
 
     shutil.rmtree(folders[1])  # machine 1's disk replaced: its folder is gone
-    missing = launch("missing")
+    missing = launch_both("missing", corpus, folders, tmp_path, envs)
     said = "error: machine 1's output folder is missing or behind: it holds no checkpoint, machine 0 checkpoint-10"
     for launch in missing:
         assert launch.returncode != 0 and len(errors(launch)) == 1 and errors(launch)[0].startswith(said), (
@@ -325,9 +338,7 @@ def test_a_machine_started_with_other_options_or_another_corpus_is_refused_befor
         ("corpus", ["--dataset", str(other)], "error: machine 1 has another corpus than machine 0: its train split "
                                               "holds 230 pairs, sha256 "),
     ):  # fmt: skip
-        port = free_port()
-        commands = [machine_command(0, port, corpus, output), machine_command(1, port, corpus, output, *extra)]
-        launches = run_machines(commands, [tmp_path / f"{name}-{rank}.log" for rank in (0, 1)])
+        launches = launch_both(name, corpus, [output, output], tmp_path, extra=([], extra))
         for launch in launches:
             assert launch.returncode != 0 and steps_logged(launch) == 0, launch.stderr[-3000:]
             assert len(errors(launch)) == 1 and errors(launch)[0].startswith(said), errors(launch)
@@ -340,17 +351,11 @@ def test_a_machine_started_with_other_options_or_another_corpus_is_refused_befor
 
 @pytest.mark.slow  # 25 s; CI loses a machine that has a folder of its own (above)
 def test_a_lost_machine_on_a_shared_folder_resumes_to_the_uninterrupted_run(ddp_reference, corpus, tmp_path):
-    output = tmp_path / "run"
-    port = free_port()
-    lost = run_machines([machine_command(rank, port, corpus, output) for rank in (0, 1)],
-                        [tmp_path / f"lost-{rank}.log" for rank in (0, 1)], after=5, fault=lose_machine_1)  # fmt: skip
+    folders = [tmp_path / "run"] * 2
+    lost = launch_both("lost", corpus, folders, tmp_path, after=5, fault=lose_machine_1)
     assert lost[0].returncode != 0 and lost[0].seconds < BOUND and lost[0].left == [], lost[0].stderr[-3000:]
     assert len(errors(lost[0])) == 1 and errors(lost[0])[0].startswith("error: machine 1 (rank 1) was lost at step")
-    port = free_port()
-    resumed = run_machines([machine_command(rank, port, corpus, output) for rank in (0, 1)],
-                           [tmp_path / f"resume-{rank}.log" for rank in (0, 1)])  # fmt: skip
-    assert [launch.returncode for launch in resumed] == [0, 0], resumed[0].stderr[-3000:]
-    assert_same_training(output, ddp_reference)
+    assert_resume_exactly(corpus, folders, tmp_path, ddp_reference)
 
 
 @pytest.mark.slow  # 20 s
@@ -358,14 +363,12 @@ def test_sigterm_to_both_launchers_saves_one_checkpoint_and_each_machine_says_so
     """Slurm's preemption: SIGTERM to each machine's launcher, which passes it on to its rank. The ranks stop at
     the same step, one checkpoint is written, each machine prints one line, and the rerun resumes exactly."""
     output = tmp_path / "run"
-    port = free_port()
 
     def preempt(launchers):
         for launcher in launchers:
             launcher.send_signal(signal.SIGTERM)
 
-    stopped = run_machines([machine_command(rank, port, corpus, output) for rank in (0, 1)],
-                           [tmp_path / f"term-{rank}.log" for rank in (0, 1)], after=3, fault=preempt)  # fmt: skip
+    stopped = launch_both("term", corpus, [output, output], tmp_path, after=3, fault=preempt)
     assert stopped[0].seconds < BOUND and all(launch.left == [] for launch in stopped)
     said = [launch.lines("stopped by SIGTERM at step ") for launch in stopped]
     assert [len(lines) for lines in said] == [1, 1] and said[0] == said[1], said
@@ -373,11 +376,7 @@ def test_sigterm_to_both_launchers_saves_one_checkpoint_and_each_machine_says_so
     assert said[0][0].endswith(f"{output / f'checkpoint-{step}'} saved: run the same command to resume")
     assert [c.name for c in list_checkpoints(output, processes=2)][-1] == f"checkpoint-{step}"
     assert [c for c in output.glob("checkpoint-*") if int(c.name.split("-")[1]) > step] == []
-    port = free_port()
-    resumed = run_machines([machine_command(rank, port, corpus, output) for rank in (0, 1)],
-                           [tmp_path / f"resume-{rank}.log" for rank in (0, 1)])  # fmt: skip
-    assert [launch.returncode for launch in resumed] == [0, 0], resumed[0].stderr[-3000:]
-    assert_same_training(output, ddp_reference)
+    assert_resume_exactly(corpus, [output, output], tmp_path, ddp_reference)
 
 
 @pytest.mark.slow  # 12 s
