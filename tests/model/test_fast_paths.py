@@ -128,7 +128,7 @@ def test_beam_search_leaves_the_encoder_attention_cache_in_place_and_matches_mar
     keys = torch.arange(4.0).view(4, 1, 1, 1)
     cache.self_attention_cache.update(keys, keys.clone(), 0)
     cache.cross_attention_cache.update(keys, keys.clone(), 0)
-    model._reorder_cache(cache, torch.tensor([1, 1, 0, 3]))
+    model.reorder_beam_cache(cache, torch.tensor([1, 1, 0, 3]))
     assert cache.self_attention_cache.layers[0].keys.flatten().tolist() == [1, 1, 0, 3]
     assert cache.cross_attention_cache.layers[0].keys.flatten().tolist() == [0, 1, 2, 3]
 

@@ -8,9 +8,16 @@ from contextlib import contextmanager
 import pytest
 import torch
 from conftest import make_model, padded_batch, uneven_pairs
-from transformers import AutoModelForSeq2SeqLM, Seq2SeqTrainer, Seq2SeqTrainingArguments
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    GenerationMixin,
+    PreTrainedModel,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+)
 
 from vaswani_mt import gnmt_length_penalty
+from vaswani_mt.model import generation_vaswani
 from vaswani_mt.model.modeling_vaswani import PerSentenceMaxLength, VaswaniForConditionalGeneration
 
 
@@ -324,16 +331,16 @@ def test_alpha_decides_between_hypotheses_of_different_lengths_as_the_exhaustive
 
 
 def _record_early_stop_checks(monkeypatch):
-    """Every call of the model's `_check_early_stop_heuristic` (once per decoding step), with its result."""
+    """Every call of the search's early-termination bound (`can_improve`, once per decoding step), with its result."""
     calls = []
-    check = VaswaniForConditionalGeneration._check_early_stop_heuristic
+    check = generation_vaswani.can_improve
 
     def recording(**kwargs):
         result = check(**kwargs)
         calls.append({**{k: v.clone() if torch.is_tensor(v) else v for k, v in kwargs.items()}, "result": result})
         return result
 
-    monkeypatch.setattr(VaswaniForConditionalGeneration, "_check_early_stop_heuristic", staticmethod(recording))
+    monkeypatch.setattr(generation_vaswani, "can_improve", recording)
     return calls
 
 
@@ -341,12 +348,11 @@ def _bound_says_go_on(call, alpha, never: bool) -> bool:
     """The early-termination rule, recomputed: go on while the best running hypothesis (log P < 0 only falls as it
     grows), divided by the largest GNMT penalty it could still reach (at TOY_MAX tokens; with alpha 0 or
     early_stopping=False: at its current length), beats the worst of the num_beams finished ones."""
-    best_running = call["running_beam_scores"][0, 0].item()
-    generated = call["cur_len"] - call["decoder_prompt_len"]
-    reach = TOY_MAX if never and alpha > 0 else generated
-    if not call["is_sent_finished"].all():
+    best_running = call["running_scores"][0, 0].item()
+    reach = TOY_MAX if never and alpha > 0 else call["generated"]
+    if not call["is_finished"].all():
         return True  # a free place among the finished: anything may still enter
-    return best_running / gnmt_length_penalty(reach, alpha) > call["beam_scores"].min().item()
+    return best_running / gnmt_length_penalty(reach, alpha) > call["finished_scores"].min().item()
 
 
 @pytest.mark.parametrize(
@@ -381,8 +387,8 @@ def test_early_termination_follows_the_bound_and_loses_no_better_hypothesis(
     # What it returns is the best finished hypothesis, and, where it stopped, nothing still running could have done
     # better: the best running log P over the penalty of TOY_MAX tokens is below the returned score.
     last = calls[-1]
-    best_running = last["running_beam_scores"][0, 0].item()
-    assert score == pytest.approx(last["beam_scores"].max().item(), abs=1e-6)
+    best_running = last["running_scores"][0, 0].item()
+    assert score == pytest.approx(last["finished_scores"].max().item(), abs=1e-6)
     best, best_score, _ = exhaustive_best(every_hypothesis, alpha)
     if early_stopping == "never":
         assert best_running / gnmt_length_penalty(TOY_MAX, alpha) < score
@@ -390,3 +396,94 @@ def test_early_termination_follows_the_bound_and_loses_no_better_hypothesis(
     else:  # transformers' heuristic stopped although the long translation running on could still beat it
         assert best_running / gnmt_length_penalty(TOY_MAX, alpha) > score
         assert best == LONG and best_score > score + 0.1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The search is ours (generation_vaswani.beam_search), on public API only. The oracle: transformers' own beam search
+# with the paper's rules hooked into its private methods, as the payload did before (commit 56db6a8); test code only.
+
+
+class HookedTransformersSearch(VaswaniForConditionalGeneration):
+    """transformers' `_beam_search` with the GNMT penalty for finished hypotheses, the bound with it, the
+    per-sentence limit and self-attention-only reordering hooked in."""
+
+    def generate(self, input_ids, attention_mask, **kwargs):
+        lengths = attention_mask.sum(-1)
+        limits = (lengths * kwargs.pop("max_len_a", 1) + kwargs.pop("max_len_b", 50)).long().clamp(min=1)
+        if "max_new_tokens" not in kwargs and "max_length" not in kwargs:
+            kwargs.update(max_new_tokens=int(limits.max()), max_length=None)
+            kwargs["logits_processor"] = [PerSentenceMaxLength(limits, self.config.eos_token_id)]
+        return GenerationMixin.generate(self, input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
+    def _reorder_cache(self, cache, beam_idx):
+        cache.self_attention_cache.reorder_cache(beam_idx)
+        return cache
+
+    def _update_finished_beams(self, **kwargs):
+        length = kwargs["cur_len"] + 1 - kwargs["decoder_prompt_len"]
+        kwargs["topk_log_probs"] = kwargs["topk_log_probs"] / gnmt_length_penalty(length, kwargs["length_penalty"])
+        kwargs["length_penalty"] = 0.0
+        return GenerationMixin._update_finished_beams(self, **kwargs)
+
+    @staticmethod
+    def _check_early_stop_heuristic(is_early_stop_heuristic_unsatisfied, running_beam_scores, beam_scores,
+                                    is_sent_finished, cur_len, max_length, decoder_prompt_len, early_stopping,
+                                    length_penalty):  # fmt: skip
+        return generation_vaswani.can_improve(
+            improvable=is_early_stop_heuristic_unsatisfied, running_scores=running_beam_scores,
+            finished_scores=beam_scores, is_finished=is_sent_finished, generated=cur_len - decoder_prompt_len,
+            longest=max_length - decoder_prompt_len, early_stopping=early_stopping, alpha=length_penalty,
+        )  # fmt: skip
+
+
+_HOOKS = ("_beam_search", "_update_finished_beams", "_check_early_stop_heuristic", "_reorder_cache")
+
+
+@pytest.mark.skipif(not all(hasattr(GenerationMixin, hook) for hook in _HOOKS[:3]),
+                    reason="this transformers has no private beam-search methods of these names to hook")  # fmt: skip
+@pytest.mark.parametrize(
+    "options",
+    [{"num_beams": 4, "length_penalty": 0.6}, {"num_beams": 4, "length_penalty": 1.2},
+     {"num_beams": 8, "length_penalty": 1.2}, {"num_beams": 2, "length_penalty": 0.0},
+     {"num_beams": 4, "num_return_sequences": 3}, {"num_beams": 4, "early_stopping": False},
+     {"num_beams": 4, "early_stopping": True}, {"num_beams": 4, "max_new_tokens": 5},
+     {"num_beams": 4, "no_repeat_ngram_size": 2, "bad_words_ids": [[5], [6, 7]], "min_length": 6},
+     {"num_beams": 4, "output_logits": True, "max_len_b": 3}],
+)  # fmt: skip
+def test_our_beam_search_returns_what_transformers_search_with_the_papers_rules_returns(options):
+    """Tokens, `sequences_scores`, `beam_indices`, every step's `scores` and `logits`: equal, bit for bit, on random
+    tiny models and padded batches."""
+    for seed in range(3):
+        ours = make_model(seed=seed, vocab_size=60)
+        oracle = HookedTransformersSearch(ours.config).eval()
+        oracle.load_state_dict(ours.state_dict())
+        oracle.generation_config = ours.generation_config
+        ids, mask = padded_batch(seed=seed, lengths=(9, 4, 6, 2), vocab=60)
+        kwargs = dict(input_ids=ids, attention_mask=mask, output_scores=True, return_dict_in_generate=True, **options)
+        a, b = ours.generate(**kwargs), oracle.generate(**kwargs)
+        assert type(a) is type(b)
+        for field in ("sequences", "sequences_scores", "beam_indices"):
+            assert torch.equal(getattr(a, field), getattr(b, field)), (seed, field)
+        for field in ("scores", "logits"):
+            ours_steps, theirs = getattr(a, field), getattr(b, field)
+            assert (ours_steps is None) == (theirs is None), field
+            assert ours_steps is None or all(torch.equal(x, y) for x, y in zip(ours_steps, theirs, strict=True))
+
+
+def test_the_payload_overrides_no_private_method_of_transformers():
+    """A private method of `GenerationMixin` or `PreTrainedModel` that a later transformers renames would no longer
+    be called, in silence: the payload's classes define none of them."""
+    from vaswani_mt.model import modeling_vaswani
+
+    theirs = {name for base in (GenerationMixin, PreTrainedModel) for klass in base.__mro__ for name in vars(klass)}
+    private = {name for name in theirs if name.startswith("_") and not name.startswith("__")}
+    classes = [value for module in (modeling_vaswani, generation_vaswani) for value in vars(module).values()
+               if isinstance(value, type) and value.__module__ == module.__name__]  # fmt: skip
+    overridden = sorted(
+        f"{klass.__name__}.{name}"
+        for klass in classes
+        for name, value in vars(klass).items()
+        if name in private and (isinstance(value, (staticmethod, classmethod)) or callable(value))
+    )
+    # `_init_weights` is the hook transformers documents for a model's own initialisation (its models all define it)
+    assert overridden == ["VaswaniPreTrainedModel._init_weights"], overridden

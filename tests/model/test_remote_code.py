@@ -27,7 +27,7 @@ PACKAGE = Path(vaswani_mt.model.__file__).parent  # the remote-code payload
 # (sqrt, isfinite), `re` (the pipeline's text clean-up), `weakref` (a cache that does not keep tensors alive) and
 # `pathlib` (`save_pretrained` copies pipeline_vaswani.py into the folder it saves, which the model does not import;
 # nothing reads a file when a folder is loaded).
-STANDARD_MODULES = {"__future__", "collections.abc", "inspect", "math", "pathlib", "re", "typing", "weakref"}
+STANDARD_MODULES = {"__future__", "collections.abc", "copy", "inspect", "math", "pathlib", "re", "typing", "weakref"}
 THIRD_PARTY = {"torch", "transformers"}
 # Builtins, and functions by their attribute name (`torch.load`, `pickle.loads`, `os.system`, ...), that run or load
 # code or pickles, or read files: remote code calls none of them.

@@ -189,12 +189,11 @@ class VaswaniEnsemble(PreTrainedModel, VaswaniGenerationMixin):
         output = Seq2SeqLMOutput(logits=logits, **{_CACHE_FIELD: new_cache})
         return output if return_dict is not False else output.to_tuple()
 
-    def _reorder_cache(self, cache: EnsembleCache, beam_idx: torch.Tensor) -> EnsembleCache:
+    def reorder_beam_cache(self, cache: EnsembleCache, beam_idx: torch.Tensor) -> None:
         """Beam search's reordering after each step, for every member's cache: the single model's own reordering
-        (`VaswaniGenerationMixin._reorder_cache`, self-attention only)."""
-        reorder = super()._reorder_cache  # (not inside the comprehension: its own scope has no super())
-        cache.caches = [reorder(member_cache, beam_idx) for member_cache in cache.caches]
-        return cache
+        (`VaswaniGenerationMixin.reorder_beam_cache`, self-attention only)."""
+        for member_cache in cache.caches:
+            super().reorder_beam_cache(member_cache, beam_idx)
 
 
 def _vocabulary_difference(first, other) -> str | None:

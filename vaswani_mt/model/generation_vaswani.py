@@ -1,15 +1,19 @@
-"""The paper's beam search (§6.1) as hooks into transformers' `generate()`.
+"""The paper's beam search (§6.1), ours, on transformers' public API.
 
 "We used beam search with a beam size of 4 and length penalty alpha = 0.6 [...] We set the maximum output length
-during inference to input length + 50, but terminate early when possible." transformers' beam search does the
-search; what it lacks is hooked in here, kept apart from the architecture as transformers keeps its generation code
-apart from its models:
+during inference to input length + 50, but terminate early when possible." The search is written here against the
+model's `forward`, transformers' `Cache` classes, `GenerationConfig` and `LogitsProcessor`s only, not by overriding
+private methods of `GenerationMixin`, which a later transformers may rename (the override would then be skipped in
+silence and the penalty would fall back to transformers' `|Y|^alpha`). Kept apart from the architecture as
+transformers keeps its generation code apart from its models:
 
 - `PAPER_SEARCH`: the generation config every new model starts with (beam 4, alpha 0.6, `|X| + 50`);
 - `gnmt_length_penalty`: the penalty the paper's alpha belongs to (Wu et al., 2016);
 - `PerSentenceMaxLength`: each sentence's own `|X| + 50` limit;
-- `VaswaniGenerationMixin`: `generate()` with that limit, the GNMT penalty for finished hypotheses, early
-  termination bounded with it, and a beam reordering that leaves the encoder-decoder attention cache alone.
+- `beam_search`: the search: the GNMT penalty for finished hypotheses, early termination bounded with it, and
+  encoder-decoder keys and values that are never reordered (every beam of a sentence shares them);
+- `VaswaniGenerationMixin`: `generate()`, which runs `beam_search` for `num_beams > 1` and transformers' own greedy
+  search and sampling otherwise.
 
 Self-contained (torch and transformers only): modeling_vaswani.py imports it relatively, so that `save_pretrained`
 copies it next to the model code and a saved folder loads it as Hub remote code.
@@ -17,9 +21,24 @@ copies it next to the model code and a saved folder loads it as Hub remote code.
 
 from __future__ import annotations
 
+import copy
+
 import torch
-from transformers import GenerationMixin, LogitsProcessor, LogitsProcessorList
-from transformers.cache_utils import Cache, EncoderDecoderCache
+from transformers import GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList, StoppingCriteriaList
+from transformers.cache_utils import EncoderDecoderCache, StaticCache
+from transformers.generation import (
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
+    GenerateBeamEncoderDecoderOutput,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    NoBadWordsLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SuppressTokensAtBeginLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
+from transformers.modeling_outputs import BaseModelOutput
 
 # §6.1's search, the generation config every new model starts with: beam size 4, GNMT length penalty alpha 0.6,
 # at most max_len_a * |X| + max_len_b output tokens (fairseq's names) = input length + 50.
@@ -57,10 +76,258 @@ class PerSentenceMaxLength(LogitsProcessor):
         return scores
 
 
+# Generation options that change the search in ways `beam_search` does not implement: refused with beams, not ignored.
+_UNSUPPORTED_WITH_BEAMS = {
+    "do_sample": False, "num_beam_groups": 1, "diversity_penalty": 0.0, "sequence_bias": None, "guidance_scale": None,
+    "encoder_repetition_penalty": 1.0, "encoder_no_repeat_ngram_size": 0, "exponential_decay_length_penalty": None,
+    "remove_invalid_values": False, "low_memory": None, "max_time": None, "stop_strings": None,
+    "prefix_allowed_tokens_fn": None,
+}  # fmt: skip
+
+
+def _cache_of(outputs):
+    """The KV cache a forward returned (transformers 5.24 renamed the field `past_key_values` to `cache`)."""
+    cache = getattr(outputs, "cache", None)
+    return cache if cache is not None else getattr(outputs, "past_key_values", None)
+
+
+def _new_cache(model, config: GenerationConfig, max_length: int, source_length: int):
+    """The KV cache the search starts with: None (the decoder makes a dynamic one at the first step), or with
+    `cache_implementation="static"` transformers' preallocated one (self-attention up to `max_length` tokens,
+    encoder-decoder attention over the source), which torch.compile'd decoding needs."""
+    if getattr(config, "cache_implementation", None) in (None, "dynamic"):
+        return None
+    if config.cache_implementation != "static":
+        raise ValueError(f"the paper's beam search takes cache_implementation 'static' or none, not "
+                         f"{config.cache_implementation!r}")  # fmt: skip
+    return EncoderDecoderCache(StaticCache(config=model.config, max_cache_len=max_length),
+                               StaticCache(config=model.config, max_cache_len=source_length))  # fmt: skip
+
+
+def _compiled(model, compile_config):
+    """`model`'s forward compiled with `torch.compile` and the options of a transformers `CompileConfig`, once per
+    model and options."""
+    options = {k: getattr(compile_config, k) for k in ("fullgraph", "dynamic", "backend", "mode", "options")}
+    key = repr(sorted(options.items()))
+    compiled = model.__dict__.setdefault("_vaswani_compiled_forwards", {})
+    if key not in compiled:
+        compiled[key] = torch.compile(model.__call__, **options)
+    return compiled[key]
+
+
+def _logits_processors(config: GenerationConfig, eos: torch.Tensor, device, user: LogitsProcessorList | None):
+    """transformers' processors for the options `beam_search` takes, in the order `generate()` applies them, then
+    the caller's."""
+    processors = LogitsProcessorList()
+    if config.repetition_penalty is not None and config.repetition_penalty != 1.0:
+        processors.append(RepetitionPenaltyLogitsProcessor(config.repetition_penalty))
+    if config.no_repeat_ngram_size:
+        processors.append(NoRepeatNGramLogitsProcessor(config.no_repeat_ngram_size))
+    if config.bad_words_ids is not None:
+        processors.append(NoBadWordsLogitsProcessor(config.bad_words_ids, eos))
+    if config.min_length:
+        processors.append(MinLengthLogitsProcessor(config.min_length, eos, device=device))
+    if config.min_new_tokens:
+        processors.append(MinNewTokensLengthLogitsProcessor(1, config.min_new_tokens, eos, device=device))
+    if config.forced_bos_token_id is not None:
+        processors.append(ForcedBOSTokenLogitsProcessor(config.forced_bos_token_id))
+    if config.forced_eos_token_id is not None:
+        processors.append(ForcedEOSTokenLogitsProcessor(config.max_length, config.forced_eos_token_id, device=device))
+    if config.suppress_tokens is not None:
+        processors.append(SuppressTokensLogitsProcessor(config.suppress_tokens, device=device))
+    if config.begin_suppress_tokens is not None:
+        begin = 1 if config.forced_bos_token_id is None else 2
+        processors.append(SuppressTokensAtBeginLogitsProcessor(config.begin_suppress_tokens, begin, device=device))
+    processors.extend(user or [])
+    return processors
+
+
+def can_improve(
+    *,
+    improvable: torch.Tensor,
+    running_scores: torch.Tensor,
+    finished_scores: torch.Tensor,
+    is_finished: torch.Tensor,
+    generated: int,
+    longest: int,
+    early_stopping: bool | str,
+    alpha: float,
+) -> torch.Tensor:
+    """Early termination (§6.1 "terminate early when possible"), per sentence: whether the best running hypothesis,
+    scored with the largest GNMT penalty it could still reach (at `longest` generated tokens, with
+    `early_stopping="never"` and alpha > 0: tensor2tensor's bound, exact; else at its current length, `generated`,
+    transformers' heuristic), still beats the worst of the finished ones; a sentence that cannot stays done."""
+    best_length = longest if early_stopping == "never" and alpha > 0.0 else generated
+    best_running = running_scores[:, :1] / gnmt_length_penalty(best_length, alpha)
+    worst_finished = torch.where(is_finished, torch.min(finished_scores, dim=1, keepdim=True)[0], -1.0e9)
+    return improvable & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
+
+
+def _gather(tensor: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """`tensor[b, indices[b, k], ...]`: the beams `indices` picks in each sentence."""
+    while indices.dim() < tensor.dim():
+        indices = indices.unsqueeze(-1)
+    return torch.take_along_dim(tensor, indices, dim=1)
+
+
+@torch.no_grad()
+def beam_search(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    config: GenerationConfig,
+    logits_processor: LogitsProcessorList | None = None,
+    stopping_criteria: StoppingCriteriaList | None = None,
+    encoder_outputs=None,
+):
+    """§6.1's beam search over `model` (a `VaswaniGenerationMixin`): `config.num_beams` hypotheses per sentence,
+    each step's top `2 * num_beams` continuations of all of them (so that `num_beams` go on when some end with EOS),
+    finished ones scored `log P(Y|X) / ((5 + |Y|) / 6)^alpha` (|Y| counts the generated tokens with EOS), at most
+    `config.max_length` tokens with the decoder start, and a sentence done once no running hypothesis can beat its
+    worst finished one (with `early_stopping="never"`: even at the longest length it may reach, tensor2tensor's
+    bound). Returns what transformers' `generate()` returns for beam search: the ids, or with
+    `return_dict_in_generate` a `GenerateBeamEncoderDecoderOutput` (`sequences_scores` and the processed per-step
+    `scores` with `output_scores`, `beam_indices`, `logits`, attentions and hidden states when asked)."""
+    num_beams, alpha = config.num_beams, float(config.length_penalty)
+    batch, device = input_ids.shape[0], input_ids.device
+    eos = torch.tensor([config.eos_token_id] if isinstance(config.eos_token_id, int) else config.eos_token_id,
+                       device=device)  # fmt: skip
+    keep = max(2, 1 + eos.numel()) * num_beams
+    max_length = config.max_length
+    dict_out = config.return_dict_in_generate
+    want = {name: dict_out and bool(getattr(config, name)) for name in
+            ("output_scores", "output_logits", "output_attentions", "output_hidden_states")}  # fmt: skip
+    extra = {name: True for name in ("output_attentions", "output_hidden_states") if want[name]}
+    if encoder_outputs is None:
+        encoder_outputs = model.get_encoder()(input_ids, attention_mask=attention_mask, **extra)
+    # Every beam of a sentence reads the same encoder states (and, from the first step on, the same encoder-decoder
+    # keys and values, which `reorder_beam_cache` leaves where they are).
+    expanded = BaseModelOutput(last_hidden_state=encoder_outputs[0].repeat_interleave(num_beams, dim=0))
+    mask = attention_mask.repeat_interleave(num_beams, dim=0)
+    processors = _logits_processors(config, eos, device, logits_processor)
+    pad = config.pad_token_id if config.pad_token_id is not None else int(eos[0])
+
+    cur_len = prompt_len = 1
+    running = torch.full((batch, num_beams, max_length), pad, dtype=torch.long, device=device)
+    running[:, :, 0] = config.decoder_start_token_id
+    finished = running.clone()
+    running_scores = torch.zeros(batch, num_beams, device=device)
+    running_scores[:, 1:] = -1e9  # only the first beam's tokens count at the first step: no k copies of one token
+    finished_scores = torch.full((batch, num_beams), -1e9, device=device)
+    is_finished = torch.zeros(batch, num_beams, dtype=torch.bool, device=device)
+    improvable = torch.ones(batch, 1, dtype=torch.bool, device=device)
+    hits = torch.zeros(batch, num_beams, dtype=torch.bool, device=device)
+    running_origins = torch.full((batch, num_beams, max_length - prompt_len), -1, dtype=torch.int32, device=device)
+    finished_origins = running_origins.clone()
+    top_mask = torch.arange(keep, device=device) < num_beams
+    offsets = torch.arange(batch, device=device).view(-1, 1) * num_beams
+    scores, raw, self_attentions, cross_attentions, hidden = [], [], [], [], []
+    use_cache = config.use_cache is not False
+    cache = _new_cache(model, config, max_length, mask.shape[1]) if use_cache else None
+    step = model
+
+    while True:
+        flat = running[:, :, :cur_len].reshape(batch * num_beams, cur_len)
+        outputs = step(
+            attention_mask=mask, decoder_input_ids=flat[:, -1:] if use_cache else flat, encoder_outputs=expanded,
+            cache=cache, use_cache=use_cache, return_dict=True, **extra,
+        )  # fmt: skip
+        cache = _cache_of(outputs) if use_cache else None
+        if cur_len == prompt_len and cache is not None and getattr(config, "compile_config", None) is not None:
+            step = _compiled(model, config.compile_config)  # after the first step, as transformers compiles
+        logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32, device=device)
+        log_probs = processors(flat, torch.nn.functional.log_softmax(logits, dim=-1))
+        if want["output_logits"]:
+            raw.append(logits.clone())
+        if want["output_scores"]:
+            scores.append(log_probs.clone())
+        if want["output_attentions"]:
+            self_attentions.append(outputs.decoder_attentions)
+            cross_attentions.append(outputs.cross_attentions)
+        if want["output_hidden_states"]:
+            hidden.append(outputs.decoder_hidden_states)
+        del outputs
+
+        # The best `keep` continuations of all beams of each sentence, by log P(Y|X) so far.
+        log_probs = log_probs.view(batch, num_beams, -1) + running_scores[:, :, None]
+        vocab = log_probs.shape[-1]
+        top_scores, top_indices = torch.topk(log_probs.reshape(batch, -1), k=keep)
+        from_beam = top_indices // vocab
+        top_sequences = _gather(running, from_beam)
+        top_sequences[:, :, cur_len] = top_indices % vocab
+        top_origins = _gather(running_origins, from_beam)
+        top_origins[:, :, cur_len - prompt_len] = (from_beam + offsets).to(top_origins.dtype)
+
+        hits = torch.isin(top_sequences[:, :, cur_len], eos) | (cur_len + 1 >= max_length)
+        if stopping_criteria:
+            flat_top = top_sequences[:, :, : cur_len + 1].reshape(batch * keep, -1)
+            hits |= stopping_criteria(flat_top, tuple(scores) if want["output_scores"] else None).view(batch, keep)
+
+        # The `num_beams` best that go on: those that did not just end.
+        going_on = top_scores + hits.to(torch.float32) * -1.0e9
+        chosen = torch.topk(going_on, k=num_beams)[1]
+        running, running_scores, running_origins = (
+            _gather(top_sequences, chosen), _gather(going_on, chosen), _gather(top_origins, chosen)
+        )  # fmt: skip
+
+        # Those that just ended among the top `num_beams`, scored with the GNMT penalty, against the finished ones.
+        ended = hits & top_mask[None, :]
+        candidate = top_scores / gnmt_length_penalty(cur_len + 1 - prompt_len, alpha)
+        candidate = (
+            candidate
+            + (torch.all(is_finished, dim=-1, keepdim=True) & (config.early_stopping is True)).to(torch.float32)
+            * -1.0e9
+        )
+        candidate = candidate + (~improvable).to(torch.float32) * -1.0e9
+        candidate = candidate + (~ended) * -1.0e9
+        merged_scores = torch.cat((finished_scores, candidate), dim=1)
+        best = torch.topk(merged_scores, k=num_beams)[1]
+        finished = _gather(torch.cat((finished, top_sequences), dim=1), best)
+        finished_scores = _gather(merged_scores, best)
+        finished_origins = _gather(torch.cat((finished_origins, top_origins), dim=1), best)
+        is_finished = _gather(torch.cat((is_finished, ended), dim=1), best)
+
+        if cache is not None:
+            model.reorder_beam_cache(cache, running_origins[..., cur_len - prompt_len].reshape(-1))
+        cur_len += 1
+
+        improvable = can_improve(
+            improvable=improvable, running_scores=running_scores, finished_scores=finished_scores,
+            is_finished=is_finished, generated=cur_len - prompt_len, longest=max_length - prompt_len,
+            early_stopping=config.early_stopping, alpha=alpha,
+        )  # fmt: skip
+        if not (improvable.any() and not (is_finished.all() and config.early_stopping is True) and not hits.all()):
+            break
+
+    returned = config.num_return_sequences
+    sequences = finished[:, :returned].reshape(batch * returned, -1)
+    sequence_scores = finished_scores[:, :returned].reshape(batch * returned)
+    origins = finished_origins[:, :returned].reshape(batch * returned, -1)
+    generated = int((origins + 1).bool().sum(dim=1).max())
+    sequences, origins = sequences[:, : prompt_len + generated], origins[:, :generated]
+    if not dict_out:
+        return sequences
+    fields = {
+        "sequences": sequences,
+        "sequences_scores": sequence_scores if config.output_scores else None,
+        "scores": tuple(scores) if want["output_scores"] else None,
+        "logits": tuple(raw) if want["output_logits"] else None,
+        "beam_indices": origins,
+        "encoder_attentions": encoder_outputs.get("attentions") if want["output_attentions"] else None,
+        "encoder_hidden_states": encoder_outputs.get("hidden_states") if want["output_hidden_states"] else None,
+        "decoder_attentions": tuple(self_attentions) if want["output_attentions"] else None,
+        "cross_attentions": tuple(cross_attentions) if want["output_attentions"] else None,
+        "decoder_hidden_states": tuple(hidden) if want["output_hidden_states"] else None,
+    }
+    names = GenerateBeamEncoderDecoderOutput.__dataclass_fields__
+    fields.update({name: cache for name in ("cache", "past_key_values") if name in names})
+    return GenerateBeamEncoderDecoderOutput(**fields)
+
+
 class VaswaniGenerationMixin(GenerationMixin):
-    """transformers' `GenerationMixin` with the paper's search (§6.1): beam size 4, the GNMT length penalty with
-    alpha = 0.6, a maximum output length of each sentence's own input length + 50, and early termination when no
-    running hypothesis can still beat the finished ones."""
+    """transformers' `GenerationMixin` with the paper's search (§6.1) from `generate()`: beam size 4, the GNMT
+    length penalty with alpha = 0.6, a maximum output length of each sentence's own input length + 50, and early
+    termination when no running hypothesis can still beat the finished ones (`beam_search`)."""
 
     def _use_paper_search(self) -> None:
         """Sets the model's generation config to `PAPER_SEARCH`, terminating early only when the bound allows it."""
@@ -70,16 +337,22 @@ class VaswaniGenerationMixin(GenerationMixin):
         # These are our own settings, not copies of the model config: without this, loading drops max_len_a/b.
         self.generation_config._from_model_config = False
 
-    def generate(self, inputs: torch.Tensor | None = None, generation_config=None, logits_processor=None, **kwargs):
+    def generate(
+        self,
+        inputs: torch.Tensor | None = None,
+        generation_config: GenerationConfig | None = None,
+        logits_processor: LogitsProcessorList | None = None,
+        stopping_criteria: StoppingCriteriaList | None = None,
+        **kwargs,
+    ):
         """`GenerationMixin.generate` with the paper's defaults: 4 beams, GNMT length penalty with alpha 0.6 and a
-        maximum output length of each sentence's own input length + 50.
+        maximum output length of each sentence's own input length + 50; `num_beams > 1` runs `beam_search`, greedy
+        search and sampling are transformers' own.
 
         The per-sentence limit `max_len_a * |X| + max_len_b` (fairseq's names; the generation config holds a=1,
         b=50; `max_len_b=None` turns it off) applies unless `max_length` or `max_new_tokens` is passed to this call,
         or `max_new_tokens` is set in the `generation_config` passed to it. It replaces a `max_length` that the
-        model's generation config holds (Seq2SeqTrainer writes transformers' default, 20, there), so transformers
-        does not warn that both are set. Overriding `generate` is the one hook: transformers' length limits are one
-        number for the whole batch.
+        model's generation config holds (Seq2SeqTrainer writes transformers' default, 20, there).
         """
         gen_config = generation_config if generation_config is not None else self.generation_config
         max_len_a = kwargs.pop("max_len_a", getattr(gen_config, "max_len_a", None))
@@ -88,6 +361,7 @@ class VaswaniGenerationMixin(GenerationMixin):
         explicit_length = "max_length" in kwargs or "max_new_tokens" in kwargs
         if generation_config is not None and generation_config.max_new_tokens is not None:
             explicit_length = True
+        logits_processor = LogitsProcessorList(list(logits_processor or []))
         if max_len_b is not None and not explicit_length and input_ids is not None:
             mask = kwargs.get("attention_mask")
             source_lengths = mask.sum(-1) if mask is not None else input_ids.ne(self.config.pad_token_id).sum(-1)
@@ -98,54 +372,73 @@ class VaswaniGenerationMixin(GenerationMixin):
             kwargs["max_length"] = None
             eos = gen_config.eos_token_id if gen_config.eos_token_id is not None else self.config.eos_token_id
             eos = eos[0] if isinstance(eos, list) else eos
-            logits_processor = LogitsProcessorList(list(logits_processor or []))
             logits_processor.append(PerSentenceMaxLength(limits, eos))
-        return super().generate(
-            inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
-        )
+        config, model_kwargs = self._vaswani_search_config(gen_config, kwargs)
+        if config.do_sample and (config.num_beams or 1) > 1:
+            raise ValueError(
+                f"do_sample=True with {config.num_beams} beams (beam sampling) is not the paper's search: sample with "
+                "num_beams=1, or search with do_sample=False"
+            )
+        if config.num_beams is None or config.num_beams <= 1:
+            return super().generate(
+                inputs, generation_config=generation_config, logits_processor=logits_processor or None,
+                stopping_criteria=stopping_criteria, **kwargs,
+            )  # fmt: skip
+        if input_ids is None:
+            raise ValueError("the paper's beam search needs input_ids (the source token ids)")
+        attention_mask = model_kwargs.pop("attention_mask", None)
+        if attention_mask is None:
+            attention_mask = input_ids.ne(self.config.pad_token_id).long()
+        model_kwargs.pop("input_ids", None)
+        encoder_outputs = model_kwargs.pop("encoder_outputs", None)
+        for name in ("synced_gpus", "labels"):  # Seq2SeqTrainer's: one process decodes on its own, without targets
+            model_kwargs.pop(name, None)
+        unknown = sorted(k for k, v in model_kwargs.items() if v is not None)
+        if unknown:
+            raise ValueError(f"generate() with {config.num_beams} beams does not take {', '.join(unknown)}")
+        return beam_search(self, input_ids, attention_mask, config, logits_processor, stopping_criteria,
+                           encoder_outputs=encoder_outputs)  # fmt: skip
 
-    def _reorder_cache(self, cache: Cache, beam_idx: torch.Tensor) -> Cache:
-        """Beam search's reordering after each step, for self-attention only: every beam of a sentence holds the
-        same encoder-decoder attention keys and values (beams only move within their sentence), so reordering
-        those, as transformers' own reordering does, would copy the whole encoder cache at every step for nothing."""
+    def _vaswani_search_config(self, generation_config: GenerationConfig, kwargs: dict):
+        """The generation config of this call (a copy, with the call's options) and the keywords left for the model;
+        options `beam_search` does not implement are refused when beams search."""
+        config = copy.deepcopy(generation_config)
+        model_kwargs = config.update(**{k: v for k, v in kwargs.items() if k != "max_new_tokens"})
+        if kwargs.get("max_new_tokens") is not None:
+            config.max_new_tokens = kwargs["max_new_tokens"]
+        if config.max_new_tokens is not None:
+            config.max_length = config.max_new_tokens + 1  # with the decoder start token
+        for name in ("eos_token_id", "pad_token_id", "decoder_start_token_id"):
+            if getattr(config, name) is None:
+                setattr(config, name, getattr(self.config, name, None))
+        config.num_return_sequences = config.num_return_sequences or 1
+        config.length_penalty = 1.0 if config.length_penalty is None else config.length_penalty
+        if config.num_beams and config.num_beams > 1 and not config.do_sample:
+            for name, neutral in _UNSUPPORTED_WITH_BEAMS.items():
+                value = getattr(config, name, neutral)
+                if value not in (neutral, None) and not (isinstance(neutral, float) and value == neutral):
+                    raise ValueError(f"generate() with {config.num_beams} beams does not take {name}={value!r}")
+            if config.num_return_sequences > config.num_beams:
+                raise ValueError(
+                    f"num_return_sequences ({config.num_return_sequences}) is more than num_beams ({config.num_beams})"
+                )
+        return config, model_kwargs
+
+    def reorder_beam_cache(self, cache, beam_idx: torch.Tensor) -> None:
+        """Moves each beam's self-attention keys and values to the hypothesis that continues it. The encoder-decoder
+        attention cache stays: every beam of a sentence holds the same one, and beams only move within their
+        sentence, so reordering it would copy the whole encoder cache at every step for nothing."""
         if isinstance(cache, EncoderDecoderCache):
             cache.self_attention_cache.reorder_cache(beam_idx)
         else:
             cache.reorder_cache(beam_idx)
-        return cache
-
-    def _update_finished_beams(self, **kwargs):
-        """Scores finished hypotheses with the GNMT penalty `log P(Y|X) / ((5 + |Y|) / 6)^alpha` (§6.1) instead of
-        transformers' `log P(Y|X) / |Y|^alpha`, which has no other penalty. |Y| counts generated tokens with the final
-        EOS and without the decoder start token."""
-        # transformers passes every argument by keyword (generation/utils.py, `_beam_search`).
-        length = kwargs["cur_len"] + 1 - kwargs["decoder_prompt_len"]
-        kwargs["topk_log_probs"] = kwargs["topk_log_probs"] / gnmt_length_penalty(length, kwargs["length_penalty"])
-        kwargs["length_penalty"] = 0.0  # transformers then divides by |Y|^0 = 1
-        return super()._update_finished_beams(**kwargs)
-
-    @staticmethod
-    def _check_early_stop_heuristic(
-        is_early_stop_heuristic_unsatisfied: torch.Tensor,
-        running_beam_scores: torch.Tensor,
-        beam_scores: torch.Tensor,
-        is_sent_finished: torch.Tensor,
-        cur_len: int,
-        max_length: int,
-        decoder_prompt_len: int,
-        early_stopping: bool | str,
-        length_penalty: float,
-    ) -> torch.Tensor:
-        """Early termination (§6.1) with the GNMT penalty: a sentence is done when even the best running hypothesis,
-        scored with the largest penalty it could still reach, cannot beat the worst finished one (tensor2tensor's
-        bound; exact with `early_stopping="never"`). transformers' own bound uses its `|Y|^alpha` penalty."""
-        if early_stopping == "never" and length_penalty > 0.0:
-            best_length = max_length - decoder_prompt_len
-        else:
-            best_length = cur_len - decoder_prompt_len
-        best_running = running_beam_scores[:, :1] / gnmt_length_penalty(best_length, length_penalty)
-        worst_finished = torch.where(is_sent_finished, torch.min(beam_scores, dim=1, keepdim=True)[0], -1.0e9)
-        return is_early_stop_heuristic_unsatisfied & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
 
 
-__all__ = ["PAPER_SEARCH", "PerSentenceMaxLength", "VaswaniGenerationMixin", "gnmt_length_penalty"]
+__all__ = [
+    "PAPER_SEARCH",
+    "PerSentenceMaxLength",
+    "VaswaniGenerationMixin",
+    "beam_search",
+    "can_improve",
+    "gnmt_length_penalty",
+]
