@@ -28,7 +28,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 folder, sources = sys.argv[1], json.loads(sys.argv[2])
 assert "vaswani_mt" not in sys.modules
 model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
-tokenizer = AutoTokenizer.from_pretrained(folder)
+tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
 batch = tokenizer(sources, return_tensors="pt", padding=True)
 out = {"transformers": transformers.__version__, "torch": torch.__version__, "module": type(model).__module__}
 for name, options in (("saved search", {}), ("8 beams", {"num_beams": 8})):
@@ -51,8 +51,9 @@ def main() -> None:
     runs = {}
     with tempfile.TemporaryDirectory() as cwd:  # no vaswani_mt checkout on the child's path
         for python in args.python:
-            done = subprocess.run([python, "-c", _CHILD, str(Path(args.folder).resolve()), json.dumps(sources)],
-                                  cwd=cwd, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+            command = [python, "-c", _CHILD, str(Path(args.folder).resolve()), json.dumps(sources)]
+            done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
+                                  stdin=subprocess.DEVNULL)  # fmt: skip
             if done.returncode != 0:
                 sys.exit(f"{python}: {done.stderr.strip().splitlines()[-1]}")
             runs[python] = json.loads(done.stdout.strip().splitlines()[-1])
