@@ -7,8 +7,8 @@ folder with `AutoModelForSeq2SeqLM.from_pretrained(..., trust_remote_code=True)`
 folder's own search (the paper's beam search from its generation config) and with `--num_beams 8`. The tokens and
 `sequences_scores` must be equal in every environment.
 
-    python -m venv /tmp/tf520 && /tmp/tf520/bin/pip install torch==2.13.0 transformers==5.20.0
-    python benchmarks/remote_code_versions.py outputs/ding-cpu-hub --python /tmp/tf520/bin/python \
+    python -m venv ../tf520 && ../tf520/bin/pip install torch==2.13.0 transformers==5.20.0
+    python benchmarks/remote_code_versions.py outputs/ding-cpu --python ../tf520/bin/python \
         --python .venv/bin/python --json benchmarks/remote_code_versions_2026-11-25.json
 """
 

@@ -369,7 +369,7 @@ def _common_resume_point(training_args: Seq2SeqTrainingArguments, output_dir: Pa
     holdings = {machine: set(steps) for machine, steps in gather_object([(where.index, held)]) if steps is not None}
     newest = {machine: max(steps, default=None) for machine, steps in holdings.items()}
     if wanted is not None:
-        step = int(wanted.rsplit("-", 1)[1])
+        step = checkpoint_step(wanted)
         lacking = sorted(machine for machine, steps in holdings.items() if step not in steps)
         if lacking:
             raise MachinesError(f"--resume_from_checkpoint {wanted}: {where.name(lacking)} hold no complete copy of it")
@@ -395,6 +395,7 @@ def _common_resume_point(training_args: Seq2SeqTrainingArguments, output_dir: Pa
 
 
 def checkpoint_step(checkpoint: str | os.PathLike) -> int:
+    """N of a `checkpoint-N` folder."""
     return int(Path(checkpoint).name.rsplit("-", 1)[1])
 
 
@@ -416,6 +417,7 @@ def _choose_resume_point(training_args: Seq2SeqTrainingArguments, output_dir: Pa
 __all__ = [
     "CheckpointError",
     "average_checkpoints",
+    "checkpoint_step",
     "describe_write_failure",
     "incomplete_reason",
     "is_complete",

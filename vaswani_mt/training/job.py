@@ -57,6 +57,7 @@ from .callbacks import (
 from .checkpoints import (
     CheckpointError,
     average_checkpoints,
+    checkpoint_step,
     is_complete,
     last_checkpoint,
     list_checkpoints,
@@ -364,7 +365,7 @@ def _best_step(trainer: VaswaniTrainer) -> int | None:
         if trainer.args.metric_for_best_model is not None:
             logger.warning("no checkpoint was evaluated: publishing the last checkpoints, not the best")
         return None
-    return int(Path(best).name.rsplit("-", 1)[1])
+    return checkpoint_step(best)
 
 
 def _best_summary(trainer: VaswaniTrainer, final) -> dict:
