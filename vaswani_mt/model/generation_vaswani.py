@@ -39,6 +39,11 @@ from transformers.generation import (
     SuppressTokensLogitsProcessor,
 )
 from transformers.modeling_outputs import BaseModelOutput
+from transformers.utils import logging
+
+from .constraints_vaswani import ORDERS, LexicalConstraints, allocate
+
+logger = logging.get_logger(__name__)
 
 # §6.1's search, the generation config every new model starts with: beam size 4, GNMT length penalty alpha 0.6,
 # at most max_len_a * |X| + max_len_b output tokens (fairseq's names) = input length + 50.
@@ -179,6 +184,8 @@ def beam_search(
     logits_processor: LogitsProcessorList | None = None,
     stopping_criteria: StoppingCriteriaList | None = None,
     encoder_outputs=None,
+    constraints: LexicalConstraints | None = None,
+    target_prefix: torch.Tensor | None = None,
 ):
     """§6.1's beam search over `model` (a `VaswaniGenerationMixin`): `config.num_beams` hypotheses per sentence,
     each step's top `2 * num_beams` continuations of all of them (so that `num_beams` go on when some end with EOS),
@@ -187,7 +194,13 @@ def beam_search(
     worst finished one (with `early_stopping="never"`: even at the longest length it may reach, tensor2tensor's
     bound). Returns what transformers' `generate()` returns for beam search: the ids, or with
     `return_dict_in_generate` a `GenerateBeamEncoderDecoderOutput` (`sequences_scores` and the processed per-step
-    `scores` with `output_scores`, `beam_indices`, `logits`, attentions and hidden states when asked)."""
+    `scores` with `output_scores`, `beam_indices`, `logits`, attentions and hidden states when asked).
+
+    `constraints` (`constraints_vaswani.LexicalConstraints`): phrases each sentence's output must contain, by dynamic
+    beam allocation; the output then has `constraints_met` ((batch * num_return_sequences, C) booleans). Sentences
+    without constraints get exactly what they get without them. `target_prefix` ((batch, Lp), -1 after a row's
+    prefix): tokens each output starts with; the search goes on after them and the score counts their
+    log-probabilities; a row of -1 is no prefix."""
     num_beams, alpha = config.num_beams, float(config.length_penalty)
     batch, device = input_ids.shape[0], input_ids.device
     eos = torch.tensor([config.eos_token_id] if isinstance(config.eos_token_id, int) else config.eos_token_id,
@@ -223,6 +236,14 @@ def beam_search(
     offsets = torch.arange(batch, device=device).view(-1, 1) * num_beams
     scores, raw, self_attentions, cross_attentions, hidden = [], [], [], [], []
     use_cache = config.use_cache is not False
+    if constraints is not None:
+        running_met, running_partial = constraints.initial_state(num_beams)
+        running_satisfied = ~constraints.rows[:, None].expand(batch, num_beams)
+        finished_met = running_met.clone()
+        finished_satisfied = running_satisfied.clone()
+        constrained = constraints.rows[:, None]
+        beam_of = torch.arange(num_beams, device=device)
+    finished_keys = finished_scores.clone()  # what ranks finished hypotheses: met constraints first, then score
     cache = _new_cache(model, config, max_length, mask.shape[1]) if use_cache else None
     step = model
 
@@ -237,6 +258,12 @@ def beam_search(
             step = _compiled(model, config.compile_config)  # after the first step, as transformers compiles
         logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32, device=device)
         log_probs = processors(flat, torch.nn.functional.log_softmax(logits, dim=-1))
+        if target_prefix is not None and cur_len - prompt_len < target_prefix.shape[1]:
+            forced = target_prefix[:, cur_len - prompt_len].repeat_interleave(num_beams)
+            others = torch.arange(log_probs.shape[-1], device=device) != forced[:, None]
+            log_probs = log_probs.masked_fill((forced >= 0)[:, None] & others, -float("inf"))
+        if constraints is not None:
+            log_probs = _bar_eos(log_probs, ~running_satisfied.reshape(-1), eos)
         if want["output_logits"]:
             raw.append(logits.clone())
         if want["output_scores"]:
@@ -266,12 +293,56 @@ def beam_search(
         # The `num_beams` best that go on: those that did not just end.
         going_on = top_scores + hits.to(torch.float32) * -1.0e9
         chosen = torch.topk(going_on, k=num_beams)[1]
+        ended = hits & top_mask[None, :]  # those that just ended among the top `num_beams`
+        if constraints is not None:
+            # More candidates (each beam's next constraint tokens and its own best token), taken by bank
+            # (constraints_vaswani.allocate); sentences without constraints keep exactly the choice above.
+            nxt, pursue = constraints.next_tokens(running_met, running_partial)
+            nxt = nxt.reshape(batch, -1)
+            extra_beams = torch.cat((beam_of.repeat_interleave(constraints.P), beam_of)).expand(batch, -1)
+            best_scores, best_tokens = log_probs.max(-1)
+            extra_tokens = torch.cat((nxt, best_tokens), dim=1)
+            extra_scores = torch.cat(
+                (
+                    torch.take_along_dim(log_probs, nxt.view(batch, num_beams, -1), dim=-1)
+                    .masked_fill(~pursue, -float("inf"))
+                    .reshape(batch, -1),
+                    best_scores,
+                ),
+                dim=1,
+            )
+            tokens = torch.cat((top_indices % vocab, extra_tokens), dim=1)
+            from_beam = torch.cat((from_beam, extra_beams), dim=1)
+            all_scores = _without_repeats(torch.cat((top_scores, extra_scores), dim=1), from_beam * vocab + tokens)
+            top_scores = torch.cat((top_scores, all_scores[:, keep:].masked_fill(~constrained, -float("inf"))), 1)
+            top_sequences = _gather(running, from_beam)
+            top_sequences[:, :, cur_len] = tokens
+            top_origins = _gather(running_origins, from_beam)
+            top_origins[:, :, cur_len - prompt_len] = (from_beam + offsets).to(top_origins.dtype)
+            extra_hits = torch.isin(tokens[:, keep:], eos) | (cur_len + 1 >= max_length)
+            if stopping_criteria:
+                flat_extra = top_sequences[:, keep:, : cur_len + 1].reshape(-1, cur_len + 1)
+                extra_hits |= stopping_criteria(flat_extra, tuple(scores) if want["output_scores"] else None).view(
+                    batch, -1)  # fmt: skip
+            hits = torch.cat((hits, extra_hits), dim=1)
+            met, partial, banks, satisfied = constraints.advance(
+                _window(top_sequences, cur_len, constraints.L), _gather(running_met, from_beam)
+            )  # fmt: skip
+            usable = ~hits & (top_scores > -1.0e8)
+            # Hypotheses that can no longer fit their missing constraint tokens before the limit go last.
+            left = constraints.room[:, None] - (cur_len + 1 - prompt_len)
+            feasible = constraints.total[:, None] - banks <= left
+            chosen = torch.where(constrained, allocate(top_scores, banks, usable, num_beams, feasible), chosen)
+            going_on = top_scores + hits.to(torch.float32) * -1.0e9
+            ended = torch.where(constrained, hits & (top_scores > -1.0e8),
+                                torch.nn.functional.pad(ended, (0, hits.shape[1] - keep)))  # fmt: skip
+            running_met, running_partial = _gather(met, chosen), _gather(partial, chosen)
+            running_satisfied = _gather(satisfied, chosen)
         running, running_scores, running_origins = (
             _gather(top_sequences, chosen), _gather(going_on, chosen), _gather(top_origins, chosen)
         )  # fmt: skip
 
-        # Those that just ended among the top `num_beams`, scored with the GNMT penalty, against the finished ones.
-        ended = hits & top_mask[None, :]
+        # Those that just ended, scored with the GNMT penalty, against the finished ones.
         candidate = top_scores / gnmt_length_penalty(cur_len + 1 - prompt_len, alpha)
         candidate = (
             candidate
@@ -281,9 +352,15 @@ def beam_search(
         candidate = candidate + (~improvable).to(torch.float32) * -1.0e9
         candidate = candidate + (~ended) * -1.0e9
         merged_scores = torch.cat((finished_scores, candidate), dim=1)
-        best = torch.topk(merged_scores, k=num_beams)[1]
+        merged_keys = torch.cat((finished_keys, candidate), dim=1)
+        if constraints is not None:  # a hypothesis that ended with a constraint unmet ranks after all that met theirs
+            merged_keys = torch.cat((finished_keys, candidate - 1.0e5 * (~satisfied).to(torch.float32)), dim=1)
+        best = torch.topk(merged_keys, k=num_beams)[1]
         finished = _gather(torch.cat((finished, top_sequences), dim=1), best)
-        finished_scores = _gather(merged_scores, best)
+        finished_scores, finished_keys = _gather(merged_scores, best), _gather(merged_keys, best)
+        if constraints is not None:
+            finished_met = _gather(torch.cat((finished_met, met), dim=1), best)
+            finished_satisfied = _gather(torch.cat((finished_satisfied, satisfied), dim=1), best)
         finished_origins = _gather(torch.cat((finished_origins, top_origins), dim=1), best)
         is_finished = _gather(torch.cat((is_finished, ended), dim=1), best)
 
@@ -292,7 +369,7 @@ def beam_search(
         cur_len += 1
 
         improvable = can_improve(
-            improvable=improvable, running_scores=running_scores, finished_scores=finished_scores,
+            improvable=improvable, running_scores=running_scores.amax(-1, keepdim=True), finished_scores=finished_keys,
             is_finished=is_finished, generated=cur_len - prompt_len, longest=max_length - prompt_len,
             early_stopping=config.early_stopping, alpha=alpha,
         )  # fmt: skip
@@ -305,6 +382,16 @@ def beam_search(
     origins = finished_origins[:, :returned].reshape(batch * returned, -1)
     generated = int((origins + 1).bool().sum(dim=1).max())
     sequences, origins = sequences[:, : prompt_len + generated], origins[:, :generated]
+    constraints_met = None
+    if constraints is not None:
+        constraints_met = finished_met[:, :returned].reshape(batch * returned, -1)
+        unmet = constraints.rows & ~finished_satisfied[:, 0]
+        if unmet.any() and not dict_out:
+            logger.warning(
+                "%d of %d sentences could not meet their constraints within the length limit: their best hypotheses "
+                "are returned (return_dict_in_generate=True gives constraints_met)", int(unmet.sum()),
+                int(constraints.rows.sum()),
+            )  # fmt: skip
     if not dict_out:
         return sequences
     fields = {
@@ -321,7 +408,74 @@ def beam_search(
     }
     names = GenerateBeamEncoderDecoderOutput.__dataclass_fields__
     fields.update({name: cache for name in ("cache", "past_key_values") if name in names})
-    return GenerateBeamEncoderDecoderOutput(**fields)
+    output = GenerateBeamEncoderDecoderOutput(**fields)
+    if constraints_met is not None:
+        output.constraints_met = constraints_met  # an attribute, not a field: to_tuple() stays transformers'
+    return output
+
+
+def _bar_eos(log_probs: torch.Tensor, unmet: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
+    """EOS impossible for the rows (`unmet`) of hypotheses with a constraint still to meet, unless EOS is all that
+    is left to them (a sentence's length limit), where they end unmet."""
+    others = log_probs.index_fill(-1, eos, -float("inf"))
+    bar = unmet & (others.amax(-1) > -float("inf"))
+    return log_probs.index_copy(-1, eos, log_probs.index_select(-1, eos).masked_fill(bar[:, None], -float("inf")))
+
+
+def _without_repeats(scores: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """`scores` (B, N) with each candidate whose key (beam * vocab + token) came earlier in its row made -inf."""
+    ordered, order = torch.sort(keys, dim=-1, stable=True)
+    repeat = torch.nn.functional.pad(ordered[:, 1:] == ordered[:, :-1], (1, 0))
+    return scores.masked_fill(torch.zeros_like(repeat).scatter(1, order, repeat), -float("inf"))
+
+
+def _window(sequences: torch.Tensor, cur_len: int, size: int) -> torch.Tensor:
+    """The last `size` tokens of each hypothesis (B, N, max_length) up to position `cur_len`, -2 before the start."""
+    start = cur_len + 1 - size
+    if start >= 0:
+        return sequences[:, :, start : cur_len + 1]
+    return torch.nn.functional.pad(sequences[:, :, : cur_len + 1], (-start, 0), value=-2)
+
+
+def _search_controls(controls: dict, batch: int, limits: torch.Tensor | None, max_length: int, device):
+    """The `constraints` and `target_prefix` of a `generate()` call as `beam_search` takes them (None where not
+    given), checked: one entry per sentence, and room for a sentence's prefix and constraint tokens before EOS
+    within its length limit (ValueError naming the sentence, from 0, otherwise)."""
+    constraints, prefix = controls.get("constraints"), controls.get("target_prefix")
+    order = controls.get("constraint_order") or "unordered"
+    if order not in ORDERS:
+        raise ValueError(f"constraint_order must be one of {', '.join(ORDERS)}, not {order!r}")
+    for name, value in (("constraints", constraints), ("target_prefix", prefix)):
+        if value is not None and len(value) != batch:
+            raise ValueError(f"{name} has {len(value)} entries for {batch} sentences: give one per sentence")
+    lexical = LexicalConstraints(constraints, order, device) if constraints is not None else None
+    if lexical is not None and not lexical.rows.any():
+        lexical = None  # no sentence has one: the search without them, exactly
+    prefix_tokens = torch.zeros(batch, dtype=torch.long, device=device)
+    tensor = None
+    if prefix is not None:
+        rows = [list(p.tolist() if isinstance(p, torch.Tensor) else (p or [])) for p in prefix]
+        width = max((len(r) for r in rows), default=0)
+        if width:
+            tensor = torch.full((batch, width), -1, dtype=torch.long)
+            for b, row in enumerate(rows):
+                tensor[b, : len(row)] = torch.tensor(row, dtype=torch.long)
+            tensor = tensor.to(device)
+            prefix_tokens = (tensor >= 0).sum(-1)
+    room = torch.full((batch,), max_length - 1, dtype=torch.long, device=device)
+    if limits is not None:
+        room = torch.minimum(room, limits.to(device))
+    room = room - 1  # tokens before EOS
+    need = prefix_tokens + (lexical.total if lexical is not None else 0)
+    if (need > room).any():
+        b = int((need > room).nonzero()[0])
+        parts = [f"a target prefix of {int(prefix_tokens[b])}"] if prefix_tokens[b] else []
+        parts += [f"constraints of {int(lexical.total[b])}"] if lexical is not None and lexical.total[b] else []
+        raise ValueError(f"sentence {b}: {' and '.join(parts)} tokens, more than the {int(room[b])} its length "
+                         "limit leaves before EOS")  # fmt: skip
+    if lexical is not None:
+        lexical.room = room
+    return lexical, tensor
 
 
 class VaswaniGenerationMixin(GenerationMixin):
@@ -355,6 +509,9 @@ class VaswaniGenerationMixin(GenerationMixin):
         model's generation config holds (Seq2SeqTrainer writes transformers' default, 20, there).
         """
         gen_config = generation_config if generation_config is not None else self.generation_config
+        controls = {name: kwargs.pop(name) for name in ("constraints", "constraint_order", "target_prefix")
+                    if name in kwargs}  # fmt: skip
+        limits = None
         max_len_a = kwargs.pop("max_len_a", getattr(gen_config, "max_len_a", None))
         max_len_b = kwargs.pop("max_len_b", getattr(gen_config, "max_len_b", None))
         input_ids = inputs if inputs is not None else kwargs.get("input_ids")
@@ -380,6 +537,9 @@ class VaswaniGenerationMixin(GenerationMixin):
                 "num_beams=1, or search with do_sample=False"
             )
         if config.num_beams is None or config.num_beams <= 1:
+            if controls.get("constraints") is not None or controls.get("target_prefix") is not None:
+                raise ValueError("constraints and target prefixes need beam search (num_beams > 1), not greedy search "
+                                 "or sampling")  # fmt: skip
             return super().generate(
                 inputs, generation_config=generation_config, logits_processor=logits_processor or None,
                 stopping_criteria=stopping_criteria, **kwargs,
@@ -396,8 +556,10 @@ class VaswaniGenerationMixin(GenerationMixin):
         unknown = sorted(k for k, v in model_kwargs.items() if v is not None)
         if unknown:
             raise ValueError(f"generate() with {config.num_beams} beams does not take {', '.join(unknown)}")
+        batch, device = input_ids.shape[0], input_ids.device
+        constraints, prefix = _search_controls(controls, batch, limits, config.max_length, device)
         return beam_search(self, input_ids, attention_mask, config, logits_processor, stopping_criteria,
-                           encoder_outputs=encoder_outputs)  # fmt: skip
+                           encoder_outputs=encoder_outputs, constraints=constraints, target_prefix=prefix)  # fmt: skip
 
     def _vaswani_search_config(self, generation_config: GenerationConfig, kwargs: dict):
         """The generation config of this call (a copy, with the call's options) and the keywords left for the model;

@@ -1,0 +1,200 @@
+"""Terminology constraints and forced target prefixes in the paper's beam search (constraints_vaswani.py)."""
+
+import pytest
+import torch
+from conftest import fit_tiny_model, make_model, padded_batch
+from test_generation import teacher_forced_log_prob
+
+from vaswani_mt import gnmt_length_penalty
+from vaswani_mt.model.constraints_vaswani import LexicalConstraints, allocate, phrase_forms
+
+
+def contains(sequence: list[int], phrase: list[int]) -> int:
+    """The position after the first occurrence of `phrase` in `sequence`, 0 where it does not occur."""
+    for start in range(len(sequence) - len(phrase) + 1):
+        if sequence[start : start + len(phrase)] == phrase:
+            return start + len(phrase)
+    return 0
+
+
+def generated(row: torch.Tensor) -> list[int]:
+    tokens = row[1:].tolist()
+    return tokens[: tokens.index(2) + 1] if 2 in tokens else tokens
+
+
+def search(model, ids, mask, **kwargs):
+    return model.generate(input_ids=ids, attention_mask=mask, output_scores=True, return_dict_in_generate=True,
+                          **kwargs)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def batch():
+    return padded_batch(seed=3, lengths=(7, 4, 6, 5))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_model(seed=4)
+
+
+# Row 0: one phrase; row 1: none; row 2: two constraints, one of them with two alternatives; row 3: none.
+CONSTRAINTS = [[[17, 18]], [], [[[40], [41, 42]], [99, 98, 97]], []]
+
+
+@pytest.mark.parametrize("beams", [4, 8])
+def test_every_output_contains_its_constraints_and_other_sentences_are_untouched(model, batch, beams):
+    ids, mask = batch
+    plain = search(model, ids, mask, num_beams=beams, max_len_b=12)
+    constrained = search(model, ids, mask, num_beams=beams, max_len_b=12, constraints=CONSTRAINTS)
+    assert constrained.constraints_met.tolist() == [[True, False], [False, False], [True, True], [False, False]]
+    out = [generated(row) for row in constrained.sequences]
+    assert contains(out[0], [17, 18])
+    assert contains(out[2], [40]) or contains(out[2], [41, 42])
+    assert contains(out[2], [99, 98, 97])
+    for row in (1, 3):  # no constraints: exactly what the search gives without the option
+        assert out[row] == generated(plain.sequences[row])
+        assert constrained.sequences_scores[row].item() == plain.sequences_scores[row].item()
+    for row in (0, 2):  # the score is still log P(Y|X) over the GNMT penalty
+        length = int(mask[row].sum())
+        log_prob, size = teacher_forced_log_prob(model, ids[row : row + 1, :length], None, constrained.sequences[row])
+        expected = log_prob / gnmt_length_penalty(size, 0.6)
+        assert constrained.sequences_scores[row].item() == pytest.approx(expected, abs=1e-4)
+        assert constrained.sequences_scores[row].item() < plain.sequences_scores[row].item()
+
+
+def test_a_run_where_no_sentence_has_constraints_is_the_plain_search(model, batch):
+    ids, mask = batch
+    plain = search(model, ids, mask, max_len_b=9)
+    empty = search(model, ids, mask, max_len_b=9, constraints=[[], [], [], []], constraint_order="ordered")
+    assert torch.equal(plain.sequences, empty.sequences)
+    assert torch.equal(plain.sequences_scores, empty.sequences_scores)
+
+
+def test_ordered_constraints_appear_in_their_order(model, batch):
+    ids, mask = batch
+    phrases = [[[150, 151]], [[60], [150, 151]], [[7], [8]], [[9, 10]]]
+    out = search(model, ids, mask, max_len_b=12, constraints=phrases, constraint_order="ordered")
+    assert out.constraints_met.tolist() == [[True, False], [True, True], [True, True], [True, False]]
+    for row, constraints in enumerate(phrases):
+        ends = [contains(generated(out.sequences[row]), phrase) for phrase in constraints]
+        assert all(ends)
+        assert ends == sorted(ends)
+
+
+def test_every_hypothesis_of_an_nbest_list_meets_the_constraints(model, batch):
+    ids, mask = batch
+    out = search(model, ids, mask, num_beams=4, num_return_sequences=4, max_len_b=12, constraints=CONSTRAINTS)
+    sequences = out.sequences.view(4, 4, -1)
+    for k in range(4):
+        assert contains(generated(sequences[0, k]), [17, 18])
+        assert contains(generated(sequences[2, k]), [99, 98, 97])
+    assert len({tuple(generated(s)) for s in sequences[0]}) == 4  # four different hypotheses, not copies
+
+
+def test_a_constraint_that_cannot_be_met_returns_the_best_hypothesis_marked_and_warns(model, batch, caplog):
+    ids, mask = batch
+    # Token 50 is suppressed: it can never appear, so row 0's constraint is never met; EOS comes at the limit.
+    kwargs = dict(input_ids=ids, attention_mask=mask, max_len_b=6, suppress_tokens=[50])
+    out = model.generate(**kwargs, constraints=[[[50]], [[20]], [], []], return_dict_in_generate=True)
+    assert out.constraints_met[:, 0].tolist() == [False, True, False, False]
+    assert generated(out.sequences[0])[-1] == 2 and len(generated(out.sequences[0])) == 7 + 6
+    with caplog.at_level("WARNING"):
+        model.generate(**kwargs, constraints=[[[50]], [[20]], [], []])
+    assert "1 of 2 sentences could not meet their constraints" in caplog.text
+
+
+def test_target_prefixes_of_different_lengths_share_a_batch(model, batch):
+    ids, mask = batch
+    prefixes = [[30, 31, 32], [], [33], []]
+    plain = search(model, ids, mask, max_len_b=10)
+    out = search(model, ids, mask, max_len_b=10, target_prefix=prefixes, num_return_sequences=4)
+    sequences = out.sequences.view(4, 4, -1)
+    for row, prefix in enumerate(prefixes):
+        for k in range(4):
+            assert generated(sequences[row, k])[: len(prefix)] == prefix
+        if not prefix:  # an empty prefix: the unconstrained translation, score and all
+            assert generated(sequences[row, 0]) == generated(plain.sequences[row])
+            assert out.sequences_scores.view(4, 4)[row, 0].item() == plain.sequences_scores[row].item()
+    # The beams go on from the prefix in different ways (fairseq #712: not four copies of one hypothesis).
+    assert len({tuple(generated(s)) for s in sequences[0]}) == 4
+    length = int(mask[0].sum())
+    log_prob, size = teacher_forced_log_prob(model, ids[:1, :length], None, sequences[0, 0])
+    assert out.sequences_scores[0].item() == pytest.approx(log_prob / gnmt_length_penalty(size, 0.6), abs=1e-4)
+
+
+def test_prefix_and_constraints_together(model, batch):
+    ids, mask = batch
+    out = search(model, ids, mask, max_len_b=12, target_prefix=[[30], [31], [], []],
+                 constraints=[[[17, 18]], [], [[60]], []])  # fmt: skip
+    assert generated(out.sequences[0])[0] == 30 and contains(generated(out.sequences[0]), [17, 18])
+    assert generated(out.sequences[1])[0] == 31
+    assert out.constraints_met[:, 0].tolist() == [True, False, True, False]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(num_beams=1, constraints=[[[5]]] * 4), "need beam search"),
+        (dict(num_beams=1, target_prefix=[[5]] * 4), "need beam search"),
+        (dict(do_sample=True, num_beams=1, constraints=[[[5]]] * 4), "need beam search"),
+        (dict(constraints=[[[5]]] * 3), "3 entries for 4 sentences"),
+        (dict(constraints=[[], [[]], [], []]), "sentence 1: constraint 1 is empty"),
+        (dict(constraints=[[[5]]] * 4, constraint_order="sorted"), "constraint_order must be one of"),
+        (
+            dict(max_len_a=0, max_len_b=3, target_prefix=[[], [], [5, 6, 7], []]),
+            "sentence 2: a target prefix of 3 tokens",
+        ),
+        (
+            dict(max_len_a=0, max_len_b=3, constraints=[[[5, 6], [7, 8]], [], [], []]),
+            "sentence 0: constraints of 4 tokens",
+        ),
+    ],
+)
+def test_bad_controls_are_refused_in_one_line(model, batch, kwargs, message):
+    ids, mask = batch
+    with pytest.raises(ValueError, match=message):
+        model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+
+
+def test_banks_are_taken_round_robin_highest_first():
+    scores = torch.tensor([[-1.0, -2.0, -3.0, -4.0, -5.0, -6.0]])
+    banks = torch.tensor([[0, 0, 0, 2, 1, 2]])
+    usable = torch.tensor([[True, True, True, True, True, False]])
+    # bank 2's best (3), bank 1's best (4), bank 0's best (0), then bank 0's second (1): bank 2 has no second usable
+    assert allocate(scores, banks, usable, 4).tolist() == [[3, 4, 0, 1]]
+
+
+def test_the_state_follows_phrases_wherever_they_end():
+    lexical = LexicalConstraints([[[[5, 5, 6]], [[7]]]], "unordered")
+    met, _ = lexical.initial_state(1)
+    window = torch.tensor([[[5, 5, 5, 6]]])[:, :, -lexical.L :]  # "5 5 5 6": the phrase overlaps its own start
+    met, partial, bank, satisfied = lexical.advance(window, met[:, :1])
+    assert met.tolist() == [[[True, False]]] and bank.tolist() == [[3]] and not satisfied.item()
+    assert partial.tolist() == [[[0, 0]]]
+    _, partial, bank, _ = lexical.advance(torch.tensor([[[6, 5, 5]]]), met[:, :1] & False)
+    assert partial.tolist() == [[[2, 0]]] and bank.tolist() == [[2]]  # "5 5" begun: two of its three tokens
+    ordered = LexicalConstraints([[[[7]], [[5, 5, 6]]]], "ordered")
+    start, _ = ordered.initial_state(1)
+    met, *_ = ordered.advance(torch.tensor([[[-2, 5, 5, 6]]])[:, :, -ordered.L :], start)
+    assert met.tolist() == [[[False, False]]]  # the second constraint does not count before the first
+
+
+def test_a_phrase_is_tokenized_as_inside_a_sentence(tokenizer):
+    forms = phrase_forms(tokenizer, "Haus")
+    inside = tokenizer("das Haus", add_special_tokens=False)["input_ids"]
+    assert any(contains(inside, form) for form in forms)
+    assert phrase_forms(tokenizer, "  Haus ") == forms  # spaces around it do not count
+    with pytest.raises(ValueError, match="empty"):
+        phrase_forms(tokenizer, " \t")
+    with pytest.raises(ValueError, match="outside the vocabulary: '€'"):
+        phrase_forms(tokenizer, "Haus€")
+
+
+def test_a_fitted_model_translates_with_a_term_it_would_not_choose(tokenizer):
+    model = fit_tiny_model(tokenizer)
+    ids = tokenizer(["the house is small"], return_tensors="pt")
+    plain = tokenizer.decode(model.generate(**ids)[0], skip_special_tokens=True)
+    term = next(word for word in ("Hund", "Katze", "Buch") if word not in plain)
+    out = model.generate(**ids, constraints=[[phrase_forms(tokenizer, term)]], return_dict_in_generate=True)
+    assert term in tokenizer.decode(out.sequences[0], skip_special_tokens=True)
+    assert out.constraints_met.all()

@@ -1,0 +1,176 @@
+"""Terminology constraints for the paper's beam search: phrases that must appear in a sentence's translation.
+
+Lexically constrained decoding by dynamic beam allocation (Post & Vilar, 2018), vectorized over the batch as Hu et
+al. (2019) and fairseq's `LexicallyConstrainedBeamSearch` do, without fairseq's Python loop over sentences at each
+step. A hypothesis's *bank* is how many constraint tokens it has met (the tokens of each constraint met, plus those
+of the one it is inside of); the `num_beams` hypotheses that go on are taken round-robin over the banks, highest
+bank first, each bank's best first (`allocate`); each step also considers, for every beam, the next token of each
+constraint it has yet to meet and its own best token; EOS is barred while a constraint is unmet, except where
+nothing but EOS is left (a sentence's length limit), which ends the hypothesis unmet (marked, counted, warned).
+
+A constraint is one phrase given as token ids, or several alternatives (a phrase's forms: at the sentence start and
+inside it, `phrase_forms`): met when any of them appears. `ordered` constraints must be met in the given order
+(fairseq's `--constraints ordered`), `unordered` ones in any. A phrase is matched against the hypothesis's last
+tokens at every step (not by a per-constraint pointer), so a phrase that overlaps itself is found wherever it ends.
+
+Self-contained (torch and transformers only): generation_vaswani.py imports it relatively, so `save_pretrained`
+ships it as Hub remote code with the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+ORDERS = ("unordered", "ordered")
+
+
+def phrase_forms(tokenizer, phrase: str) -> list[list[int]]:
+    """The token ids of `phrase` as it is tokenized inside a sentence (after a word) and at a sentence's start, each
+    distinct form once: both count as the phrase. Raises ValueError (one line) for an empty phrase or one with
+    characters outside the vocabulary, naming them."""
+    text = " ".join(phrase.split())
+    if not text:
+        raise ValueError("an empty constraint")
+    initial = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    unk = tokenizer.unk_token_id
+    if unk is not None and unk in initial["input_ids"]:
+        spans = zip(initial["input_ids"], initial["offset_mapping"], strict=True)
+        unknown = sorted({text[start:end] for token, (start, end) in spans if token == unk})
+        raise ValueError(f"{text!r} has {'a character' if len(unknown) == 1 else 'characters'} outside the vocabulary: "
+                         + " ".join(repr(c) for c in unknown))  # fmt: skip
+    forms = [list(initial["input_ids"])]
+    # Inside a sentence: the phrase's tokens after a context word, that word's own tokens taken off the front.
+    context = tokenizer("a", add_special_tokens=False)["input_ids"]
+    inside = tokenizer("a " + text, add_special_tokens=False)["input_ids"]
+    if inside[: len(context)] == context and inside[len(context) :] not in forms:
+        forms.append(list(inside[len(context) :]))
+    return forms
+
+
+def _alternatives(constraint) -> list[list[int]]:
+    """A constraint as a list of token-id phrases: one phrase (a list of ints) or several (a list of such lists)."""
+    if isinstance(constraint, torch.Tensor):
+        constraint = constraint.tolist()
+    if len(constraint) and all(isinstance(t, int) for t in constraint):
+        return [list(constraint)]
+    return [[int(t) for t in (p.tolist() if isinstance(p, torch.Tensor) else p)] for p in constraint]
+
+
+class LexicalConstraints:
+    """The constraints of a batch as tensors: for sentence b, constraint c, and its phrases p (every alternative of
+    every constraint, P per sentence at most, L tokens at most). Sentences without constraints have none (and the
+    search gives them exactly what it gives without this object)."""
+
+    def __init__(self, constraints: Sequence[Sequence], order: str = "unordered", device=None):
+        if order not in ORDERS:
+            raise ValueError(f"constraint order must be one of {', '.join(ORDERS)}, not {order!r}")
+        self.ordered = order == "ordered"
+        rows = [[_alternatives(c) for c in (sentence or [])] for sentence in constraints]
+        for b, sentence in enumerate(rows):
+            for c, alternatives in enumerate(sentence):
+                if not alternatives or any(len(p) == 0 for p in alternatives):
+                    raise ValueError(f"sentence {b}: constraint {c + 1} is empty")
+        batch = len(rows)
+        self.C = max(1, max((len(s) for s in rows), default=0))
+        self.P = max(1, max((sum(len(c) for c in s) for s in rows), default=0))
+        self.L = max(1, max((len(p) for s in rows for c in s for p in c), default=0))
+        left = torch.zeros(batch, self.P, self.L, dtype=torch.long)
+        right = torch.full((batch, self.P, self.L), -1, dtype=torch.long)
+        length = torch.zeros(batch, self.P, dtype=torch.long)
+        owner = torch.zeros(batch, self.P, self.C)
+        weight = torch.zeros(batch, self.C, dtype=torch.long)
+        for b, sentence in enumerate(rows):
+            p = 0
+            for c, alternatives in enumerate(sentence):
+                weight[b, c] = min(len(a) for a in alternatives)
+                for phrase in alternatives:
+                    left[b, p, : len(phrase)] = torch.tensor(phrase)
+                    right[b, p, self.L - len(phrase) :] = torch.tensor(phrase)
+                    length[b, p], owner[b, p, c] = len(phrase), 1.0
+                    p += 1
+        to = {"device": device}
+        self.left, self.right, self.length = left.to(**to), right.to(**to), length.to(**to)
+        self.owner, self.weight = owner.to(**to), weight.to(**to)
+        self.valid = weight > 0  # (B, C): constraint c exists
+        self.valid = self.valid.to(**to)
+        self.phrase_valid = length > 0
+        self.phrase_valid = self.phrase_valid.to(**to)
+        self.phrase_owner = owner.argmax(-1).to(**to)  # (B, P)
+        self.total = self.weight.sum(-1)  # (B,): constraint tokens to meet, the highest bank
+        self.rows = self.valid.any(-1)  # (B,): sentences with constraints
+        self.counts = [len(s) for s in rows]
+        self.room = torch.full_like(self.total, 2**31)  # (B,) tokens before EOS; generate() sets each sentence's
+
+    def tokens(self) -> torch.Tensor:
+        """(B,) the fewest tokens that meet all of a sentence's constraints (each one's shortest phrase)."""
+        return self.total
+
+    def initial_state(self, beams: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(met, partial) of the hypotheses at the start: (B, K, C) no constraint met; (B, K, P) no phrase begun."""
+        batch = self.left.shape[0]
+        met = torch.zeros(batch, beams, self.C, dtype=torch.bool, device=self.left.device)
+        return met, torch.zeros(batch, beams, self.P, dtype=torch.long, device=self.left.device)
+
+    def _allowed(self, met: torch.Tensor) -> torch.Tensor:
+        """(..., C) the constraints a hypothesis may meet next: unmet, and with `ordered` all before them met."""
+        if not self.ordered:
+            return ~met
+        before = torch.cumprod(met.long(), dim=-1)
+        allowed = torch.cat((torch.ones_like(before[..., :1]), before[..., :-1]), dim=-1).bool()
+        return allowed & ~met
+
+    def next_tokens(self, met: torch.Tensor, partial: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """For each running hypothesis (met, partial: (B, K, C), (B, K, P)), the token that would take each phrase one
+        further ((B, K, P)) and whether that phrase is one to pursue (its constraint may be met next)."""
+        tokens = torch.take_along_dim(self.left[:, None], partial.clamp(max=self.L - 1)[..., None], dim=-1)[..., 0]
+        owner = self.phrase_owner[:, None].expand_as(partial)
+        pursue = torch.take_along_dim(self._allowed(met), owner, dim=-1) & self.phrase_valid[:, None]
+        return tokens, pursue
+
+    def advance(self, window: torch.Tensor, parent_met: torch.Tensor):
+        """The state after a token, for candidates (B, N) whose last `L` tokens (the new one last; -2 before the
+        decoder start) are `window` (B, N, L) and whose parents had met `parent_met` (B, N, C): returns met
+        (B, N, C), partial (B, N, P): the tokens of each phrase's start that the window ends with (short of the
+        whole phrase), bank (B, N) and satisfied (B, N)."""
+        phrases = self.right[:, None]  # (B, 1, P, L)
+        ends = ((window[:, :, None, :] == phrases) | (phrases == -1)).all(-1) & self.phrase_valid[:, None]
+        hit = torch.einsum("bnp,bpc->bnc", ends.float(), self.owner) > 0
+        met = parent_met | (hit & self._allowed(parent_met))
+        if self.ordered:  # a phrase ending where the one before it ends too: that one opens the way
+            met = met | (hit & self._allowed(met))
+        partial = torch.zeros(*window.shape[:2], self.P, dtype=torch.long, device=window.device)
+        for j in range(1, self.L):
+            start = self.left[:, None, :, :j]  # (B, 1, P, j)
+            matched = (window[:, :, None, self.L - j :] == start).all(-1) & (j < self.length)[:, None]
+            partial = torch.where(matched, j, partial)
+        # Progress on the constraints still to meet: the tokens of the one furthest inside, short of its whole.
+        inside = (partial[..., None] * self.owner[:, None].long()).amax(2)  # (B, N, C)
+        inside = torch.minimum(inside, (self.weight - 1).clamp(min=0)[:, None]) * self._allowed(met)
+        bank = ((met & self.valid[:, None]) * self.weight[:, None]).sum(-1) + inside.amax(-1)
+        satisfied = (met | ~self.valid[:, None]).all(-1)
+        return met, partial, bank, satisfied
+
+
+def allocate(scores: torch.Tensor, banks: torch.Tensor, usable: torch.Tensor, beams: int,
+             feasible: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """Dynamic beam allocation: the indices (B, beams) of the candidates that go on, taken round-robin over banks:
+    the best of the highest bank, the best of the next bank, ..., then each bank's second best, and so on. `usable`
+    marks candidates that may go on; the others (ended, impossible, or dead beams' copies) fill what is left.
+    Candidates not `feasible` (too few tokens left before the length limit for the constraint tokens they miss)
+    come after the feasible ones, so that near the limit the beam fills with hypotheses that can still meet all."""
+    order = torch.sort(scores, dim=-1, descending=True, stable=True)[1]
+    banks, usable = torch.take_along_dim(banks, order, dim=-1), torch.take_along_dim(usable, order, dim=-1)
+    late = torch.zeros_like(usable) if feasible is None else ~torch.take_along_dim(feasible, order, dim=-1)
+    top = int(banks.max()) + 1 if banks.numel() else 1
+    first = usable & ~late
+    one_hot = torch.nn.functional.one_hot(banks.clamp(min=0), top) * first[..., None]
+    rank = (one_hot.cumsum(1) * one_hot).sum(-1) - 1  # a candidate's place among its bank's feasible usable ones
+    after = top * banks.shape[1] + torch.arange(banks.shape[1], device=banks.device)  # past every round, by score
+    key = torch.where(first, rank * top + (top - 1 - banks), torch.where(usable, after, 2 * after))
+    chosen = torch.topk(-key, k=beams, dim=-1)[1]
+    return torch.take_along_dim(order, chosen, dim=-1)
+
+
+__all__ = ["ORDERS", "LexicalConstraints", "allocate", "phrase_forms"]
