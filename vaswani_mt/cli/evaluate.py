@@ -7,6 +7,7 @@ python scripts/evaluate_model.py --model DIR --source_file test.en --reference_f
 python scripts/evaluate_model.py --hypotheses out.de --references test.de  # score existing output
 python scripts/evaluate_model.py --model DIR --max_tokens 1200               # token-budget batches, same scores
 python scripts/evaluate_model.py --model DIR --nbest 4 --nbest_file test.nbest  # also the 4-best lists
+python scripts/evaluate_model.py --model DIR --source_file terms.tsv --reference_file terms.de --constraints unordered
 """
 
 import argparse
@@ -14,9 +15,10 @@ import json
 import sys
 from pathlib import Path
 
-from vaswani_mt.cli.translate import add_decoding_options, decoding_options
+from vaswani_mt.cli.translate import add_decoding_options, decoding_options, report_controls
 from vaswani_mt.data.corpus import BUILTIN_CORPUS, load_corpus, read_parallel_text, source_target
 from vaswani_mt.evaluation.metrics import COMPOUND_SPLIT_LABEL, evaluate_bleu, score_translations
+from vaswani_mt.inference.controls import ControlReport, split_constrained_line
 from vaswani_mt.inference.ensemble import load_ensemble
 from vaswani_mt.inference.loading import ModelFolderError
 from vaswani_mt.inference.translate import format_nbest, translate_nbest
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         model, tokenizer = load_ensemble(args.model)  # one folder: that model (load_for_inference)
     except ModelFolderError as error:
         sys.exit(f"error: {error}")
-    kwargs = decoding_options(args, model)  # a bad combination of options too
+    kwargs = decoding_options(args, model, tokenizer)  # a bad combination of options too
     if args.source_file:
         sources, references = map(list, zip(*read_parallel_text(args.source_file, args.reference_file), strict=True))
     else:
@@ -99,6 +101,16 @@ def main(argv: list[str] | None = None) -> None:
         sources, references = source_target(corpus[args.split], args.source_lang, args.target_lang)
     if args.max_samples:
         sources, references = sources[: args.max_samples], references[: args.max_samples]
+    order = kwargs.pop("constraints", None)
+    if order:  # fairseq's constrained input: source<TAB>term<TAB>term
+        sources, terms = map(list, zip(*map(split_constrained_line, sources), strict=True))
+        kwargs.update(constraints=terms, constraint_order=order)
+    if args.target_prefix_file:
+        prefixes = read_lines(args.target_prefix_file)
+        if len(prefixes) != len(sources):
+            sys.exit(f"error: {args.target_prefix_file} has {len(prefixes)} lines for {len(sources)} sources")
+        kwargs["target_prefixes"] = prefixes
+    kwargs["report"] = control_report = ControlReport()
     nbest = kwargs.pop("nbest", None)
     if nbest:
         lists = translate_nbest(model, tokenizer, sources, nbest, args.batch_size, progress=True, **kwargs)
@@ -115,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write("\n".join(result["translations"]) + "\n")
     report(result, len(sources))
+    report_controls(control_report, len(sources))
 
 
 def report(result: dict, sentences: int) -> None:

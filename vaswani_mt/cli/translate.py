@@ -8,20 +8,27 @@ Decoding options: --nbest K writes the K best translations of each line in Maria
 draws one random translation per line (for back-translation); --max_tokens N batches by source tokens rather than
 by lines (fairseq's --max-tokens), with the same translations, faster.
 
+Controls (docs/constraints.md): --constraints {unordered,ordered} reads fairseq's `source<TAB>term<TAB>term` lines,
+each term forced into that line's translation; --target_prefix_file F forces line i's translation to start with F's
+line i; --block_file F keeps F's phrases out of every translation; --disable_unk keeps <unk> out.
+
 echo "The house is small." | python scripts/translate.py --model outputs/run
 python scripts/translate.py --model outputs/run --input text.en > text.de
 python scripts/translate.py --model outputs/run --input text.en --nbest 4 > text.nbest
 python scripts/translate.py --model outputs/run --input mono.de --sampling --seed 1 > mono.bt.en
 python scripts/translate.py --model outputs/run --input text.en --max_tokens 1200 > text.de
+printf 'The house is small.\tGebäude\n' | python scripts/translate.py --model outputs/run --constraints unordered
 """
 
 import argparse
 import os
 import sys
 
+from vaswani_mt.inference.controls import ControlReport, LineControls, block_kwargs
 from vaswani_mt.inference.ensemble import load_ensemble
 from vaswani_mt.inference.loading import ModelFolderError
-from vaswani_mt.inference.translate import Sampling, check_decoding_options, translate_stream
+from vaswani_mt.inference.translate import Sampling, check_decoding_options, read_text_lines, translate_stream
+from vaswani_mt.model.constraints_vaswani import ORDERS
 
 SAMPLING_OPTIONS = ("topk", "topp", "temperature", "seed")
 
@@ -47,6 +54,23 @@ def add_decoding_options(parser: argparse.ArgumentParser, sampling: bool = True)
         "score the search's (log P / ((5 + |Y|) / 6)^alpha); an empty line gets K lines "
         "'ID |||  ||| F0= 0.000000 ||| 0.000000'",
     )
+    parser.add_argument(
+        "--constraints",
+        choices=ORDERS,
+        default=None,
+        help="terminology constraints: each input line is 'source<TAB>term<TAB>term...' (fairseq's format) and its "
+        "translation contains every term (ordered: in that order), or is the best translation without a term that "
+        "cannot fit its length limit, with a warning naming the line; a line without tabs is translated as without "
+        "the option",
+    )
+    parser.add_argument(
+        "--target_prefix_file",
+        metavar="F",
+        help="line i of F is the text the translation of input line i starts with (an empty line: none); the "
+        "search goes on after it and its score counts it",
+    )
+    parser.add_argument("--block_file", metavar="F", help="phrases, one per line, that no translation may contain")
+    parser.add_argument("--disable_unk", action="store_true", help="no translation contains <unk>")
     if not sampling:
         return
     parser.add_argument(
@@ -82,7 +106,7 @@ def add_decoding_options(parser: argparse.ArgumentParser, sampling: bool = True)
     )
 
 
-def decoding_options(args: argparse.Namespace, model) -> dict:
+def decoding_options(args: argparse.Namespace, model, tokenizer) -> dict:
     """The keyword arguments of `translate_stream`/`translate` that the decoding options ask for, checked against
     `model`'s search; a bad combination ends the program with one line, `error: ...`."""
     kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
@@ -99,13 +123,46 @@ def decoding_options(args: argparse.Namespace, model) -> dict:
                 seed=values.get("seed", 1), top_k=values.get("topk"), top_p=values.get("topp", 1.0),
                 temperature=values.get("temperature", 1.0),
             )  # fmt: skip
-        check_decoding_options(model, args.nbest, args.max_tokens, sampling, **kwargs)
+        controls = None
+        if args.constraints or args.target_prefix_file:
+            controls = LineControls([] if args.constraints else None, [] if args.target_prefix_file else None)
+        check_decoding_options(model, args.nbest, args.max_tokens, sampling, controls, **kwargs)
+        block = read_phrases(args.block_file) if args.block_file else []
+        block_kwargs(tokenizer, block, where=f"{args.block_file}: ")
     except ValueError as error:
         sys.exit(f"error: {error}")
     options = {name: value for name, value in (("nbest", args.nbest), ("max_tokens", args.max_tokens)) if value}
     if sampling is not None:
         options["sampling"] = sampling
+    if args.constraints:
+        options["constraints"] = args.constraints
+    if block or args.disable_unk:
+        options.update(block=block, disable_unk=args.disable_unk)
     return {**options, **kwargs}
+
+
+def read_phrases(path: str) -> list[str]:
+    """The non-empty lines of a UTF-8 file (--block_file), stripped; one line, `error: ...`, where it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        return [line.strip() for line in data.decode("utf-8").splitlines() if line.strip()]
+    except OSError as error:
+        sys.exit(f"error: cannot read {path}: {error.strerror or error}")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        sys.exit(f"error: {path}:{line}: bytes that are not UTF-8 ({data[error.start : error.end]!r})")
+
+
+def report_controls(report: ControlReport, lines: int) -> None:
+    """One summary line on stderr for the lines whose controls were not all honoured (each was named already);
+    exits with status 1 where a line was not translated."""
+    if report.unmet:
+        print(f"warning: {len(report.unmet)} of {lines} lines miss a constraint (first: line {min(report.unmet)})",
+              file=sys.stderr)  # fmt: skip
+    if report.failed:
+        sys.exit(f"error: {len(report.failed)} of {lines} lines not translated: bad constraints or target prefixes "
+                 f"(first: line {min(report.failed)}: {report.failed[min(report.failed)]})")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -144,20 +201,28 @@ def main(argv: list[str] | None = None) -> None:
         model, tokenizer = load_ensemble(args.model)  # one folder: that model (load_for_inference)
     except ModelFolderError as error:
         sys.exit(f"error: {error}")
-    kwargs = decoding_options(args, model)
+    kwargs = decoding_options(args, model, tokenizer)
+    report = ControlReport()
     try:
         stream = open(args.input, "rb") if args.input else sys.stdin.buffer
+        prefix_stream = open(args.target_prefix_file, "rb") if args.target_prefix_file else None
     except OSError as error:
-        sys.exit(f"error: cannot read {args.input}: {error.strerror or error}")
+        sys.exit(f"error: cannot read {error.filename}: {error.strerror or error}")
+    prefixes = read_text_lines(prefix_stream, args.target_prefix_file) if prefix_stream else None
     try:
         with stream:
-            translate_stream(
+            lines = translate_stream(
                 model, tokenizer, stream, sys.stdout.buffer, args.input or "<stdin>", batch_size=args.batch_size,
-                chunk_size=args.chunk_size, progress=True, **kwargs,
+                chunk_size=args.chunk_size, progress=True, target_prefixes=prefixes, report=report, **kwargs,
             )  # fmt: skip
+        if prefixes is not None and next(prefixes, None) is not None:
+            sys.exit(f"error: {args.target_prefix_file} has more lines than the input ({lines})")
+    except ValueError as error:  # the prefix file ended before the input
+        sys.exit(f"error: {args.target_prefix_file}: {error}")
     except BrokenPipeError:  # the reader stopped early (`| head`): stop quietly, without a traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout again at exit
         sys.exit(1)
+    report_controls(report, lines)
 
 
 if __name__ == "__main__":

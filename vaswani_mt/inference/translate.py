@@ -34,6 +34,7 @@ from transformers import (
 )
 
 from vaswani_mt.inference.batching import token_budget_batches
+from vaswani_mt.inference.controls import ControlReport, LineControls, block_kwargs, split_constrained_line
 from vaswani_mt.model.generation_vaswani import gnmt_length_penalty
 from vaswani_mt.model.pipeline_vaswani import default_max_source_tokens, encode_source, single_line
 
@@ -109,8 +110,9 @@ def _sampling_kwargs(sampling: Sampling, lines: Sequence[int]) -> dict:
     }
 
 
-def _nbest_search(model, tokenizer, batch, nbest: int, kwargs: dict) -> list[list[Hypothesis]]:
-    """The `nbest` best hypotheses of each row of `batch`, best first, with their log-probabilities and scores."""
+def _nbest_search(model, tokenizer, batch, nbest: int, kwargs: dict) -> tuple[list[list[Hypothesis]], object]:
+    """The `nbest` best hypotheses of each row of `batch`, best first, with their log-probabilities and scores, and
+    with constraints, which of them the best hypothesis of each row met (else None)."""
     beams = kwargs.get("num_beams") or model.generation_config.num_beams or 1
     output = model.generate(
         **batch, **kwargs, num_return_sequences=nbest, return_dict_in_generate=True, output_scores=beams > 1,
@@ -136,18 +138,28 @@ def _nbest_search(model, tokenizer, batch, nbest: int, kwargs: dict) -> list[lis
         Hypothesis(single_line(text), float(log_prob), float(score))
         for text, log_prob, score in zip(texts, log_probs.tolist(), scores.tolist(), strict=True)
     ]
-    return [found[start : start + nbest] for start in range(0, len(found), nbest)]
+    met = getattr(output, "constraints_met", None)
+    return [found[start : start + nbest] for start in range(0, len(found), nbest)], None if met is None else met[
+        ::nbest
+    ]
 
 
 def check_decoding_options(
     model, nbest: int | None = None, max_tokens: int | None = None, sampling: Sampling | None = None,
-    **generate_kwargs,
+    controls: LineControls | None = None, **generate_kwargs,
 ) -> None:  # fmt: skip
     """Raises `ValueError` (one line) for options that do not go together: an n-best list longer than the beam,
-    sampling with several beams or more than one translation per line, a token budget below 1."""
+    sampling with several beams or more than one translation per line, a token budget below 1, constraints or target
+    prefixes without beam search."""
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
     beams = generate_kwargs.get("num_beams") or model.generation_config.num_beams or 1
+    if controls is not None and (controls.terms is not None or controls.prefixes is not None):
+        what = "constraints" if controls.terms is not None else "target prefixes"
+        if sampling is not None:
+            raise ValueError(f"{what} need beam search, not sampling")
+        if beams <= 1:
+            raise ValueError(f"{what} need beam search (num_beams > 1), not greedy search")
     if sampling is not None and beams > 1 and "num_beams" in generate_kwargs:
         raise ValueError(f"sampling draws one translation per line with one beam, not num_beams={beams}")
     if nbest is None:
@@ -169,10 +181,10 @@ def format_nbest(line_id: int, hypotheses: Sequence[Hypothesis]) -> str:
 def _translate_batches(
     model, tokenizer, sentences: Sequence[str], batch_size: int | None, limit: int, generate_kwargs: dict,
     first_line: int = 1, on_batch=None, nbest: int | None = None, max_tokens: int | None = None,
-    sampling: Sampling | None = None,
+    sampling: Sampling | None = None, controls: LineControls | None = None,
 ) -> list:  # fmt: skip
     """`translate` of `sentences` (with `nbest`: `translate_nbest`), numbered from `first_line` in warnings;
-    `on_batch(n)` after each batch of n."""
+    `on_batch(n)` after each batch of n; `controls`: the lines' constraints and target prefixes."""
     blank = [i for i, sentence in enumerate(sentences) if not sentence.strip()]
     if blank:  # nothing to translate: the line stays empty, so output lines still match input lines
         logger.warning(
@@ -181,11 +193,18 @@ def _translate_batches(
     # An empty line's n-best list: `nbest` empty translations of probability 1, so that lists stay aligned by line.
     results: list = [""] * len(sentences) if nbest is None else [[Hypothesis("", 0.0, 0.0)] * nbest for _ in sentences]
     todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
+    if controls is not None:
+        controls.refuse_blank(blank, first_line)
 
     def encode(i: int) -> list[int]:
         return encode_source(tokenizer, sentences[i], limit, where=f"line {first_line + i}: ")
 
     encoded: dict[int, list[int]] = {}
+    prepared: dict = {}
+    if controls is not None:  # each line's constraints and prefix checked against its own length limit
+        encoded = {i: encode(i) for i in todo}
+        prepared = controls.prepare(model, tokenizer, encoded, first_line, generate_kwargs)
+        todo = [i for i in todo if i in encoded]
     if max_tokens is None:
         # Longest first, so that a batch holds sentences of similar length (little padding); the order of the
         # results is the input order, and a sentence's translation does not depend on its batch
@@ -193,7 +212,7 @@ def _translate_batches(
         order = sorted(todo, key=lambda i: len(sentences[i]), reverse=True)
         batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
     else:
-        encoded = {i: encode(i) for i in todo}
+        encoded = encoded or {i: encode(i) for i in todo}
         lengths = [len(encoded[i]) for i in todo]
         batches = [[todo[k] for k in batch] for batch in token_budget_batches(lengths, max_tokens, batch_size)]
         for batch in batches:
@@ -208,13 +227,23 @@ def _translate_batches(
         kwargs = generate_kwargs
         if sampling is not None:
             kwargs = {**generate_kwargs, **_sampling_kwargs(sampling, [first_line - 1 + i for i in chunk])}
+        if controls is not None:
+            kwargs = {**kwargs, **controls.batch_kwargs(chunk, prepared)}
+        met = None
         if nbest is None:
-            output = model.generate(**batch, **kwargs)
+            if "constraints" in kwargs:  # which constraints each translation met
+                output = model.generate(**batch, **kwargs, return_dict_in_generate=True)
+                output, met = output.sequences, output.constraints_met
+            else:
+                output = model.generate(**batch, **kwargs)
             for i, text in zip(chunk, tokenizer.batch_decode(output, skip_special_tokens=True), strict=True):
                 results[i] = single_line(text)  # one line, whoever reads it
         else:
-            for i, hypotheses in zip(chunk, _nbest_search(model, tokenizer, batch, nbest, kwargs), strict=True):
+            lists, met = _nbest_search(model, tokenizer, batch, nbest, kwargs)
+            for i, hypotheses in zip(chunk, lists, strict=True):
                 results[i] = hypotheses
+        if controls is not None:
+            controls.record(chunk, met, first_line)
         if on_batch is not None:
             on_batch(len(chunk))
     return results
@@ -237,6 +266,12 @@ def translate(
     *,
     max_tokens: int | None = None,
     sampling: Sampling | None = None,
+    constraints: Sequence[Sequence[str]] | None = None,
+    constraint_order: str = "unordered",
+    target_prefixes: Sequence[str] | None = None,
+    block: Sequence[str] = (),
+    disable_unk: bool = False,
+    report: ControlReport | None = None,
     **generate_kwargs,
 ) -> list[str]:
     """Translates `sentences` in batches of similar length (order preserved) with `model.generate`.
@@ -251,9 +286,27 @@ def translate(
     length in tokens, at most `max_tokens` source tokens per batch counting padding (rows x longest), and at most
     `batch_size` rows unless it is None; a sentence longer than `max_tokens` goes alone, with a warning. The
     translations are the same tokens either way. `sampling`: a sample per sentence instead of a search (`Sampling`).
+
+    Controls (`controls.py`): `constraints`, per sentence the terms its translation must contain, in any order or
+    with `constraint_order="ordered"` in the order given; `target_prefixes`, per sentence the text its translation
+    starts with ("" for none); `block`, phrases no translation may contain; `disable_unk`: no `<unk>`. `report`, a
+    `ControlReport`, gets the sentences (from 1) whose constraints were not met and those not translated because
+    their controls were bad (named in a warning too).
     """
+    controls = _controls(sentences, constraints, constraint_order, target_prefixes, report)
+    generate_kwargs = {**generate_kwargs, **block_kwargs(tokenizer, block, disable_unk)}
     return _translate_all(model, tokenizer, sentences, batch_size, progress, max_source_tokens, None, max_tokens,
-                          sampling, generate_kwargs)  # fmt: skip
+                          sampling, generate_kwargs, controls)  # fmt: skip
+
+
+def _controls(sentences, constraints, order, prefixes, report) -> LineControls | None:
+    """The `LineControls` of `translate`'s arguments, None without constraints or prefixes."""
+    for name, value in (("constraints", constraints), ("target_prefixes", prefixes)):
+        if value is not None and len(value) != len(sentences):
+            raise ValueError(f"{len(value)} {name} for {len(sentences)} sentences: give one per sentence")
+    if constraints is None and prefixes is None:
+        return None
+    return LineControls(constraints, prefixes, order, report)
 
 
 @torch.no_grad()
@@ -268,18 +321,27 @@ def translate_nbest(
     *,
     max_tokens: int | None = None,
     sampling: Sampling | None = None,
+    constraints: Sequence[Sequence[str]] | None = None,
+    constraint_order: str = "unordered",
+    target_prefixes: Sequence[str] | None = None,
+    block: Sequence[str] = (),
+    disable_unk: bool = False,
+    report: ControlReport | None = None,
     **generate_kwargs,
 ) -> list[list[Hypothesis]]:
     """`translate` keeping the `nbest` best hypotheses of each sentence's search (`nbest` <= the beam size), best
     first, each with its log-probability and search score (`Hypothesis`); `[0].text` is what `translate` gives. An
-    empty sentence gets `nbest` empty hypotheses of log-probability 0 and score 0. With `sampling`, `nbest` is 1."""
+    empty sentence gets `nbest` empty hypotheses of log-probability 0 and score 0. With `sampling`, `nbest` is 1.
+    Controls as in `translate`: with constraints every one of the `nbest` hypotheses contains them."""
+    controls = _controls(sentences, constraints, constraint_order, target_prefixes, report)
+    generate_kwargs = {**generate_kwargs, **block_kwargs(tokenizer, block, disable_unk)}
     return _translate_all(model, tokenizer, sentences, batch_size, progress, max_source_tokens, nbest, max_tokens,
-                          sampling, generate_kwargs)  # fmt: skip
+                          sampling, generate_kwargs, controls)  # fmt: skip
 
 
 def _translate_all(model, tokenizer, sentences, batch_size, progress, max_source_tokens, nbest, max_tokens, sampling,
-                   generate_kwargs) -> list:  # fmt: skip
-    check_decoding_options(model, nbest, max_tokens, sampling, **generate_kwargs)
+                   generate_kwargs, controls=None) -> list:  # fmt: skip
+    check_decoding_options(model, nbest, max_tokens, sampling, controls, **generate_kwargs)
     if batch_size is None and max_tokens is None:
         raise ValueError("batch_size=None (no limit on rows) needs max_tokens")
     limit = max_source_tokens or default_max_source_tokens(model, tokenizer)
@@ -288,7 +350,7 @@ def _translate_all(model, tokenizer, sentences, batch_size, progress, max_source
     on_batch = None if bar is None else bar.update
     try:
         return _translate_batches(model, tokenizer, sentences, batch_size, limit, generate_kwargs, 1, on_batch, nbest,
-                                  max_tokens, sampling)  # fmt: skip
+                                  max_tokens, sampling, controls)  # fmt: skip
     finally:
         if bar is not None:
             bar.close()
@@ -308,6 +370,11 @@ def translate_chunks(
     nbest: int | None = None,
     max_tokens: int | None = None,
     sampling: Sampling | None = None,
+    constraints: str | None = None,
+    target_prefixes: Iterable[str] | None = None,
+    block: Sequence[str] = (),
+    disable_unk: bool = False,
+    report: ControlReport | None = None,
     **generate_kwargs,
 ) -> Iterator[list]:
     """`translate` of an iterable of any length, lazily: reads `chunk_size` lines, translates them (sorted by length
@@ -319,12 +386,23 @@ def translate_chunks(
 
     `max_tokens` and `sampling` as in `translate`, within each chunk (fairseq-interactive's buffer); a line's
     sample depends on its position in the whole input, not on the chunks. With `nbest`, each line's translation is
-    its list of `Hypothesis` (`translate_nbest`)."""
+    its list of `Hypothesis` (`translate_nbest`).
+
+    `constraints` ("unordered" or "ordered"): each line is fairseq's `source<TAB>term<TAB>term...`, its terms the
+    constraints of its translation (`translate`'s); `target_prefixes`: an iterable of one prefix per line ("" for
+    none), read along with the lines; ValueError where it ends before them. `block`, `disable_unk`, `report` as in
+    `translate`."""
     if (batch_size is not None and batch_size < 1) or chunk_size < 1:
         raise ValueError(f"batch_size and chunk_size must be at least 1, got {batch_size} and {chunk_size}")
     if batch_size is None and max_tokens is None:
         raise ValueError("batch_size=None (no limit on rows) needs max_tokens")
-    check_decoding_options(model, nbest, max_tokens, sampling, **generate_kwargs)
+    generate_kwargs = {**generate_kwargs, **block_kwargs(tokenizer, block, disable_unk)}
+    prefixes = iter(target_prefixes) if target_prefixes is not None else None
+    controls = None
+    if constraints is not None or prefixes is not None:
+        controls = LineControls([] if constraints else None, [] if prefixes is not None else None,
+                                constraints or "unordered", report)  # fmt: skip
+    check_decoding_options(model, nbest, max_tokens, sampling, controls, **generate_kwargs)
     limit = max_source_tokens or default_max_source_tokens(model, tokenizer)
     model.eval()
     bar = _progress_bar(None, "line") if progress else None
@@ -332,14 +410,27 @@ def translate_chunks(
     lines, done = iter(lines), 0
     try:
         while chunk := _next_chunk(lines, chunk_size, ready):
+            if controls is not None:
+                chunk = _chunk_controls(chunk, controls, prefixes, done + 1)
             yield _translate_batches(model, tokenizer, chunk, batch_size, limit, generate_kwargs, done + 1, on_batch,
-                                     nbest, max_tokens, sampling)  # fmt: skip
+                                     nbest, max_tokens, sampling, controls)  # fmt: skip
             if bar is not None:
                 bar.update(sum(1 for line in chunk if not line.strip()))  # blank lines count as done too
             done += len(chunk)
     finally:
         if bar is not None:
             bar.close()
+
+
+def _chunk_controls(chunk: list[str], controls: LineControls, prefixes: Iterator[str] | None, first: int) -> list:
+    """A chunk's sources, its lines' terms (with constrained input) and prefixes put into `controls`."""
+    if controls.terms is not None:
+        chunk, controls.terms = map(list, zip(*map(split_constrained_line, chunk), strict=True))
+    if prefixes is not None:
+        controls.prefixes = list(itertools.islice(prefixes, len(chunk)))
+        if len(controls.prefixes) < len(chunk):
+            raise ValueError(f"the target prefixes end before input line {first + len(controls.prefixes)}")
+    return chunk
 
 
 def _next_chunk(lines: Iterator[str], size: int, ready: Callable[[], bool] | None) -> list[str]:
@@ -438,6 +529,11 @@ def translate_stream(
     nbest: int | None = None,
     max_tokens: int | None = None,
     sampling: Sampling | None = None,
+    constraints: str | None = None,
+    target_prefixes: Iterable[str] | None = None,
+    block: Sequence[str] = (),
+    disable_unk: bool = False,
+    report: ControlReport | None = None,
     **generate_kwargs,
 ) -> int:
     """Translates the lines of the byte stream `source` (`read_text_lines`) into `sink`, UTF-8, one line per line in
@@ -448,7 +544,8 @@ def translate_stream(
     and waits for its translation gets it, however large the chunk.
 
     With `nbest`, each line gets `nbest` lines in Marian's n-best format (`format_nbest`), IDs from 0 in input
-    order; `max_tokens` and `sampling` as in `translate`."""
+    order; `max_tokens` and `sampling` as in `translate`; `constraints`, `target_prefixes`, `block`, `disable_unk`
+    and `report` as in `translate_chunks`."""
     if chunk_size is None:
         chunk_size = 1 if source.isatty() else 1024 if max_tokens is not None else 16 * (batch_size or 32)
     ready = None
@@ -463,7 +560,9 @@ def translate_stream(
     count = 0
     lines = read_text_lines(source, name)
     chunks = translate_chunks(model, tokenizer, lines, batch_size, chunk_size, progress, ready=ready, nbest=nbest,
-                              max_tokens=max_tokens, sampling=sampling, **generate_kwargs)  # fmt: skip
+                              max_tokens=max_tokens, sampling=sampling, constraints=constraints,
+                              target_prefixes=target_prefixes, block=block, disable_unk=disable_unk, report=report,
+                              **generate_kwargs)  # fmt: skip
     for translations in chunks:
         if nbest is None:
             text = "".join(f"{translation}\n" for translation in translations)
@@ -477,6 +576,7 @@ def translate_stream(
 
 __all__ = [
     "MAX_LINE_BYTES",
+    "ControlReport",
     "Hypothesis",
     "Sampling",
     "check_decoding_options",

@@ -1,0 +1,167 @@
+"""What a translation must contain, start with, or never contain: terminology constraints, forced target prefixes,
+blocked phrases, as text, turned into the token ids `generate()` takes (model/constraints_vaswani.py).
+
+- Constraints: terms each line's translation must contain (fairseq's `--constraints`: the input line is
+  `source<TAB>term<TAB>term`), `unordered` or `ordered`; a term is matched as tokenized at the sentence start or
+  after a word (`phrase_forms`). One that cannot be met within the length limit leaves the best translation, marked
+  in the `ControlReport` and warned, naming the line.
+- Target prefixes: the text a line's translation starts with (interactive MT, completion); empty: none.
+- Blocked phrases (never in any output, transformers' `bad_words_ids`) and `<unk>` (`suppress_tokens`).
+
+A line whose control is bad (a term with characters outside the vocabulary, an empty term, more constraint or prefix
+tokens than its length limit allows, a source missing before the tab) gets an empty translation and one error line
+naming it; every other line is translated.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from vaswani_mt.model.constraints_vaswani import ORDERS, phrase_forms
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ControlReport:
+    """What happened to the controls, by input line (from 1): `unmet` the terms a translation could not contain
+    within the length limit; `failed` why a line was not translated (its translation is empty)."""
+
+    unmet: dict[int, list[str]] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
+
+
+def split_constrained_line(line: str) -> tuple[str, list[str]]:
+    """fairseq's constrained input: `source<TAB>term<TAB>term...` as (source, terms); a line without a tab has none."""
+    source, *terms = line.split("\t")
+    return source, terms
+
+
+def block_kwargs(tokenizer, block: Sequence[str] = (), disable_unk: bool = False, where: str = "") -> dict:
+    """`generate()` arguments that keep `block`'s phrases (each as tokenized at the start and inside a sentence) and,
+    with `disable_unk`, `<unk>` out of every output. ValueError naming the phrase (after `where`) for one that is
+    empty or has characters outside the vocabulary."""
+    kwargs: dict = {}
+    forms = []
+    for number, phrase in enumerate(block, 1):
+        try:
+            forms += phrase_forms(tokenizer, phrase)
+        except ValueError as error:
+            raise ValueError(f"{where}blocked phrase {number}: {error}") from None
+    if forms:
+        kwargs["bad_words_ids"] = forms
+    if disable_unk and tokenizer.unk_token_id is not None:
+        kwargs["suppress_tokens"] = [tokenizer.unk_token_id]
+    return kwargs
+
+
+@dataclass
+class LineControls:
+    """The constraints and prefixes of the lines `_translate_batches` translates (aligned with them; None: not used)."""
+
+    terms: Sequence[Sequence[str]] | None = None
+    prefixes: Sequence[str] | None = None
+    order: str = "unordered"
+    report: ControlReport | None = None
+
+    def __post_init__(self):
+        if self.order not in ORDERS:
+            raise ValueError(f"constraint order must be one of {', '.join(ORDERS)}, not {self.order!r}")
+
+    def refuse_blank(self, blank: Sequence[int], first_line: int) -> None:
+        """Reports the empty lines (indices `blank`) that come with constraints or a prefix: no source to translate."""
+        for i in blank:
+            if (self.terms is not None and self.terms[i]) or (self.prefixes is not None and self.prefixes[i].strip()):
+                message = "constraints or a target prefix but no source text"
+                logger.error("line %d: %s", first_line + i, message)
+                if self.report is not None:
+                    self.report.failed[first_line + i] = message
+
+    def prepare(self, model, tokenizer, encoded: dict[int, list[int]], first_line: int, kwargs: dict) -> dict:
+        """Token ids of each line's constraints and prefix, `{i: (forms, prefix_ids)}` for the lines in `encoded`
+        (source ids by index) that have any; a line whose controls are bad is dropped from `encoded`, reported and
+        logged as an error."""
+        prepared = {}
+        for i in list(encoded):
+            terms = [t for t in (self.terms[i] if self.terms is not None else [])]
+            prefix = self.prefixes[i] if self.prefixes is not None else ""
+            if not terms and not prefix:
+                continue
+            try:
+                prepared[i] = self._line(tokenizer, terms, prefix, self._room(model, len(encoded[i]), kwargs))
+            except ValueError as error:
+                del encoded[i]
+                logger.error("line %d: %s: not translated", first_line + i, error)
+                if self.report is not None:
+                    self.report.failed[first_line + i] = str(error)
+        return prepared
+
+    @staticmethod
+    def _line(tokenizer, terms: Sequence[str], prefix: str, room: int) -> tuple[list, list[int]]:
+        forms = []
+        for number, term in enumerate(terms, 1):
+            try:
+                forms.append(phrase_forms(tokenizer, term))
+            except ValueError as error:
+                raise ValueError(f"constraint {number}: {error}") from None
+        prefix_ids: list[int] = []
+        if prefix.strip():
+            encoding = tokenizer(prefix.strip(), add_special_tokens=False, return_offsets_mapping=True)
+            prefix_ids = list(encoding["input_ids"])
+            if tokenizer.unk_token_id in prefix_ids:
+                spans = zip(prefix_ids, encoding["offset_mapping"], strict=True)
+                unknown = sorted({prefix.strip()[a:b] for t, (a, b) in spans if t == tokenizer.unk_token_id})
+                raise ValueError("the target prefix has characters outside the vocabulary: "
+                                 + " ".join(repr(c) for c in unknown))  # fmt: skip
+        need = len(prefix_ids) + sum(min(len(f) for f in alternatives) for alternatives in forms)
+        if need > room:
+            what = [f"a target prefix of {len(prefix_ids)}"] if prefix_ids else []
+            what += [f"constraints of {need - len(prefix_ids)}"] if forms else []
+            raise ValueError(f"{' and '.join(what)} tokens, more than the {room} its length limit leaves before EOS")
+        return forms, prefix_ids
+
+    @staticmethod
+    def _room(model, source_tokens: int, kwargs: dict) -> int:
+        """Output tokens a line may have before EOS: `generate()`'s limit for a source of `source_tokens` tokens."""
+        config = model.generation_config
+        if kwargs.get("max_new_tokens") is not None:
+            return int(kwargs["max_new_tokens"]) - 1
+        if kwargs.get("max_length") is not None:
+            return int(kwargs["max_length"]) - 2
+        a = kwargs.get("max_len_a", getattr(config, "max_len_a", None))
+        b = kwargs.get("max_len_b", getattr(config, "max_len_b", None))
+        if b is None:
+            return int(config.max_length) - 2
+        return max(1, int(float(a or 0) * source_tokens + b)) - 1
+
+    def batch_kwargs(self, chunk: Sequence[int], prepared: dict) -> dict:
+        """`generate()` arguments for a batch of lines (indices `chunk`), empty where none of them has controls."""
+        if not any(i in prepared for i in chunk):
+            return {}
+        kwargs = {}
+        if self.terms is not None:
+            kwargs["constraints"] = [prepared[i][0] if i in prepared else [] for i in chunk]
+            kwargs["constraint_order"] = self.order
+        if self.prefixes is not None:
+            kwargs["target_prefix"] = [prepared[i][1] if i in prepared else [] for i in chunk]
+        return kwargs
+
+    def record(self, chunk: Sequence[int], met, first_line: int) -> None:
+        """Reports and warns the lines of `chunk` whose translation misses a constraint (`met`: the search's
+        `constraints_met`, a row per line)."""
+        if met is None or self.terms is None:
+            return
+        for row, i in enumerate(chunk):
+            missing = [term for term, ok in zip(self.terms[i], met[row].tolist(), strict=False) if not ok]
+            if missing:
+                logger.warning(
+                    "line %d: %s not met within the length limit: the best translation is given without %s",
+                    first_line + i, ", ".join(repr(t) for t in missing), "it" if len(missing) == 1 else "them",
+                )  # fmt: skip
+                if self.report is not None:
+                    self.report.unmet[first_line + i] = missing
+
+
+__all__ = ["ControlReport", "LineControls", "block_kwargs", "split_constrained_line"]
