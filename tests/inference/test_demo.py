@@ -31,7 +31,7 @@ CHROMIUM_FLAGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
 QUEUE_SIZE = 2  # the served demo's longest queue: small, so that the test fills it with three requests
-SEARCH = [1, 0.6, 10, 1]  # greedy, alpha, b of |X| + b, the heatmap's layer: the page's controls, kept cheap
+SEARCH = [1, 0.6, 10, 1, ""]  # greedy, alpha, b of |X| + b, the heatmap's layer, no term: the page's controls, cheap
 
 
 def test_demo_answers_blank_and_over_long_input_with_a_message(fitted_folder):
@@ -41,6 +41,17 @@ def test_demo_answers_blank_and_over_long_input_with_a_message(fitted_folder):
     translation, figure, notes = translate_for_demo(model, tokenizer, text, num_beams=1, max_source_tokens=32)
     assert translation and "cut to the first 32" in notes
     assert len(figure.axes[0].get_xticklabels()) == 32  # the heatmap shows the 32 tokens translated
+
+
+def test_the_demo_forces_the_terms_it_must_contain_and_says_which_it_met(fitted_folder):
+    model, tokenizer = load_for_inference(str(fitted_folder), attn_implementation="eager")
+    text = "The girl ate an apple."
+    translation, _, notes = translate_for_demo(model, tokenizer, text, num_beams=1, extra_tokens=12,
+                                               must_contain="Buch, Kaffee")  # fmt: skip
+    assert "Buch" in translation and "Kaffee" in translation
+    assert "must contain: Buch ✓ met, Kaffee ✓ met" in notes and "searched with 4" in notes
+    _, _, notes = translate_for_demo(model, tokenizer, text, must_contain="Bu漢ch")
+    assert "outside the vocabulary: '漢'; translated without the terms" in notes
 
 
 def test_search_controls_start_from_the_models_own_generation_config(fitted_folder, tmp_path):
@@ -237,7 +248,7 @@ def test_served_demo_refuses_large_and_unstated_length_bodies_before_reading_the
     status, body = _request(served, "POST", path, headers={**json_type, "Transfer-Encoding": "chunked"})
     assert status == 411 and b"send Content-Length" in body
     # The queue's direct route, which would skip both bounds, is closed.
-    status, _ = _request(served, "POST", "/gradio_api/run/translate", b'{"data": ["x", 1, 0.6, 10, 1]}', json_type)
+    status, _ = _request(served, "POST", "/gradio_api/run/translate", b'{"data": ["x", 1, 0.6, 10, 1, ""]}', json_type)
     assert status == 404
 
 
@@ -277,13 +288,13 @@ def test_served_demo_keeps_the_state_of_a_bounded_number_of_sessions(served_app)
 
 def test_served_demo_refuses_impossible_values_with_a_message(served):
     for data, message in [
-        (["x", 100, 0.6, 10, 1], "Value 100 is greater than maximum value 8."),
+        (["x", 100, 0.6, 10, 1, ""], "Value 100 is greater than maximum value 8."),
         (["x", 1, 0.6], "didn't receive enough input values"),
-        (["x", "four", 0.6, 10, 1], "Could not preprocess input component at index 1"),
+        (["x", "four", 0.6, 10, 1, ""], "Could not preprocess input component at index 1"),
     ]:
         event, payload = _translate(served, data)
         assert event == "error" and message in payload["error"], (data, payload)
-    body = b'{"data": ["x", NaN, 0.6, 10, 1]}'  # Python's JSON reader takes NaN, and no slider bound refuses it
+    body = b'{"data": ["x", NaN, 0.6, 10, 1, ""]}'  # Python's JSON reader takes NaN, and no slider bound refuses it
     _, answer = _request(served, "POST", "/gradio_api/call/translate", body, {"Content-Type": "application/json"})
     event, payload = _result(served, json.loads(answer)["event_id"])
     assert event == "error" and payload["error"] == "Beam size must be a number, not nan"

@@ -26,6 +26,7 @@ print(json.dumps({
     "batched": by_task(sentences + ["   "], batch_size=3, num_beams=1, max_new_tokens=12),
     "inferred": inferred(sentences, max_new_tokens=12),
     "two_each": by_task(sentences[:2], num_return_sequences=2, num_beams=2, max_new_tokens=12),
+    "constrained": by_task(sentences, constraints=["Buch"], batch_size=2, max_new_tokens=12),
 }))
 """
 
@@ -57,6 +58,12 @@ def test_pipeline_in_a_fresh_process_returns_translation_text_per_input(fitted_f
     assert out["inferred"] == [{"translation_text": text} for text in expected]
     assert [len(each) for each in out["two_each"]] == [2, 2]
     assert all(set(record) == {"translation_text"} for each in out["two_each"] for record in each)
+    # Terms every translation must contain, tokenized by the folder's own code (constraints_vaswani.py).
+    assert out["constrained"] == [
+        {"translation_text": text} for text in translate(model, tokenizer, sentences, constraints=[["Buch"]] * 3,
+                                                         max_new_tokens=12)
+    ]  # fmt: skip
+    assert all("Buch" in record["translation_text"] for record in out["constrained"])
 
 
 def test_over_long_source_is_cut_with_a_warning_instead_of_a_shape_error(tokenizer):

@@ -156,6 +156,8 @@ print(json.dumps({
     "pipeline_imported": sorted(name for name in sys.modules if "pipeline_vaswani" in name),
     "pipeline_in_module_cache": Path(modeling.__file__).with_name("pipeline_vaswani.py").exists(),
     "tokens": model.generate(**batch, max_len_b=8).tolist(),
+    "constrained": model.generate(**batch, max_len_b=8, constraints=[[[20, 21]], [], [[30], [40, 41]]],
+                                  target_prefix=[[], [50], []]).tolist(),
     "saved_again": saved(model, "again"),
     "saved_from_bare": saved(AutoModelForSeq2SeqLM.from_pretrained(bare, trust_remote_code=True), "from_bare"),
 }))
@@ -191,6 +193,8 @@ def test_fresh_process_without_package_loads_and_generates_the_same_tokens(tmp_p
     batch = tokenizer(sentences, return_tensors="pt", padding=True)
     with torch.no_grad():
         assert out["tokens"] == model.generate(**batch, max_len_b=8).tolist()
+        controls = {"constraints": [[[20, 21]], [], [[30], [40, 41]]], "target_prefix": [[], [50], []]}
+        assert out["constrained"] == model.generate(**batch, max_len_b=8, **controls).tolist()
     # Loading the model reads no pipeline code, so transformers' module cache lacks the file; saved again, the model
     # takes it from the folder it was loaded from, and without one there it names no pipeline.
     assert out["pipeline_imported"] == [] and not out["pipeline_in_module_cache"]
@@ -221,7 +225,9 @@ def test_the_model_code_does_not_import_the_pipeline():
 
     modeling = PACKAGE / "modeling_vaswani.py"
     closure = _relative_closure(PACKAGE, {"modeling_vaswani"})
-    assert closure == {f"{name}_vaswani.py" for name in ("modeling", "configuration", "generation", "fast_paths")}
+    assert closure == {
+        f"{name}_vaswani.py" for name in ("modeling", "configuration", "generation", "constraints", "fast_paths")
+    }
     assert {Path(path).name for path in get_relative_import_files(str(modeling))} == closure - {modeling.name}
     for name in closure:
         assert not [module for _, module in _imports(PACKAGE / name) if "pipeline" in module], name

@@ -20,6 +20,7 @@ NATIVE_FORMATS = ("vaswani", "marian")
 # transformers, a few standard modules and each other only); a Marian folder carries no code.
 REMOTE_CODE_FILES = (
     "configuration_vaswani.py",
+    "constraints_vaswani.py",
     "fast_paths_vaswani.py",
     "generation_vaswani.py",
     "modeling_vaswani.py",

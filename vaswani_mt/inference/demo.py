@@ -17,6 +17,8 @@ import math
 import os
 import re
 
+from vaswani_mt.model.constraints_vaswani import phrase_forms
+
 
 def _import_gradio_quietly():
     """gradio, imported with its analytics and telemetry off unless the environment says otherwise: it reads these
@@ -61,12 +63,13 @@ _FILE_ROUTES = re.compile(r"/gradio_api/(file[=/]|proxy=|upload(_progress)?/?$|p
 
 def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, alpha: float = 0.6, extra_tokens: int = 50,
                        layer: int = 0, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS,
-                       max_characters: int = DEMO_MAX_CHARACTERS) -> tuple:  # fmt: skip
+                       max_characters: int = DEMO_MAX_CHARACTERS, must_contain: str = "") -> tuple:  # fmt: skip
     """What the page shows for `text`: (translation, heatmap figure or None, notes in markdown).
 
     `extra_tokens` is b of the maximum output length |X| + b (§6.1: 50), `alpha` the GNMT length penalty, `layer`
     the decoder layer whose encoder-decoder attention is drawn (1-based; 0 = the last), averaged over its heads.
-    A text over `max_characters` is cut there before it is tokenized, and the notes say so.
+    A text over `max_characters` is cut there before it is tokenized, and the notes say so. `must_contain`:
+    comma-separated terms the translation must contain (terminology constraints; the notes say which it does).
     """
     from .attention_plots import heatmap_figure, translate_with_attention
 
@@ -76,10 +79,26 @@ def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, alpha: f
         text = text[:max_characters]
     if not text or not text.strip():
         return "", None, "Nothing to translate: type a sentence."
+    terms = [term.strip() for term in (must_contain or "").split(",") if term.strip()]
+    controls = {}
+    try:
+        if terms:
+            controls["constraints"] = [[phrase_forms(tokenizer, term) for term in terms]]
+    except ValueError as error:
+        notes.append(f"must contain: {error}; translated without the terms")
+        terms = []
+    if terms and int(num_beams) < 2:
+        notes.append("must contain: terms need a beam of 2 or more; searched with 4")
+        num_beams = 4
     attentions = translate_with_attention(
         model, tokenizer, text, max_source_tokens=max_source_tokens, num_beams=int(num_beams),
-        length_penalty=float(alpha), max_len_a=1, max_len_b=int(extra_tokens),
+        length_penalty=float(alpha), max_len_a=1, max_len_b=int(extra_tokens), **controls,
     )  # fmt: skip
+    if terms:
+        notes.append("must contain: " + ", ".join(
+            f"{term} {'✓ met' if term in attentions.translation else '✗ not met (no room within the length limit)'}"
+            for term in terms
+        ))  # fmt: skip
     num_layers = attentions.cross.shape[0]
     index = int(layer) - 1 if 1 <= int(layer) <= num_layers else num_layers - 1
     figure = heatmap_figure(attentions, "cross", layer=index)
@@ -107,7 +126,7 @@ def build_demo(model_id: str, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS, *
     extra_tokens = int(getattr(search, "max_len_b", None) or 50)
     card = f"Model: `{model_id}` ({model.config.num_encoder_layers}+{layers} layers, d_model {model.config.d_model})"
 
-    def run(text, num_beams, alpha, extra_tokens, layer):
+    def run(text, num_beams, alpha, extra_tokens, layer, must_contain=""):
         # The sliders bound their values, but not against NaN (JSON from the API may carry one): refused here with
         # a message, as Gradio refuses a value out of range, rather than failing inside the search.
         options = {"Beam size": num_beams, "α": alpha, "b": extra_tokens, "Layer": layer}
@@ -117,7 +136,16 @@ def build_demo(model_id: str, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS, *
         return_freed_memory()  # what the last answer's picture (drawn by Gradio after `run`) left behind
         try:
             return translate_for_demo(
-                model, tokenizer, text, num_beams, alpha, extra_tokens, layer, max_source_tokens, max_characters
+                model,
+                tokenizer,
+                text,
+                num_beams,
+                alpha,
+                extra_tokens,
+                layer,
+                max_source_tokens,
+                max_characters,
+                must_contain if isinstance(must_contain, str) else "",
             )
         finally:
             return_freed_memory()
@@ -132,6 +160,8 @@ def build_demo(model_id: str, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS, *
         with gr.Row():
             with gr.Column():
                 source = gr.Textbox(label="Source text", lines=3, max_length=max_characters, elem_id="source")
+                must = gr.Textbox(label="Must contain (comma-separated terms)", max_length=max_characters,
+                                  elem_id="must_contain")  # fmt: skip
                 with gr.Accordion("Search options", open=True):
                     num_beams = gr.Slider(1, 8, value=min(beams, 8), step=1, label="Beam size", elem_id="num_beams")
                     alpha = gr.Slider(0.0, 2.0, value=min(alpha, 2.0), step=0.1, label="Length penalty α (GNMT)",
@@ -146,7 +176,7 @@ def build_demo(model_id: str, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS, *
                 heatmap = gr.Plot(show_label=False, elem_id="heatmap")
         # One event for the button and Enter, so that both share the one concurrency limit (two events would get
         # a limit each); its API name is /translate.
-        inputs, outputs = [source, num_beams, alpha, extra, layer], [translation, heatmap, notes]
+        inputs, outputs = [source, num_beams, alpha, extra, layer, must], [translation, heatmap, notes]
         gr.on([button.click, source.submit], run, inputs, outputs, api_name="translate")
     # api_open=False: off a Space, Gradio opens /gradio_api/run/translate, a route that skips the queue and with it
     # both bounds; closed, it answers 404 and every request goes through the queue.

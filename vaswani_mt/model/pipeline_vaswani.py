@@ -31,6 +31,8 @@ import torch
 from transformers import Pipeline
 from transformers.utils import logging
 
+from .constraints_vaswani import phrase_forms
+
 logger = logging.get_logger(__name__)
 
 
@@ -128,7 +130,8 @@ class TranslationPipeline(Pipeline):
 
     Args, at construction or per call: `max_source_tokens` (longer sources are cut, with a warning),
     `clean_up_tokenization_spaces`, `batch_size`, and any `generate()` keyword (`num_beams`, `max_new_tokens`,
-    `num_return_sequences`, `max_len_b`, ...), passed through.
+    `num_return_sequences`, `max_len_b`, ...), passed through. `constraints`: terms every translation must contain
+    (terminology constraints, each tokenized as inside a sentence; `constraint_order="ordered"` keeps their order).
 
     Returns `[{"translation_text": ...}]` for one text and one such dict per text for a list of texts (a list of
     them per text when `num_return_sequences` > 1), as transformers 4's translation pipeline did.
@@ -141,8 +144,12 @@ class TranslationPipeline(Pipeline):
     _load_feature_extractor = False
     _pipeline_calls_generate = True
 
-    def _sanitize_parameters(self, max_source_tokens=None, clean_up_tokenization_spaces=None, **generate_kwargs):
+    def _sanitize_parameters(self, max_source_tokens=None, clean_up_tokenization_spaces=None, constraints=None,
+                             **generate_kwargs):  # fmt: skip
         preprocess = {} if max_source_tokens is None else {"max_source_tokens": max_source_tokens}
+        if constraints is not None:
+            terms = [constraints] if isinstance(constraints, str) else list(constraints)
+            generate_kwargs["constraint_forms"] = [phrase_forms(self.tokenizer, term) for term in terms]
         postprocess = {}
         if clean_up_tokenization_spaces is not None:
             postprocess["clean_up_tokenization_spaces"] = clean_up_tokenization_spaces
@@ -179,6 +186,9 @@ class TranslationPipeline(Pipeline):
         if all(blank):  # nothing to translate: no generation
             output_ids = torch.full((batch, 1, 1), self.tokenizer.eos_token_id, dtype=torch.long)
         else:
+            forms = generate_kwargs.pop("constraint_forms", None)
+            if forms:  # the same terms for every text of the batch
+                generate_kwargs = {**generate_kwargs, "constraints": [forms] * batch}
             output_ids = self.model.generate(**model_inputs, **self._prepare_generate_kwargs(generate_kwargs))
             output_ids = output_ids.reshape(batch, output_ids.shape[0] // batch, *output_ids.shape[1:])
         return {"output_ids": output_ids, "blank": blank}
