@@ -1,0 +1,178 @@
+#!/usr/bin/env python
+"""Terminology constraints on the main job's model: a term test built from data we have, and the speed cost.
+
+The term test: the built-in corpus's test split and the Ding dictionary's noun entries (German side marked `{m}`,
+`{f}`, `{n}` or `{pl}`; `{...}`, `[...]`, `(...)` and `/.../` annotations removed; one German word of 4 or more
+letters, an English side of one or two words of 4 or more letters, spelled differently). A pair is a term of a test
+sentence where its English side occurs in the source as whole words (any case) and its German side in the reference
+as a whole word (its case). Each such sentence gets one term, its longest German side (then alphabetical).
+
+Reported, with and without constraints (`translate(..., constraints=...)`, the model's own search, batch 16): term
+accuracy (the German term in the output as a whole word, exactly and lower-cased), constraint satisfaction (the
+search's own account, `ControlReport`), sacreBLEU and chrF on the term sentences and on the whole split (the other
+sentences unconstrained), and sentences per second over the split.
+
+Speed (`--speed`): the first sentences of the split with 4 or more German words of 4+ letters in their reference;
+their 0, 1, 2 or 4 longest reference words as constraints, or the reference's first two words as a target prefix;
+beam 4 and 8, batch 16; interleaved rounds, medians, sentences/s and the ratio to no constraints.
+
+    python benchmarks/terminology.py outputs/ding-cpu --json benchmarks/terminology_2026-11-26.json
+    python benchmarks/terminology.py outputs/ding-cpu --speed --sentences 128 --repeats 3
+"""
+
+import argparse
+import itertools
+import json
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from speed_common import MachineRecord, interleave
+
+from vaswani_mt.data.corpus import BUILTIN_CORPUS, _fetch_ding_dictionary, cache_dir, load_corpus, source_target
+from vaswani_mt.evaluation.metrics import bleu
+from vaswani_mt.inference.controls import ControlReport
+from vaswani_mt.inference.loading import load_for_inference
+from vaswani_mt.inference.translate import translate
+from vaswani_mt.system import native_bf16
+
+NOUN = re.compile(r"\{(?:m|f|n|pl)\}")
+ANNOTATIONS = re.compile(r"\{[^}]*\}|\[[^\]]*\]|\([^)]*\)|(?<!\S)/[^/]+/(?!\S)")
+GERMAN_WORD = re.compile(r"^[A-ZÄÖÜ][a-zäöüß]{3,}$")
+ENGLISH_WORDS = re.compile(r"^[a-z]{4,}( [a-z]{4,})?$")
+BATCH = 16
+
+
+def noun_pairs(dictionary: Path) -> dict[str, set[str]]:
+    """English term -> the German nouns the dictionary gives for it (the rules in the module's docstring)."""
+    pairs: dict[str, set[str]] = {}
+    with open(dictionary, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("#") or "::" not in line:
+                continue
+            german, english = line.rstrip("\n").split("::", 1)
+            if german.count("|") != english.count("|"):
+                continue
+            for german_sub, english_sub in zip(german.split("|"), english.split("|"), strict=True):
+                for de, en in zip(german_sub.split(";"), english_sub.split(";"), strict=False):
+                    if not NOUN.search(de):
+                        continue
+                    de, en = (re.sub(r"\s+", " ", ANNOTATIONS.sub("", text)).strip() for text in (de, en))
+                    en = en.removeprefix("to ").lower()
+                    if GERMAN_WORD.match(de) and ENGLISH_WORDS.match(en) and de.lower() != en:
+                        pairs.setdefault(en, set()).add(de)
+    return pairs
+
+
+def term_test(sources: list[str], references: list[str], pairs: dict[str, set[str]]) -> list[list[str]]:
+    """Each test sentence's term (a list of one German word, or empty): see the module's docstring."""
+    terms = []
+    for source, reference in zip(sources, references, strict=True):
+        words = re.findall(r"[a-z]+", source.lower())
+        english = set(words) | {f"{a} {b}" for a, b in itertools.pairwise(words)}
+        in_reference = set(re.findall(r"\w+", reference))
+        found = sorted({de for en in english & pairs.keys() for de in pairs[en] if de in in_reference},
+                       key=lambda de: (-len(de), de))  # fmt: skip
+        terms.append(found[:1])
+    return terms
+
+
+def accuracy(translations: list[str], terms: list[list[str]]) -> dict:
+    rows = [(text, term) for text, wanted in zip(translations, terms, strict=True) for term in wanted]
+    exact = sum(bool(re.search(rf"\b{re.escape(t)}\b", text)) for text, t in rows)
+    lower = sum(bool(re.search(rf"\b{re.escape(t.lower())}\b", text.lower())) for text, t in rows)
+    return {
+        "terms": len(rows),
+        "exact": round(100 * exact / len(rows), 1),
+        "lowercased": round(100 * lower / len(rows), 1),
+    }
+
+
+def quality(model, tokenizer, sources, references, terms, constrained: bool) -> dict:
+    subset = [i for i, wanted in enumerate(terms) if wanted]
+    report = ControlReport()
+    kwargs = {"constraints": terms, "report": report} if constrained else {}
+    start = time.perf_counter()
+    translations = translate(model, tokenizer, sources, BATCH, **kwargs)
+    seconds = time.perf_counter() - start
+    whole = bleu(translations, references)
+    part = bleu([translations[i] for i in subset], [references[i] for i in subset])
+    row = {
+        "constraints": constrained,
+        "term_accuracy": accuracy([translations[i] for i in subset], [terms[i] for i in subset]),
+        "bleu_whole": round(whole["score"], 2), "chrf_whole": round(whole["chrf"], 2),
+        "bleu_terms": round(part["score"], 2), "chrf_terms": round(part["chrf"], 2),
+        "sentences_per_second": round(len(sources) / seconds, 2),
+    }  # fmt: skip
+    if constrained:
+        row["satisfied"] = round(100 * (1 - len(report.unmet) / len(subset)), 1)
+        row["unmet_lines"] = sorted(report.unmet)
+        row["failed_lines"] = report.failed
+    return row, translations
+
+
+def speed(model, tokenizer, sources, references, sentences: int, repeats: int) -> list[dict]:
+    chosen = []
+    for source, reference in zip(sources, references, strict=True):
+        words = sorted({w for w in re.findall(r"\w+", reference) if len(w) >= 4}, key=lambda w: (-len(w), w))
+        if len(words) >= 4:
+            chosen.append((source, words, " ".join(reference.split()[:2])))
+        if len(chosen) == sentences:
+            break
+    texts = [source for source, _, _ in chosen]
+    rows = []
+    for beams in (4, 8):
+
+        def run(beams=beams, **controls):
+            return lambda: translate(model, tokenizer, texts, BATCH, num_beams=beams, **controls)
+
+        runs = {"0 constraints": run()}  # the plain search, without the option
+        runs.update({f"{k} constraints": run(constraints=[w[:k] for _, w, _ in chosen]) for k in (1, 2, 4)})
+        runs["prefix"] = run(target_prefixes=[p for _, _, p in chosen])
+        times = interleave(runs, repeats, warmup=0)
+        base = statistics.median(times["0 constraints"])
+        for name, values in times.items():
+            median = statistics.median(values)
+            rows.append({"beams": beams, "run": name, "median_s": round(median, 2),
+                         "sentences_per_second": round(len(texts) / median, 2), "ratio": round(base / median, 3),
+                         "rounds": [round(v, 2) for v in values]})  # fmt: skip
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", help="the main job's output folder (its averaged model)")
+    parser.add_argument("--speed", action="store_true", help="also the speed cost of 0, 1, 2, 4 constraints, a prefix")
+    parser.add_argument("--sentences", type=int, default=128, help="sentences of the speed runs")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", help="write the result here too")
+    args = parser.parse_args()
+    record = MachineRecord()
+    model, tokenizer = load_for_inference(args.model)
+    corpus = load_corpus(BUILTIN_CORPUS, None, "en", "de")
+    sources, references = source_target(corpus["test"], "en", "de")
+    terms = term_test(sources, references, noun_pairs(_fetch_ding_dictionary(cache_dir() / "ding")))
+    result = {
+        "model": args.model, "native_bf16": native_bf16(), "search": model.generation_config.to_diff_dict(),
+        "sentences": len(sources), "term_sentences": sum(map(bool, terms)),
+        "examples": [(s, t) for s, t in zip(sources, terms, strict=True) if t][:8],
+    }  # fmt: skip
+    plain, plain_out = quality(model, tokenizer, sources, references, terms, False)
+    constrained, constrained_out = quality(model, tokenizer, sources, references, terms, True)
+    same = [a == b for a, b, t in zip(plain_out, constrained_out, terms, strict=True) if not t]
+    result["runs"] = [plain, constrained]
+    result["unconstrained_lines_identical"] = f"{sum(same)} of {len(same)}"
+    if args.speed:
+        result["speed"] = speed(model, tokenizer, sources, references, args.sentences, args.repeats)
+    result.update(record.finish())
+    print(json.dumps(result, indent=1, ensure_ascii=False))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
