@@ -173,4 +173,45 @@ def allocate(scores: torch.Tensor, banks: torch.Tensor, usable: torch.Tensor, be
     return torch.take_along_dim(order, chosen, dim=-1)
 
 
-__all__ = ["ORDERS", "LexicalConstraints", "allocate", "phrase_forms"]
+def search_controls(controls: dict, batch: int, limits: torch.Tensor | None, max_length: int, device):
+    """The `constraints` and `target_prefix` of a `generate()` call as `beam_search` takes them (None where not
+    given), checked: one entry per sentence, and room for a sentence's prefix and constraint tokens before EOS
+    within its length limit (ValueError naming the sentence, from 0, otherwise)."""
+    constraints, prefix = controls.get("constraints"), controls.get("target_prefix")
+    order = controls.get("constraint_order") or "unordered"
+    if order not in ORDERS:
+        raise ValueError(f"constraint_order must be one of {', '.join(ORDERS)}, not {order!r}")
+    for name, value in (("constraints", constraints), ("target_prefix", prefix)):
+        if value is not None and len(value) != batch:
+            raise ValueError(f"{name} has {len(value)} entries for {batch} sentences: give one per sentence")
+    lexical = LexicalConstraints(constraints, order, device) if constraints is not None else None
+    if lexical is not None and not lexical.rows.any():
+        lexical = None  # no sentence has one: the search without them, exactly
+    prefix_tokens = torch.zeros(batch, dtype=torch.long, device=device)
+    tensor = None
+    if prefix is not None:
+        rows = [list(p.tolist() if isinstance(p, torch.Tensor) else (p or [])) for p in prefix]
+        width = max((len(r) for r in rows), default=0)
+        if width:
+            tensor = torch.full((batch, width), -1, dtype=torch.long)
+            for b, row in enumerate(rows):
+                tensor[b, : len(row)] = torch.tensor(row, dtype=torch.long)
+            tensor = tensor.to(device)
+            prefix_tokens = (tensor >= 0).sum(-1)
+    room = torch.full((batch,), max_length - 1, dtype=torch.long, device=device)
+    if limits is not None:
+        room = torch.minimum(room, limits.to(device))
+    room = room - 1  # tokens before EOS
+    need = prefix_tokens + (lexical.total if lexical is not None else 0)
+    if (need > room).any():
+        b = int((need > room).nonzero()[0])
+        parts = [f"a target prefix of {int(prefix_tokens[b])}"] if prefix_tokens[b] else []
+        parts += [f"constraints of {int(lexical.total[b])}"] if lexical is not None and lexical.total[b] else []
+        raise ValueError(f"sentence {b}: {' and '.join(parts)} tokens, more than the {int(room[b])} its length "
+                         "limit leaves before EOS")  # fmt: skip
+    if lexical is not None:
+        lexical.room = room
+    return lexical, tensor
+
+
+__all__ = ["ORDERS", "LexicalConstraints", "allocate", "phrase_forms", "search_controls"]

@@ -12,6 +12,7 @@ transformers keeps its generation code apart from its models:
 - `PerSentenceMaxLength`: each sentence's own `|X| + 50` limit;
 - `beam_search`: the search: the GNMT penalty for finished hypotheses, early termination bounded with it, and
   encoder-decoder keys and values that are never reordered (every beam of a sentence shares them);
+  terminology constraints (constraints_vaswani.py: dynamic beam allocation) and forced target prefixes inside it;
 - `VaswaniGenerationMixin`: `generate()`, which runs `beam_search` for `num_beams > 1` and transformers' own greedy
   search and sampling otherwise.
 
@@ -41,7 +42,7 @@ from transformers.generation import (
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import logging
 
-from .constraints_vaswani import ORDERS, LexicalConstraints, allocate
+from .constraints_vaswani import LexicalConstraints, allocate, search_controls
 
 logger = logging.get_logger(__name__)
 
@@ -437,47 +438,6 @@ def _window(sequences: torch.Tensor, cur_len: int, size: int) -> torch.Tensor:
     return torch.nn.functional.pad(sequences[:, :, : cur_len + 1], (-start, 0), value=-2)
 
 
-def _search_controls(controls: dict, batch: int, limits: torch.Tensor | None, max_length: int, device):
-    """The `constraints` and `target_prefix` of a `generate()` call as `beam_search` takes them (None where not
-    given), checked: one entry per sentence, and room for a sentence's prefix and constraint tokens before EOS
-    within its length limit (ValueError naming the sentence, from 0, otherwise)."""
-    constraints, prefix = controls.get("constraints"), controls.get("target_prefix")
-    order = controls.get("constraint_order") or "unordered"
-    if order not in ORDERS:
-        raise ValueError(f"constraint_order must be one of {', '.join(ORDERS)}, not {order!r}")
-    for name, value in (("constraints", constraints), ("target_prefix", prefix)):
-        if value is not None and len(value) != batch:
-            raise ValueError(f"{name} has {len(value)} entries for {batch} sentences: give one per sentence")
-    lexical = LexicalConstraints(constraints, order, device) if constraints is not None else None
-    if lexical is not None and not lexical.rows.any():
-        lexical = None  # no sentence has one: the search without them, exactly
-    prefix_tokens = torch.zeros(batch, dtype=torch.long, device=device)
-    tensor = None
-    if prefix is not None:
-        rows = [list(p.tolist() if isinstance(p, torch.Tensor) else (p or [])) for p in prefix]
-        width = max((len(r) for r in rows), default=0)
-        if width:
-            tensor = torch.full((batch, width), -1, dtype=torch.long)
-            for b, row in enumerate(rows):
-                tensor[b, : len(row)] = torch.tensor(row, dtype=torch.long)
-            tensor = tensor.to(device)
-            prefix_tokens = (tensor >= 0).sum(-1)
-    room = torch.full((batch,), max_length - 1, dtype=torch.long, device=device)
-    if limits is not None:
-        room = torch.minimum(room, limits.to(device))
-    room = room - 1  # tokens before EOS
-    need = prefix_tokens + (lexical.total if lexical is not None else 0)
-    if (need > room).any():
-        b = int((need > room).nonzero()[0])
-        parts = [f"a target prefix of {int(prefix_tokens[b])}"] if prefix_tokens[b] else []
-        parts += [f"constraints of {int(lexical.total[b])}"] if lexical is not None and lexical.total[b] else []
-        raise ValueError(f"sentence {b}: {' and '.join(parts)} tokens, more than the {int(room[b])} its length "
-                         "limit leaves before EOS")  # fmt: skip
-    if lexical is not None:
-        lexical.room = room
-    return lexical, tensor
-
-
 class VaswaniGenerationMixin(GenerationMixin):
     """transformers' `GenerationMixin` with the paper's search (§6.1) from `generate()`: beam size 4, the GNMT
     length penalty with alpha = 0.6, a maximum output length of each sentence's own input length + 50, and early
@@ -557,7 +517,7 @@ class VaswaniGenerationMixin(GenerationMixin):
         if unknown:
             raise ValueError(f"generate() with {config.num_beams} beams does not take {', '.join(unknown)}")
         batch, device = input_ids.shape[0], input_ids.device
-        constraints, prefix = _search_controls(controls, batch, limits, config.max_length, device)
+        constraints, prefix = search_controls(controls, batch, limits, config.max_length, device)
         return beam_search(self, input_ids, attention_mask, config, logits_processor, stopping_criteria,
                            encoder_outputs=encoder_outputs, constraints=constraints, target_prefix=prefix)  # fmt: skip
 
