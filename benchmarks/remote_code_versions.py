@@ -4,8 +4,9 @@
 Each `--python` is the interpreter of an environment of its own (say one with transformers 5.20, the lowest the
 package supports, and one with the newest 5.x); in each, a fresh process without vaswani_mt on its path loads the
 folder with `AutoModelForSeq2SeqLM.from_pretrained(..., trust_remote_code=True)` and translates the sources with the
-folder's own search (the paper's beam search from its generation config) and with `--num_beams 8`. The tokens and
-`sequences_scores` must be equal in every environment.
+folder's own search (the paper's beam search from its generation config), with `--num_beams 8`, and with a term
+constraint ("Haus", tokenized by the folder's `constraints_vaswani.phrase_forms`) and a target prefix ("Das") on
+every sentence. The tokens and `sequences_scores` must be equal in every environment.
 
     python -m venv ../tf520 && ../tf520/bin/pip install torch==2.13.0 transformers==5.20.0
     python benchmarks/remote_code_versions.py outputs/ding-cpu --python ../tf520/bin/python \
@@ -31,7 +32,11 @@ model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).ev
 tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
 batch = tokenizer(sources, return_tensors="pt", padding=True)
 out = {"transformers": transformers.__version__, "torch": torch.__version__, "module": type(model).__module__}
-for name, options in (("saved search", {}), ("8 beams", {"num_beams": 8})):
+constraints = sys.modules[type(model).__module__.replace("modeling_vaswani", "constraints_vaswani")]
+term = [constraints.phrase_forms(tokenizer, "Haus")]  # by the folder's own code, as the pipeline does
+prefix = tokenizer("Das", add_special_tokens=False)["input_ids"]
+controls = {"constraints": [term] * len(sources), "target_prefix": [prefix] * len(sources)}
+for name, options in (("saved search", {}), ("8 beams", {"num_beams": 8}), ("term and prefix", controls)):
     with torch.inference_mode():
         result = model.generate(**batch, output_scores=True, return_dict_in_generate=True, **options)
     out[name] = {"tokens": result.sequences.tolist(), "scores": [s.hex() for s in result.sequences_scores.tolist()]}
@@ -59,7 +64,8 @@ def main() -> None:
             runs[python] = json.loads(done.stdout.strip().splitlines()[-1])
             print(python, runs[python]["transformers"], runs[python]["module"], flush=True)
     first = next(iter(runs.values()))
-    equal = {name: all(run[name] == first[name] for run in runs.values()) for name in ("saved search", "8 beams")}
+    names = ("saved search", "8 beams", "term and prefix")
+    equal = {name: all(run[name] == first[name] for run in runs.values()) for name in names}
     result = {"what": "benchmarks/remote_code_versions.py", "folder": args.folder, "sources": sources,
               "versions": {p: r["transformers"] for p, r in runs.items()}, "equal": equal, "runs": runs}  # fmt: skip
     print(json.dumps({"versions": result["versions"], "equal": equal}))

@@ -1,5 +1,7 @@
 """Terminology constraints, target prefixes, blocked phrases and <unk> through translate(), streams and the scripts."""
 
+import re
+
 import pytest
 from conftest import ENGLISH
 from test_decoding_options import _nbest_rows, _run
@@ -70,6 +72,13 @@ def test_bad_lines_get_one_error_and_the_others_are_translated(fitted, plain, ca
     }
     assert "constraints of 40 tokens, more than the" in report.failed[4]
     assert "line 2: constraint 1: 'Ka漢ffee' has a character outside the vocabulary" in caplog.text
+    prefixes = ["", "Die Straße " * 10, "", "", "", ""]
+    report = ControlReport()
+    out = translate(model, tokenizer, ENGLISH, target_prefixes=prefixes, report=report, **SHORT)
+    assert out[1] == "" and out[0] == plain[0] and list(report.failed) == [2]
+    assert re.fullmatch(
+        r"a target prefix of \d+ tokens, more than the \d+ its length limit leaves before EOS", report.failed[2]
+    )
 
 
 def test_a_constraint_that_cannot_be_met_is_reported_and_warned(fitted, caplog):

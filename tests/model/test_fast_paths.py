@@ -150,3 +150,18 @@ def test_generate_compiled_with_a_static_cache_on_cpu_gives_the_eager_tokens():
     finally:
         torch._dynamo.reset()
     assert torch.equal(compiled, eager)
+
+
+def test_without_torchs_private_functions_every_fast_path_falls_back_to_the_same_numbers(monkeypatch):
+    model = make_model(seed=1, dropout=0.0).train()
+    ids, mask = padded_batch(seed=2, lengths=(7, 4, 5))
+    loss = model(input_ids=ids, attention_mask=mask, labels=LABELS).loss.item()
+    with torch.no_grad():
+        tokens = model.eval().generate(input_ids=ids, attention_mask=mask, max_len_b=6)
+    # As a torch without them: the private functions gone, their feature checks false.
+    monkeypatch.delattr(torch, "_log_softmax")
+    monkeypatch.setattr(fast_paths, "_LOG_SOFTMAX_OUT", False)
+    monkeypatch.setattr(fast_paths, "_MKL_PACKED_GEMM", False)
+    assert model.train()(input_ids=ids, attention_mask=mask, labels=LABELS).loss.item() == pytest.approx(loss, abs=1e-6)
+    with torch.no_grad():
+        assert torch.equal(model.eval().generate(input_ids=ids, attention_mask=mask, max_len_b=6), tokens)

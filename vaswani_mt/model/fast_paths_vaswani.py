@@ -6,6 +6,10 @@
   cross-entropy in one pass over chunks of rows, without keeping the logits
   (`_ProjectedLabelSmoothedCrossEntropy`).
 
+The two private torch functions they use are feature-checked once, with the public operation as fallback:
+MKL's packed GEMM (`_MKL_PACKED_GEMM`, else `linear`) and `torch._log_softmax(out=)` (`_LOG_SOFTMAX_OUT`, else an
+in-place `logits - logsumexp(logits)`).
+
 Each one's docstring says what it saves, as measured (benchmarks/RESULTS.md); tests/test_fast_paths.py and
 tests/test_modeling_vaswani.py check that each computes what the plain operation does.
 
@@ -96,6 +100,19 @@ def _project(linear: nn.Linear, states: torch.Tensor) -> torch.Tensor:
 
 # Vocabulary-sized work of the training loss is done in chunks of at most this many logits (256 MB in float32).
 _LOSS_CHUNK_ELEMENTS = 2**26
+# log_softmax into its own input: torch's `out=` form is private, so a torch without it takes the public in-place one
+# (one more pass over the chunk, the same numbers to round-off).
+_LOG_SOFTMAX_OUT = callable(getattr(torch, "_log_softmax", None))
+
+
+def _log_softmax_(logits: torch.Tensor) -> torch.Tensor:
+    """`logits.log_softmax(-1)` written into `logits`."""
+    if _LOG_SOFTMAX_OUT:
+        try:
+            return torch._log_softmax(logits, -1, False, out=logits)
+        except (TypeError, RuntimeError):  # a torch whose private signature changed: the public form from here on
+            pass
+    return logits.sub_(torch.logsumexp(logits, -1, keepdim=True))
 
 
 class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
@@ -130,7 +147,7 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
                 logits = (h @ w.T).to(softmax_dtype)
                 # In place: the chunk is this function's own buffer; a fresh one of its size (142 MB for 960 tokens
                 # and 37000 types) takes a third longer to allocate and fill than reusing it.
-                log_probs = torch._log_softmax(logits, -1, False, out=logits)
+                log_probs = _log_softmax_(logits)
                 # CE_ls = (1 - eps) * -log p(y) + eps * mean_v(-log p(v))
                 total += (1 - label_smoothing) * -log_probs[rows, target].sum()
                 total += label_smoothing / vocab * -log_probs.sum()
