@@ -5,8 +5,10 @@ file at commit `--before`, read with git) and against MarianMTModel's `generate(
 tokens and `sequences_scores`, and sentences/s, on a split of the built-in corpus.
 
 Each search runs every test sentence in batches of `--batch_size` (sources sorted by length, as `translate` does);
-the three sides are timed interleaved, `--repeats` rounds. Marian's search has transformers' `|Y|^alpha` penalty, so
-its tokens are not expected to equal ours: it is timed, and its share of equal sentences is given.
+the three sides are timed interleaved, `--repeats` rounds. Marian's search has transformers' `|Y|^alpha` penalty and
+stopping heuristic, so its tokens are not expected to equal ours: it is timed, and its share of equal sentences is
+given. It gets the same length limit, each sentence's `|X| + 50` (`PerSentenceMaxLength` and the batch's longest as
+`max_new_tokens`); without one, transformers stops it at its default `max_length` of 20 tokens.
 
     python benchmarks/search_before_after.py outputs/ding-cpu --json benchmarks/search_before_after_2026-11-25.json
 """
@@ -22,10 +24,11 @@ from pathlib import Path
 
 import torch
 from speed_common import MachineRecord, interleave, speedups
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, LogitsProcessorList
 
 from vaswani_mt.data.corpus import BUILTIN_CORPUS, load_corpus, source_target
 from vaswani_mt.export.marian import to_marian
+from vaswani_mt.model.generation_vaswani import PerSentenceMaxLength
 from vaswani_mt.model.modeling_vaswani import VaswaniForConditionalGeneration
 from vaswani_mt.system import native_bf16
 
@@ -84,9 +87,17 @@ def main() -> None:
         beams, alpha = SEARCHES[name]
         options = dict(num_beams=beams, length_penalty=alpha)
 
+        def limit(model, batch):
+            """Marian's length limit: ours, each sentence's |X| + 50 (a fresh processor per call: it keeps state)."""
+            if model is not marian:
+                return {}
+            limits = batch["attention_mask"].sum(-1) + 50
+            processor = PerSentenceMaxLength(limits, marian.generation_config.eos_token_id)
+            return {"max_new_tokens": int(limits.max()), "logits_processor": LogitsProcessorList([processor])}
+
         def run(model, options=options):
             with torch.inference_mode():
-                return [model.generate(**batch, **options) for batch in inputs]
+                return [model.generate(**batch, **options, **limit(model, batch)) for batch in inputs]
 
         # Compared batch by batch: the per-step scores that `sequences_scores` comes with are large.
         equal, same_as_marian = True, 0
@@ -95,7 +106,7 @@ def main() -> None:
                 a, b = (model.generate(**batch, **options, output_scores=True, return_dict_in_generate=True)
                         for model in (ours, before))  # fmt: skip
                 equal &= torch.equal(a.sequences, b.sequences) and torch.equal(a.sequences_scores, b.sequences_scores)
-                theirs = marian.generate(**batch, **options)
+                theirs = marian.generate(**batch, **options, **limit(marian, batch))
                 same_as_marian += sum(x[1:][x[1:] != 1].tolist() == y[1:][y[1:] != 1].tolist()
                                       for x, y in zip(a.sequences, theirs, strict=True))  # fmt: skip
         times = interleave({"ours": lambda: run(ours), "before": lambda: run(before), "marian": lambda: run(marian)},

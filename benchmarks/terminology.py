@@ -18,6 +18,7 @@ beam 4 and 8, batch 16; interleaved rounds, medians, sentences/s and the ratio t
 
     python benchmarks/terminology.py outputs/ding-cpu --json benchmarks/terminology_2026-11-26.json
     python benchmarks/terminology.py outputs/ding-cpu --speed --sentences 128 --repeats 3
+    python benchmarks/terminology.py outputs/ding-cpu --length_penalty 0.6   # the paper's alpha
 """
 
 import argparse
@@ -92,10 +93,10 @@ def accuracy(translations: list[str], terms: list[list[str]]) -> dict:
     }
 
 
-def quality(model, tokenizer, sources, references, terms, constrained: bool) -> dict:
+def quality(model, tokenizer, sources, references, terms, constrained: bool, search: dict) -> dict:
     subset = [i for i, wanted in enumerate(terms) if wanted]
     report = ControlReport()
-    kwargs = {"constraints": terms, "report": report} if constrained else {}
+    kwargs = {**search, **({"constraints": terms, "report": report} if constrained else {})}
     start = time.perf_counter()
     translations = translate(model, tokenizer, sources, BATCH, **kwargs)
     seconds = time.perf_counter() - start
@@ -103,6 +104,8 @@ def quality(model, tokenizer, sources, references, terms, constrained: bool) -> 
     part = bleu([translations[i] for i in subset], [references[i] for i in subset])
     row = {
         "constraints": constrained,
+        "words": sum(len(text.split()) for text in translations),
+        "words_terms": sum(len(translations[i].split()) for i in subset),
         "term_accuracy": accuracy([translations[i] for i in subset], [terms[i] for i in subset]),
         "bleu_whole": round(whole["score"], 2), "chrf_whole": round(whole["chrf"], 2),
         "bleu_terms": round(part["score"], 2), "chrf_terms": round(part["chrf"], 2),
@@ -149,6 +152,7 @@ def main() -> None:
     parser.add_argument("--speed", action="store_true", help="also the speed cost of 0, 1, 2, 4 constraints, a prefix")
     parser.add_argument("--sentences", type=int, default=128, help="sentences of the speed runs")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--length_penalty", type=float, default=None, help="GNMT alpha (default: the model's)")
     parser.add_argument("--json", help="write the result here too")
     args = parser.parse_args()
     record = MachineRecord()
@@ -161,8 +165,12 @@ def main() -> None:
         "sentences": len(sources), "term_sentences": sum(map(bool, terms)),
         "examples": [(s, t) for s, t in zip(sources, terms, strict=True) if t][:8],
     }  # fmt: skip
-    plain, plain_out = quality(model, tokenizer, sources, references, terms, False)
-    constrained, constrained_out = quality(model, tokenizer, sources, references, terms, True)
+    search = {} if args.length_penalty is None else {"length_penalty": args.length_penalty}
+    result["length_penalty"] = (
+        model.generation_config.length_penalty if args.length_penalty is None else args.length_penalty
+    )
+    plain, plain_out = quality(model, tokenizer, sources, references, terms, False, search)
+    constrained, constrained_out = quality(model, tokenizer, sources, references, terms, True, search)
     same = [a == b for a, b, t in zip(plain_out, constrained_out, terms, strict=True) if not t]
     result["runs"] = [plain, constrained]
     result["unconstrained_lines_identical"] = f"{sum(same)} of {len(same)}"

@@ -60,7 +60,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max_samples", type=int, default=None)
     parser.add_argument("--batch_size", type=int, default=None, help="default 32; with --max_tokens: no limit")
     parser.add_argument("--num_beams", type=int, default=None, help="default: the model's (4)")
-    parser.add_argument("--length_penalty", type=float, default=None, help="GNMT alpha; default: the model's (0.6)")
     parser.add_argument("--output", help="also write the translations here")
     add_decoding_options(parser, sampling=False)
     parser.add_argument("--nbest_file", help="with --nbest: write the n-best lists here (the best one is scored)")

@@ -34,7 +34,11 @@ SAMPLING_OPTIONS = ("topk", "topp", "temperature", "seed")
 
 
 def add_decoding_options(parser: argparse.ArgumentParser, sampling: bool = True) -> None:
-    """--max_tokens, --nbest and (with `sampling`) --sampling with its --topk, --topp, --temperature and --seed."""
+    """--length_penalty, --max_tokens, --nbest, the controls (--constraints, --target_prefix_file, --block_file,
+    --disable_unk) and (with `sampling`) --sampling with its --topk, --topp, --temperature and --seed."""
+    parser.add_argument(
+        "--length_penalty", type=float, default=None, metavar="ALPHA", help="GNMT alpha (default: the model's)"
+    )
     parser.add_argument(
         "--max_tokens",
         type=int,

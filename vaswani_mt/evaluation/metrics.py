@@ -83,7 +83,7 @@ def compound_split(text: str, lang: str = "de") -> str:
 
 
 def compound_split_bleu(predictions: Sequence[str], references: Sequence[str], lang: str = "de") -> dict:
-    """The paper's BLEU (PAPER.md, "How the paper's BLEU was computed"): both sides through `compound_split`, then
+    """The paper's BLEU (tensor2tensor's `get_ende_bleu.sh`): both sides through `compound_split`, then
     `multi-bleu.perl`'s corpus BLEU over whitespace tokens (case-sensitive, n = 1-4, no smoothing), computed by
     sacreBLEU with `tokenize="none"`. Not comparable with sacreBLEU (on newstest2014 0.7-1.5 above it).
 

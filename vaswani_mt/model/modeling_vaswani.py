@@ -343,7 +343,7 @@ class _VaswaniStack(nn.Module):
     def __init__(self, config: VaswaniConfig):
         super().__init__()
         self.config = config
-        self.dropout = config.dropout  # P_drop after the embedding sums; training.set_dropout may change it
+        self.dropout = config.dropout  # §5.4: P_drop on the sums of embeddings and positional encodings
         self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
         self.embed_scale = math.sqrt(config.d_model)
         self.embed_positions = (
