@@ -272,6 +272,7 @@ def translate(
     block: Sequence[str] = (),
     disable_unk: bool = False,
     report: ControlReport | None = None,
+    _nbest: int | None = None,
     **generate_kwargs,
 ) -> list[str]:
     """Translates `sentences` in batches of similar length (order preserved) with `model.generate`.
@@ -295,8 +296,11 @@ def translate(
     """
     controls = _controls(sentences, constraints, constraint_order, target_prefixes, report)
     generate_kwargs = {**generate_kwargs, **block_kwargs(tokenizer, block, disable_unk)}
-    return _translate_all(model, tokenizer, sentences, batch_size, progress, max_source_tokens, None, max_tokens,
+    return _translate_all(model, tokenizer, sentences, batch_size, progress, max_source_tokens, _nbest, max_tokens,
                           sampling, generate_kwargs, controls)  # fmt: skip
+
+
+_CONTROL_NAMES = ("constraints", "constraint_order", "target_prefixes", "block", "disable_unk", "report")
 
 
 def _controls(sentences, constraints, order, prefixes, report) -> LineControls | None:
@@ -321,22 +325,16 @@ def translate_nbest(
     *,
     max_tokens: int | None = None,
     sampling: Sampling | None = None,
-    constraints: Sequence[Sequence[str]] | None = None,
-    constraint_order: str = "unordered",
-    target_prefixes: Sequence[str] | None = None,
-    block: Sequence[str] = (),
-    disable_unk: bool = False,
-    report: ControlReport | None = None,
-    **generate_kwargs,
+    **options,
 ) -> list[list[Hypothesis]]:
     """`translate` keeping the `nbest` best hypotheses of each sentence's search (`nbest` <= the beam size), best
     first, each with its log-probability and search score (`Hypothesis`); `[0].text` is what `translate` gives. An
     empty sentence gets `nbest` empty hypotheses of log-probability 0 and score 0. With `sampling`, `nbest` is 1.
-    Controls as in `translate`: with constraints every one of the `nbest` hypotheses contains them."""
-    controls = _controls(sentences, constraints, constraint_order, target_prefixes, report)
-    generate_kwargs = {**generate_kwargs, **block_kwargs(tokenizer, block, disable_unk)}
-    return _translate_all(model, tokenizer, sentences, batch_size, progress, max_source_tokens, nbest, max_tokens,
-                          sampling, generate_kwargs, controls)  # fmt: skip
+    `options`: `translate`'s controls (with constraints every one of the `nbest` hypotheses contains them) and
+    `generate()` keywords."""
+    controls = {name: options.pop(name) for name in _CONTROL_NAMES if name in options}
+    return translate(model, tokenizer, sentences, batch_size, progress, max_source_tokens, max_tokens=max_tokens,
+                     sampling=sampling, **controls, _nbest=nbest, **options)  # fmt: skip
 
 
 def _translate_all(model, tokenizer, sentences, batch_size, progress, max_source_tokens, nbest, max_tokens, sampling,
