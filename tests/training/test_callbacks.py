@@ -48,6 +48,25 @@ def test_progress_bar_counts_minutes_of_the_budget_not_max_steps(tmp_path):
     plain.on_train_end(args, state, TrainerControl())
 
 
+def test_the_curves_after_a_resume_hold_every_logged_step_from_before_it(tmp_path, monkeypatch):
+    from conftest import make_model, one_sgd_step_arguments, uneven_pairs
+    from transformers import Seq2SeqTrainer
+
+    from vaswani_mt.training import callbacks
+
+    drawn = []
+    monkeypatch.setattr(
+        callbacks, "plot_curves", lambda history, *a, **k: drawn.append([r["step"] for r in history if "loss" in r])
+    )
+    for steps, resume in ((3, None), (6, str(tmp_path / "checkpoint-3"))):  # the second run: a new process's callback
+        arguments = one_sgd_step_arguments(tmp_path, per_device=1, max_steps=steps, learning_rate=0.01)
+        arguments.save_strategy, arguments.save_steps = "steps", 3
+        trainer = Seq2SeqTrainer(model=make_model(seed=0), args=arguments, train_dataset=uneven_pairs(),
+                                 callbacks=[callbacks.CurvesCallback()])  # fmt: skip
+        trainer.train(resume_from_checkpoint=resume)
+    assert drawn[-1] == [1, 2, 3, 4, 5, 6]
+
+
 def test_plot_has_a_panel_per_logged_curve(tmp_path):
     history = [
         {"step": s, "loss": 5 - s / 10, "learning_rate": 1e-3, "target_tokens_per_second": 900} for s in range(5)

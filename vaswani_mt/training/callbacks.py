@@ -237,19 +237,13 @@ class SamplerEpochCallback(TrainerCallback):
 
 
 class CurvesCallback(TrainerCallback):
-    """Keeps the logged curves and draws them to `training_curves.png` in the output folder."""
-
-    def __init__(self):
-        self.history: list[dict] = []
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs:
-            self.history.append({"step": state.global_step, **logs})
+    """Draws the logged curves to `training_curves.png` in the output folder at each save and at the end, from
+    `state.log_history`: after a resume that holds the steps before it too (the checkpoint's trainer state)."""
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
             best = state.best_global_step if args.metric_for_best_model is not None else None
-            plot_curves(self.history, Path(args.output_dir) / "training_curves.png", best_step=best)
+            plot_curves(state.log_history, Path(args.output_dir) / "training_curves.png", best_step=best)
 
     on_train_end = on_save
 
