@@ -11,21 +11,13 @@ from importlib import resources
 
 import yaml
 
+from vaswani_mt.model import REMOTE_CODE_FILES
 from vaswani_mt.model.generation_vaswani import PAPER_SEARCH
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 NATIVE_FORMATS = ("vaswani", "marian")
-# The code a `native="vaswani"` folder carries, all of it run by `trust_remote_code`: modeling_vaswani.py and the
-# files it imports relatively, which `save_pretrained` copies. tests/test_remote_code.py reads their imports (torch,
-# transformers, a few standard modules and each other only); a Marian folder carries no code.
-REMOTE_CODE_FILES = (
-    "configuration_vaswani.py",
-    "constraints_vaswani.py",
-    "fast_paths_vaswani.py",
-    "generation_vaswani.py",
-    "modeling_vaswani.py",
-    "pipeline_vaswani.py",
-)
+# The code a `native="vaswani"` folder carries, all of it run by `trust_remote_code`, is the payload's own list,
+# `REMOTE_CODE_FILES`; a Marian folder carries no code.
 
 
 def model_card_template() -> str:

@@ -4,10 +4,13 @@ without vaswani_mt.
 
 - configuration_vaswani.py: `VaswaniConfig` and the presets (base and big of Table 3, and CPU-sized ones);
 - modeling_vaswani.py: the paper's encoder-decoder (§3), its label-smoothed loss (§5.4);
-- generation_vaswani.py: the paper's beam search (§6.1) as hooks into transformers' `generate()`;
+- generation_vaswani.py: the paper's beam search (§6.1), our own, from `generate()`;
+- constraints_vaswani.py: terminology constraints for it (dynamic beam allocation);
 - fast_paths_vaswani.py: faster computations of the same numbers (dropout masks, packed GEMM, fused loss);
 - pipeline_vaswani.py: the translation pipeline (`pipeline("translation", model=folder, trust_remote_code=True)`).
 """
+
+from pathlib import Path
 
 from .configuration_vaswani import PRESETS, VaswaniConfig
 from .modeling_vaswani import (
@@ -18,8 +21,12 @@ from .modeling_vaswani import (
     sinusoidal_position_encoding,
 )
 
+# The files a saved folder carries as remote code: every module here but this one.
+REMOTE_CODE_FILES = tuple(sorted(path.name for path in Path(__file__).parent.glob("*_vaswani.py")))
+
 __all__ = [
     "PRESETS",
+    "REMOTE_CODE_FILES",
     "VaswaniConfig",
     "VaswaniForConditionalGeneration",
     "VaswaniModel",
