@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -192,3 +193,16 @@ def test_the_console_commands_are_installed_and_run():
     assert missing == []
     done = subprocess.run([bin_dir / "vaswani-mt-train", "--help"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.startswith("usage: vaswani-mt-train") and "--lr_scale" in done.stdout
+
+
+def test_every_repository_file_the_package_names_exists():
+    """A docstring or message that names a test, a script, a benchmark, a doc or a config names one that is there."""
+    root = Path(__file__).resolve().parents[1]
+    named = re.compile(r"(?<![\w/])((?:tests|benchmarks|docs|scripts|configs)/[\w./-]*\w\.(?:py|md|sh|yaml|json))")
+    missing = sorted(
+        f"{path.relative_to(root)}: {name}"
+        for path in (root / "vaswani_mt").rglob("*.py")
+        for name in named.findall(path.read_text(encoding="utf-8"))
+        if not (root / name).exists()
+    )
+    assert missing == []

@@ -29,7 +29,7 @@ def widget_yaml(examples: list[str]) -> str:
     return "\n".join(f"- text: {json.dumps(text, ensure_ascii=False)}" for text in examples)
 
 
-# The transformers versions the remote code runs under: pyproject.toml's requirement (tests/test_hub.py checks that
+# The transformers versions the remote code runs under: pyproject.toml's requirement (tests/hub/test_hub.py checks that
 # they agree; README, "Use it", says which versions the suite passed under), printed on the card for users who
 # load the model without installing vaswani_mt.
 TRANSFORMERS_REQUIREMENT = "transformers>=5.20,<6"

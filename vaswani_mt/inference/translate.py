@@ -208,7 +208,7 @@ def _translate_batches(
     if max_tokens is None:
         # Longest first, so that a batch holds sentences of similar length (little padding); the order of the
         # results is the input order, and a sentence's translation does not depend on its batch
-        # (tests/test_hostile_input.py).
+        # (tests/inference/test_hostile_input.py).
         order = sorted(todo, key=lambda i: len(sentences[i]), reverse=True)
         batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
     else:

@@ -10,8 +10,8 @@ The two private torch functions they use are feature-checked once, with the publ
 MKL's packed GEMM (`_MKL_PACKED_GEMM`, else `linear`) and `torch._log_softmax(out=)` (`_LOG_SOFTMAX_OUT`, else an
 in-place `logits - logsumexp(logits)`).
 
-Each one's docstring says what it saves, as measured (benchmarks/RESULTS.md); tests/test_fast_paths.py and
-tests/test_modeling_vaswani.py check that each computes what the plain operation does.
+Each one's docstring says what it saves, as measured (benchmarks/RESULTS.md); tests/model/test_fast_paths.py and
+tests/model/test_modeling_vaswani.py check that each computes what the plain operation does.
 
 Self-contained (torch only): modeling_vaswani.py imports it relatively, so `save_pretrained` copies it next to the
 model code and a saved folder loads it as Hub remote code.

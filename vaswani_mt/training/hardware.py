@@ -75,7 +75,7 @@ def resolve_attention(model_args: ModelArguments, training_args: Seq2SeqTraining
     takes 1.15-1.54x fewer seconds per training step than torch's CPU flash-attention kernel, whose backward pass
     dominates at 4-48 tokens per sentence; in float32 the two are within 7% (`benchmarks/RESULTS.md`). On a GPU,
     sdpa (flash or memory-efficient kernels) is the one to use. Both compute Eq. (1) and give equal outputs
-    (tests/test_modeling_vaswani.py), so the choice changes speed only.
+    (tests/model/test_modeling_vaswani.py), so the choice changes speed only.
     """
     choice = model_args.attn_implementation
     if choice not in ATTENTION_IMPLEMENTATIONS:
