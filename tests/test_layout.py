@@ -27,19 +27,24 @@ PAYLOAD_IMPORTS = {"torch", "transformers", "__future__"}  # besides the standar
 MODEL_FILE_LIMIT, MODULE_LIMIT = 1000, 620
 
 
-def _modules() -> list[Path]:
-    return sorted(PACKAGE.rglob("*.py"))
+def _modules(package: Path = PACKAGE) -> list[Path]:
+    return sorted(package.rglob("*.py"))
 
 
-def _subpackage(path: Path) -> str | None:
-    parts = path.relative_to(PACKAGE).parts
+def _subpackage(path: Path, package: Path = PACKAGE) -> str | None:
+    parts = path.relative_to(package).parts
     return parts[0] if len(parts) > 1 else None
 
 
-def _imports(path: Path) -> list[tuple[str, list[str], int]]:
-    """(absolute module, imported names, line) of every import in `path`, relative ones resolved."""
+_IMPORTING_CALLS = {"import_module", "__import__"}  # importlib.import_module("vaswani_mt.x"), __import__("...")
+
+
+def _imports(path: Path, package: Path = PACKAGE) -> list[tuple[str, list[str], int]]:
+    """(absolute module, imported names, line) of every import in `path`, relative ones resolved; also modules
+    imported by a string (`importlib.import_module("vaswani_mt.x")`) and subpackages reached by attribute from an
+    imported `vaswani_mt` (`import vaswani_mt` then `vaswani_mt.x.f()`)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    package = ".".join(("vaswani_mt", *path.relative_to(PACKAGE).parts[:-1]))
+    dotted = ".".join(("vaswani_mt", *path.relative_to(package).parts[:-1]))
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -47,21 +52,65 @@ def _imports(path: Path) -> list[tuple[str, list[str], int]]:
         elif isinstance(node, ast.ImportFrom):
             module = node.module or ""
             if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = dotted.split(".")[: len(dotted.split(".")) - node.level + 1]
                 module = ".".join(base + ([module] if module else []))
             found.append((module, [alias.name for alias in node.names], node.lineno))
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            function = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            if function in _IMPORTING_CALLS and isinstance(node.args[0].value, str):
+                found.append((node.args[0].value, [], node.lineno))
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "vaswani_mt"
+              and node.attr in RANKS):  # fmt: skip
+            found.append((f"vaswani_mt.{node.attr}", [], node.lineno))
     return found
 
 
-def _target(module: str, names: list[str]) -> str | None:
-    """The subpackage an import of `module` (or of `names` from it) reaches, None outside vaswani_mt's packages."""
+def _targets(module: str, names: list[str]) -> set[str]:
+    """The subpackages an import of `module` (or of `names` from it) reaches: none outside vaswani_mt's packages,
+    several for `from vaswani_mt import training, model`."""
     parts = module.split(".")
     if parts[0] != "vaswani_mt":
-        return None
+        return set()
     if len(parts) > 1:
-        return parts[1]
-    reached = {name for name in names if name in RANKS}  # `from vaswani_mt import training`
-    return reached.pop() if len(reached) == 1 else None
+        return {parts[1]}
+    return {name for name in names if name in RANKS}
+
+
+def _upward_imports(package: Path = PACKAGE) -> list[str]:
+    upward = []
+    for path in _modules(package):
+        mine = _subpackage(path, package)
+        for module, names, line in _imports(path, package):
+            for target in _targets(module, names) - {mine}:
+                rank = RANKS["model"] if mine is None else RANKS[mine]  # vaswani_mt/__init__.py: the model only
+                if (mine is None and target != "model") or (mine is not None and RANKS[target] >= rank):
+                    upward.append(f"{path.relative_to(package.parent)}:{line} imports {module} ({mine} -> {target})")
+    return upward
+
+
+def _private_imports(package: Path = PACKAGE) -> list[str]:
+    private = []
+    for path in _modules(package):
+        for module, names, line in _imports(path, package):
+            if _targets(module, names) - {_subpackage(path, package)}:
+                private += [
+                    f"{path.relative_to(package.parent)}:{line} {module}.{n}" for n in names if n.startswith("_")
+                ]
+    return private
+
+
+def _payload_violations(package: Path = PACKAGE) -> list[str]:
+    """Imports of the payload's files other than torch, transformers, the standard library and relative siblings."""
+    bad = []
+    for path in (package / "model").glob("*_vaswani.py"):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for module, _, line in _imports(path, package):
+            if module.startswith("vaswani_mt.model."):  # a sibling: imported relatively, so that remote code finds it
+                if not ((package / "model" / f"{module.split('.')[2]}.py").is_file() and "from ." in lines[line - 1]):
+                    bad.append(f"{path.name}:{line}: {module} (siblings are imported relatively)")
+            elif module.split(".")[0] not in PAYLOAD_IMPORTS | set(sys.stdlib_module_names) or module == "vaswani_mt":
+                bad.append(f"{path.name}:{line} imports {module}")
+    return bad
 
 
 def test_every_module_lives_in_a_subpackage_of_known_rank():
@@ -72,39 +121,42 @@ def test_every_module_lives_in_a_subpackage_of_known_rank():
 
 
 def test_imports_run_only_downward():
-    upward = []
-    for path in _modules():
-        mine = _subpackage(path)
-        for module, names, line in _imports(path):
-            target = _target(module, names)
-            if target is None or target == mine:
-                continue
-            rank = RANKS["model"] if mine is None else RANKS[mine]  # vaswani_mt/__init__.py: the model only
-            if (mine is None and target != "model") or (mine is not None and RANKS[target] >= rank):
-                upward.append(f"{path.relative_to(ROOT)}:{line} imports {module} ({mine} -> {target})")
-    assert not upward, "\n".join(upward)
+    assert _upward_imports() == []
 
 
 def test_no_private_name_is_imported_across_packages():
-    private = []
-    for path in _modules():
-        for module, names, line in _imports(path):
-            target = _target(module, names)
-            if target is not None and target != _subpackage(path):
-                private += [f"{path.relative_to(ROOT)}:{line} {module}.{n}" for n in names if n.startswith("_")]
-    assert not private, "\n".join(private)
+    assert _private_imports() == []
 
 
 def test_the_model_package_is_the_hub_payload_and_imports_only_torch_transformers_and_itself():
-    for path in (PACKAGE / "model").glob("*_vaswani.py"):
-        for module, _, line in _imports(path):
-            top = module.split(".")[0]
-            if module.startswith("vaswani_mt.model."):  # a relative import of a sibling, resolved
-                assert (PACKAGE / "model" / f"{module.split('.')[2]}.py").is_file()
-                source = path.read_text(encoding="utf-8").splitlines()[line - 1]
-                assert "from ." in source, f"{path.name}:{line}: siblings are imported relatively (remote code)"
-                continue
-            assert top in PAYLOAD_IMPORTS or top in sys.stdlib_module_names, f"{path.name}:{line} imports {module}"
+    assert _payload_violations() == []
+
+
+PLANTED = {
+    "plain": ("data/corpus.py", "from vaswani_mt.training.job import run_training\n", _upward_imports),
+    "relative, several names": ("data/corpus.py", "from .. import model, training\n", _upward_imports),
+    "module, then an attribute": ("data/corpus.py", "import vaswani_mt\nvaswani_mt.training.job\n", _upward_imports),
+    "importlib string": ("inference/demo.py", "import importlib\nimportlib.import_module('vaswani_mt.hub.card')\n",
+                         _upward_imports),
+    "private name": ("training/job.py", "from vaswani_mt.data.corpus import _clean\n", _private_imports),
+    "payload imports the package": ("model/pipeline_vaswani.py", "import vaswani_mt.data\n", _payload_violations),
+    "payload imports a sibling absolutely": ("model/pipeline_vaswani.py",
+                                             "from vaswani_mt.model.constraints_vaswani import ORDERS\n",
+                                             _payload_violations),
+    "payload imports numpy": ("model/fast_paths_vaswani.py", "import numpy\n", _payload_violations),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("module", "planted", "check"), PLANTED.values(), ids=PLANTED)
+def test_each_rule_fires_on_a_planted_violation(tmp_path, module, planted, check):
+    import shutil
+
+    copy = tmp_path / "vaswani_mt"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert check(copy) == []  # the copy as it is passes
+    with open(copy / module, "a", encoding="utf-8") as f:
+        f.write(planted)
+    assert len(check(copy)) >= 1
 
 
 def test_no_module_but_the_model_is_longer_than_about_600_lines():
