@@ -97,6 +97,14 @@ def test_average_script_loads_in_a_fresh_process(tmp_path):
         "import sys, vaswani_mt; from transformers import AutoModelForSeq2SeqLM as A; A.from_pretrained(sys.argv[1])"
     )
     subprocess.run([PYTHON, "-c", probe, str(out)], check=True, capture_output=True)
+    # A folder without checkpoints and --last 0: one line each, no traceback.
+    from vaswani_mt.cli import average
+
+    for argv, message in ((["--checkpoint_dir", str(tmp_path / "nope")], f"error: {tmp_path / 'nope'}: no complete"),
+                          (["--checkpoint_dir", str(checkpoints), "--last", "0"], None)):  # fmt: skip
+        with pytest.raises(SystemExit) as stop:
+            average.main([*argv, "--output", str(tmp_path / "x")])
+        assert (message is None and stop.value.code == 2) or str(stop.value.code).startswith(message)
 
 
 def test_end_to_end_job_on_local_jsonl(job_run):

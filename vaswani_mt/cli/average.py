@@ -5,6 +5,7 @@ python scripts/average_checkpoints.py --checkpoint_dir outputs/run --last 5 --ou
 
 import argparse
 import logging
+import sys
 
 from vaswani_mt.training.checkpoints import average_checkpoints
 
@@ -17,7 +18,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--up_to_step", type=int, default=None, help="only checkpoints of this step or earlier")
     parser.add_argument("--output", required=True, help="folder to write (replaced if it is a model folder)")
     args = parser.parse_args(argv)
-    print(average_checkpoints(args.checkpoint_dir, args.last, args.output, up_to_step=args.up_to_step))
+    if args.last < 1:
+        parser.error(f"--last must be at least 1, got {args.last}")
+    try:
+        print(average_checkpoints(args.checkpoint_dir, args.last, args.output, up_to_step=args.up_to_step))
+    except (FileNotFoundError, ValueError) as error:  # no checkpoints there, or ones that do not go together
+        sys.exit(f"error: {error}")
 
 
 if __name__ == "__main__":
