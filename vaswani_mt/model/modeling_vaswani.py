@@ -285,10 +285,12 @@ class VaswaniPreTrainedModel(PreTrainedModel):
     def save_pretrained(self, save_directory, *args, push_to_hub: bool = False, **kwargs):
         """Saves as a Hub-ready folder: safetensors weights (the shared matrix once), config.json whose `auto_map`
         names AutoConfig, AutoModel and AutoModelForSeq2SeqLM, generation_config.json, and the code files: this one
-        and those it imports relatively (configuration_vaswani.py, generation_vaswani.py, fast_paths_vaswani.py),
-        which transformers' `custom_object_save` copies, and the translation pipeline.
+        and those it imports relatively (configuration_vaswani.py, generation_vaswani.py, constraints_vaswani.py,
+        fast_paths_vaswani.py), which transformers' `custom_object_save` copies, and the translation pipeline.
 
-        The model does not import the pipeline, so its file is copied here: pipeline_vaswani.py from
+        transformers' own mechanism (`PIPELINE_REGISTRY.register_pipeline`, then `Pipeline.save_pretrained`) writes
+        the pipeline's file only where a pipeline object is saved, and the Trainer and `push_to_hub.py` save the
+        model. The model does not import the pipeline, so its file is copied here: pipeline_vaswani.py from
         `_pipeline_source()`, named in config.json's `custom_pipelines` (`_CUSTOM_PIPELINES`, a constant of this file,
         as transformers' `Pipeline.save_pretrained` writes it). Where no such file is found, config.json names no
         pipeline rather than a missing file. With `push_to_hub=True` the folder is uploaded after it is complete,
