@@ -258,3 +258,25 @@ def test_every_repository_file_the_package_names_exists():
         if not (root / name).exists()
     )
     assert missing == []
+
+
+# One name for one thing on every command: `--model` read, `--input` read, `--output` written. The former names stay
+# as hidden aliases (`cli.old_name`) for one release. The training commands keep Seq2SeqTrainingArguments'
+# `--output_dir`, the name every transformers user knows.
+FORMER_NAMES = {"--output_dir": "--output", "--checkpoint_dir": "--model", "--source_file": "--input"}
+TRAINING_COMMANDS = {"train.py", "table3.py"}
+
+
+def test_the_commands_share_option_names_and_keep_former_ones_hidden():
+    visible = []
+    for path in sorted((PACKAGE / "cli").glob("*.py")):
+        if path.name in TRAINING_COMMANDS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument"):
+                continue
+            names = [arg.value for arg in node.args if isinstance(arg, ast.Constant)]
+            hidden = any(k.arg == "help" and getattr(k.value, "attr", None) == "SUPPRESS" for k in node.keywords)
+            visible += [f"{path.name}: {name} (say {FORMER_NAMES[name]})" for name in names
+                        if name in FORMER_NAMES and not hidden]  # fmt: skip
+    assert visible == []

@@ -17,13 +17,15 @@ from vaswani_mt.inference.loading import ModelFolderError
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="The vaswani_mt translation demo (Gradio).")
-    parser.add_argument("model", nargs="?", default=os.environ.get("VASWANI_MODEL", "outputs/ding-cpu"),
-                        help="model folder or Hub id (default: VASWANI_MODEL, else outputs/ding-cpu)")  # fmt: skip
+    default = os.environ.get("VASWANI_MODEL", "outputs/ding-cpu")
+    parser.add_argument("--model", default=None, help="model folder or Hub id (default: VASWANI_MODEL, else "
+                        "outputs/ding-cpu)")  # fmt: skip
+    parser.add_argument("positional_model", nargs="?", default=None, help=argparse.SUPPRESS)  # `app.py MODEL`
     parser.add_argument("--host", help="address to listen on (default: GRADIO_SERVER_NAME, else 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default: GRADIO_SERVER_PORT, else 7860)")
     args = parser.parse_args(argv)
     try:
-        launch(args.model, host=args.host, port=args.port)
+        launch(args.model or args.positional_model or default, host=args.host, port=args.port)
     except ModelFolderError as error:
         sys.exit(f"error: {error}")
 

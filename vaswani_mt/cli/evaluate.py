@@ -3,11 +3,11 @@
 
 python scripts/evaluate_model.py --model outputs/run                       # built-in corpus, test split
 python scripts/evaluate_model.py --model DIR --dataset wmt14 --dataset_config de-en --source_lang en --target_lang de
-python scripts/evaluate_model.py --model DIR --source_file test.en --reference_file test.de
+python scripts/evaluate_model.py --model DIR --input test.en --reference_file test.de
 python scripts/evaluate_model.py --hypotheses out.de --references test.de  # score existing output
 python scripts/evaluate_model.py --model DIR --max_tokens 1200               # token-budget batches, same scores
 python scripts/evaluate_model.py --model DIR --nbest 4 --nbest_file test.nbest  # also the 4-best lists
-python scripts/evaluate_model.py --model DIR --source_file terms.tsv --reference_file terms.de --constraints unordered
+python scripts/evaluate_model.py --model DIR --input terms.tsv --reference_file terms.de --constraints unordered
 """
 
 import argparse
@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from vaswani_mt.cli import old_name
 from vaswani_mt.cli.translate import add_decoding_options, decoding_options, report_controls
 from vaswani_mt.data.corpus import BUILTIN_CORPUS, load_corpus, read_parallel_text, source_target
 from vaswani_mt.evaluation.metrics import COMPOUND_SPLIT_LABEL, evaluate_bleu, score_translations
@@ -55,7 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", default="test", choices=["train", "validation", "test"])
     parser.add_argument("--source_lang", default="en")
     parser.add_argument("--target_lang", default="de", help="also the Moses tokenizer's language (compound-split)")
-    parser.add_argument("--source_file", help="plain text, one sentence per line (with --reference_file)")
+    parser.add_argument("--input", dest="source_file", help="plain text, one sentence per line (with --reference_file)")
+    old_name(parser, "--source_file", "source_file")
     parser.add_argument("--reference_file")
     parser.add_argument("--max_samples", type=int, default=None)
     parser.add_argument("--batch_size", type=int, default=None, help="default 32; with --max_tokens: no limit")
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     if bool(args.source_file) != bool(args.reference_file):
-        parser.error("--source_file and --reference_file go together")
+        parser.error("--input and --reference_file go together")
     # The model first: a folder that cannot be served is reported before a corpus is read.
     try:
         model, tokenizer = load_ensemble(args.model)  # one folder: that model (load_for_inference)

@@ -1,12 +1,13 @@
 """Draw a translation's attention, like the paper's appendix figures: encoder self-attention, decoder
 self-attention and encoder-decoder attention, one PNG per kind and layer with a panel per head.
 
-python scripts/visualize_attention.py --model outputs/ding-cpu --text "The house is small." --output_dir attention
+python scripts/visualize_attention.py --model outputs/ding-cpu --text "The house is small." --output attention
 """
 
 import argparse
 import sys
 
+from vaswani_mt.cli import old_name
 from vaswani_mt.inference.attention_plots import visualize
 
 
@@ -14,12 +15,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="saved model folder or Hub id")
     parser.add_argument("--text", required=True, help="the source sentence")
-    parser.add_argument("--output_dir", default="attention", help="where the PNG files go")
+    parser.add_argument("--output", default="attention", help="the folder the PNG files go to")
+    old_name(parser, "--output_dir", "output")
     parser.add_argument("--num_beams", type=int, default=None, help="default: the model's (4)")
     args = parser.parse_args(argv)
     kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
     try:
-        attentions, paths = visualize(args.model, args.text, args.output_dir, **kwargs)
+        attentions, paths = visualize(args.model, args.text, args.output, **kwargs)
     except ValueError as error:
         sys.exit(f"error: {error}")
     print(f"translation: {attentions.translation}")
