@@ -43,3 +43,15 @@ def test_stream_translation_equals_translating_the_whole_list(fitted):
     whole = translate(model, tokenizer, [line.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
                                          for line in lines], batch_size=16, **FAST)  # fmt: skip
     assert sink.getvalue().decode("utf-8").split("\n") == [*whole, ""]
+
+
+def test_the_command_prints_no_transformers_progress_bar(fitted_folder):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "translate.py"
+    done = subprocess.run([sys.executable, str(script), "--model", str(fitted_folder), "--num_beams", "1"],
+                          input="How are you?\n", capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip()
+    assert "Loading weights" not in done.stderr and "translating" in done.stderr  # ours stays

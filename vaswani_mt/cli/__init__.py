@@ -9,3 +9,11 @@ import argparse
 def old_name(parser: argparse.ArgumentParser, name: str, dest: str) -> None:
     """`name` as a hidden alias of the option that stores into `dest` (a former name, kept for one release)."""
     parser.add_argument(name, dest=dest, help=argparse.SUPPRESS)
+
+
+def quiet_library_bars() -> None:
+    """No transformers progress bars ("Loading weights", "Writing model shards") on a command's stderr: they share
+    lines with our warnings. Our own bars (translating, training) stay."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()

@@ -7,11 +7,12 @@ import argparse
 import logging
 import sys
 
-from vaswani_mt.cli import old_name
+from vaswani_mt.cli import old_name, quiet_library_bars
 from vaswani_mt.training.checkpoints import average_checkpoints
 
 
 def main(argv: list[str] | None = None) -> None:
+    quiet_library_bars()
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.INFO)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="a run's output folder, holding its checkpoint-N folders")

@@ -11,11 +11,13 @@ import argparse
 import os
 import sys
 
+from vaswani_mt.cli import quiet_library_bars
 from vaswani_mt.inference.demo import launch
 from vaswani_mt.inference.loading import ModelFolderError
 
 
 def main(argv: list[str] | None = None) -> None:
+    quiet_library_bars()
     parser = argparse.ArgumentParser(description="The vaswani_mt translation demo (Gradio).")
     default = os.environ.get("VASWANI_MODEL", "outputs/ding-cpu")
     parser.add_argument("--model", default=None, help="model folder or Hub id (default: VASWANI_MODEL, else "

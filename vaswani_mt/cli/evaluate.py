@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from vaswani_mt.cli import old_name
+from vaswani_mt.cli import old_name, quiet_library_bars
 from vaswani_mt.cli.translate import add_decoding_options, decoding_options, report_controls
 from vaswani_mt.data.corpus import BUILTIN_CORPUS, load_corpus, read_parallel_text, source_target
 from vaswani_mt.evaluation.metrics import COMPOUND_SPLIT_LABEL, evaluate_bleu, score_translations
@@ -42,6 +42,7 @@ def read_lines(path: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    quiet_library_bars()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--model",

@@ -12,10 +12,12 @@ tokenizer.json beside it; see README.md for translating with it.
 import argparse
 import sys
 
+from vaswani_mt.cli import quiet_library_bars
 from vaswani_mt.export.marian import export_model
 
 
 def main(argv: list[str] | None = None) -> None:
+    quiet_library_bars()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="saved model folder or Hub id")
     parser.add_argument("--format", required=True, choices=["marian", "ctranslate2"])

@@ -14,10 +14,12 @@ which hosted inference can serve without remote code. A failed upload says why, 
 import argparse
 import sys
 
+from vaswani_mt.cli import quiet_library_bars
 from vaswani_mt.hub.publish import HubUploadError, publish
 
 
 def main(argv: list[str] | None = None) -> None:
+    quiet_library_bars()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="model folder written by scripts/train.py (with README.md)")
     parser.add_argument("--repo_id", required=True, help="USER/NAME on the Hub")

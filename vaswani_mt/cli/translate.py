@@ -24,6 +24,7 @@ import argparse
 import os
 import sys
 
+from vaswani_mt.cli import quiet_library_bars
 from vaswani_mt.inference.controls import ControlReport, LineControls, block_kwargs
 from vaswani_mt.inference.ensemble import load_ensemble
 from vaswani_mt.inference.loading import ModelFolderError
@@ -170,6 +171,7 @@ def report_controls(report: ControlReport, lines: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    quiet_library_bars()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--model",

@@ -7,11 +7,12 @@ python scripts/visualize_attention.py --model outputs/ding-cpu --text "The house
 import argparse
 import sys
 
-from vaswani_mt.cli import old_name
+from vaswani_mt.cli import old_name, quiet_library_bars
 from vaswani_mt.inference.attention_plots import visualize
 
 
 def main(argv: list[str] | None = None) -> None:
+    quiet_library_bars()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="saved model folder or Hub id")
     parser.add_argument("--text", required=True, help="the source sentence")
