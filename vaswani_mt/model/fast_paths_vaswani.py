@@ -107,11 +107,12 @@ _LOG_SOFTMAX_OUT = callable(getattr(torch, "_log_softmax", None))
 
 def _log_softmax_(logits: torch.Tensor) -> torch.Tensor:
     """`logits.log_softmax(-1)` written into `logits`."""
+    global _LOG_SOFTMAX_OUT
     if _LOG_SOFTMAX_OUT:
         try:
             return torch._log_softmax(logits, -1, False, out=logits)
-        except (TypeError, RuntimeError):  # a torch whose private signature changed: the public form from here on
-            pass
+        except TypeError:  # a torch whose private signature changed (refused before writing): the public form hereon
+            _LOG_SOFTMAX_OUT = False
     return logits.sub_(torch.logsumexp(logits, -1, keepdim=True))
 
 
