@@ -19,7 +19,10 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from vaswani_mt.model.constraints_vaswani import ORDERS, phrase_forms
+from vaswani_mt.model.generation_vaswani import sentence_limits
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +88,7 @@ class LineControls:
         logged as an error."""
         prepared = {}
         for i in list(encoded):
-            terms = [t for t in (self.terms[i] if self.terms is not None else [])]
+            terms = self.terms[i] if self.terms is not None else []
             prefix = self.prefixes[i] if self.prefixes is not None else ""
             if not terms and not prefix:
                 continue
@@ -107,14 +110,11 @@ class LineControls:
             except ValueError as error:
                 raise ValueError(f"constraint {number}: {error}") from None
         prefix_ids: list[int] = []
-        if prefix.strip():
-            encoding = tokenizer(prefix.strip(), add_special_tokens=False, return_offsets_mapping=True)
-            prefix_ids = list(encoding["input_ids"])
-            if tokenizer.unk_token_id in prefix_ids:
-                spans = zip(prefix_ids, encoding["offset_mapping"], strict=True)
-                unknown = sorted({prefix.strip()[a:b] for t, (a, b) in spans if t == tokenizer.unk_token_id})
-                raise ValueError("the target prefix has characters outside the vocabulary: "
-                                 + " ".join(repr(c) for c in unknown))  # fmt: skip
+        if prefix.strip():  # tokenized as a sentence's start: the first of its forms
+            try:
+                prefix_ids = phrase_forms(tokenizer, prefix)[0]
+            except ValueError as error:
+                raise ValueError(f"the target prefix: {error}") from None
         need = len(prefix_ids) + sum(min(len(f) for f in alternatives) for alternatives in forms)
         if need > room:
             what = [f"a target prefix of {len(prefix_ids)}"] if prefix_ids else []
@@ -134,7 +134,7 @@ class LineControls:
         b = kwargs.get("max_len_b", getattr(config, "max_len_b", None))
         if b is None:
             return int(config.max_length) - 2
-        return max(1, int(float(a or 0) * source_tokens + b)) - 1
+        return int(sentence_limits(a, b, torch.tensor(source_tokens))) - 1
 
     def batch_kwargs(self, chunk: Sequence[int], prepared: dict) -> dict:
         """`generate()` arguments for a batch of lines (indices `chunk`), empty where none of them has controls."""

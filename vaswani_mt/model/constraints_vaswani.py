@@ -93,19 +93,15 @@ class LexicalConstraints:
         to = {"device": device}
         self.left, self.right, self.length = left.to(**to), right.to(**to), length.to(**to)
         self.owner, self.weight = owner.to(**to), weight.to(**to)
-        self.valid = weight > 0  # (B, C): constraint c exists
-        self.valid = self.valid.to(**to)
-        self.phrase_valid = length > 0
-        self.phrase_valid = self.phrase_valid.to(**to)
+        self.valid, self.phrase_valid = self.weight > 0, self.length > 0  # (B, C), (B, P): constraint, phrase exists
         self.phrase_owner = owner.argmax(-1).to(**to)  # (B, P)
         self.total = self.weight.sum(-1)  # (B,): constraint tokens to meet, the highest bank
         self.rows = self.valid.any(-1)  # (B,): sentences with constraints
-        self.counts = [len(s) for s in rows]
         self.room = torch.full_like(self.total, 2**31)  # (B,) tokens before EOS; generate() sets each sentence's
 
-    def tokens(self) -> torch.Tensor:
-        """(B,) the fewest tokens that meet all of a sentence's constraints (each one's shortest phrase)."""
-        return self.total
+    def satisfied(self, met: torch.Tensor) -> torch.Tensor:
+        """(B, N) whether hypotheses that met `met` (B, N, C) met all of their sentence's constraints."""
+        return (met | ~self.valid[:, None]).all(-1)
 
     def initial_state(self, beams: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(met, partial) of the hypotheses at the start: (B, K, C) no constraint met; (B, K, P) no phrase begun."""
@@ -149,8 +145,7 @@ class LexicalConstraints:
         inside = (partial[..., None] * self.owner[:, None].long()).amax(2)  # (B, N, C)
         inside = torch.minimum(inside, (self.weight - 1).clamp(min=0)[:, None]) * self._allowed(met)
         bank = ((met & self.valid[:, None]) * self.weight[:, None]).sum(-1) + inside.amax(-1)
-        satisfied = (met | ~self.valid[:, None]).all(-1)
-        return met, partial, bank, satisfied
+        return met, partial, bank, self.satisfied(met)
 
 
 def allocate(scores: torch.Tensor, banks: torch.Tensor, usable: torch.Tensor, beams: int,

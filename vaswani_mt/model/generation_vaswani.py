@@ -56,6 +56,11 @@ def gnmt_length_penalty(length: int | torch.Tensor, alpha: float) -> float | tor
     return ((5.0 + length) / 6.0) ** alpha
 
 
+def sentence_limits(max_len_a: float | None, max_len_b: int, source_lengths: torch.Tensor) -> torch.Tensor:
+    """§6.1's per-sentence output limit, fairseq's `max_len_a * |X| + max_len_b` generated tokens (EOS included)."""
+    return (float(max_len_a or 0) * source_lengths + max_len_b).long().clamp(min=1)
+
+
 class PerSentenceMaxLength(LogitsProcessor):
     """§6.1 "maximum output length = input length + 50": each sentence stops at its own `a * |X| + b` tokens.
 
@@ -239,9 +244,7 @@ def beam_search(
     use_cache = config.use_cache is not False
     if constraints is not None:
         running_met, running_partial = constraints.initial_state(num_beams)
-        running_satisfied = ~constraints.rows[:, None].expand(batch, num_beams)
         finished_met = running_met.clone()
-        finished_satisfied = running_satisfied.clone()
         constrained = constraints.rows[:, None]
         beam_of = torch.arange(num_beams, device=device)
     finished_keys = finished_scores.clone()  # what ranks finished hypotheses: met constraints first, then score
@@ -264,7 +267,7 @@ def beam_search(
             others = torch.arange(log_probs.shape[-1], device=device) != forced[:, None]
             log_probs = log_probs.masked_fill((forced >= 0)[:, None] & others, -float("inf"))
         if constraints is not None:
-            log_probs = _bar_eos(log_probs, ~running_satisfied.reshape(-1), eos)
+            log_probs = _bar_eos(log_probs, ~constraints.satisfied(running_met).reshape(-1), eos)
         if want["output_logits"]:
             raw.append(logits.clone())
         if want["output_scores"]:
@@ -303,14 +306,9 @@ def beam_search(
             extra_beams = torch.cat((beam_of.repeat_interleave(constraints.P), beam_of)).expand(batch, -1)
             best_scores, best_tokens = log_probs.max(-1)
             extra_tokens = torch.cat((nxt, best_tokens), dim=1)
+            nxt_scores = torch.take_along_dim(log_probs, nxt.view(batch, num_beams, -1), dim=-1)
             extra_scores = torch.cat(
-                (
-                    torch.take_along_dim(log_probs, nxt.view(batch, num_beams, -1), dim=-1)
-                    .masked_fill(~pursue, -float("inf"))
-                    .reshape(batch, -1),
-                    best_scores,
-                ),
-                dim=1,
+                (nxt_scores.masked_fill(~pursue, -float("inf")).reshape(batch, -1), best_scores), 1
             )
             tokens = torch.cat((top_indices % vocab, extra_tokens), dim=1)
             from_beam = torch.cat((from_beam, extra_beams), dim=1)
@@ -338,7 +336,6 @@ def beam_search(
             ended = torch.where(constrained, hits & (top_scores > -1.0e8),
                                 torch.nn.functional.pad(ended, (0, hits.shape[1] - keep)))  # fmt: skip
             running_met, running_partial = _gather(met, chosen), _gather(partial, chosen)
-            running_satisfied = _gather(satisfied, chosen)
         running, running_scores, running_origins = (
             _gather(top_sequences, chosen), _gather(going_on, chosen), _gather(top_origins, chosen)
         )  # fmt: skip
@@ -353,15 +350,14 @@ def beam_search(
         candidate = candidate + (~improvable).to(torch.float32) * -1.0e9
         candidate = candidate + (~ended) * -1.0e9
         merged_scores = torch.cat((finished_scores, candidate), dim=1)
-        merged_keys = torch.cat((finished_keys, candidate), dim=1)
-        if constraints is not None:  # a hypothesis that ended with a constraint unmet ranks after all that met theirs
-            merged_keys = torch.cat((finished_keys, candidate - 1.0e5 * (~satisfied).to(torch.float32)), dim=1)
+        # With constraints, a hypothesis that ended with one unmet ranks after all that met theirs.
+        key = candidate if constraints is None else candidate - 1.0e5 * (~satisfied).to(torch.float32)
+        merged_keys = torch.cat((finished_keys, key), dim=1)
         best = torch.topk(merged_keys, k=num_beams)[1]
         finished = _gather(torch.cat((finished, top_sequences), dim=1), best)
         finished_scores, finished_keys = _gather(merged_scores, best), _gather(merged_keys, best)
         if constraints is not None:
             finished_met = _gather(torch.cat((finished_met, met), dim=1), best)
-            finished_satisfied = _gather(torch.cat((finished_satisfied, satisfied), dim=1), best)
         finished_origins = _gather(torch.cat((finished_origins, top_origins), dim=1), best)
         is_finished = _gather(torch.cat((is_finished, ended), dim=1), best)
 
@@ -386,7 +382,7 @@ def beam_search(
     constraints_met = None
     if constraints is not None:
         constraints_met = finished_met[:, :returned].reshape(batch * returned, -1)
-        unmet = constraints.rows & ~finished_satisfied[:, 0]
+        unmet = constraints.rows & ~constraints.satisfied(finished_met)[:, 0]
         if unmet.any() and not dict_out:
             logger.warning(
                 "%d of %d sentences could not meet their constraints within the length limit: their best hypotheses "
@@ -482,7 +478,7 @@ class VaswaniGenerationMixin(GenerationMixin):
         if max_len_b is not None and not explicit_length and input_ids is not None:
             mask = kwargs.get("attention_mask")
             source_lengths = mask.sum(-1) if mask is not None else input_ids.ne(self.config.pad_token_id).sum(-1)
-            limits = (float(max_len_a or 0) * source_lengths + max_len_b).long().clamp(min=1)
+            limits = sentence_limits(max_len_a, max_len_b, source_lengths)
             # The batch's longest limit bounds the search; `max_length=None` clears any `max_length` of the
             # generation configs in this call only, so `max_new_tokens` is the one length limit and nothing clashes.
             kwargs["max_new_tokens"] = int(limits.max())
@@ -563,4 +559,5 @@ __all__ = [
     "beam_search",
     "can_improve",
     "gnmt_length_penalty",
+    "sentence_limits",
 ]
