@@ -139,9 +139,8 @@ def _nbest_search(model, tokenizer, batch, nbest: int, kwargs: dict) -> tuple[li
         for text, log_prob, score in zip(texts, log_probs.tolist(), scores.tolist(), strict=True)
     ]
     met = getattr(output, "constraints_met", None)
-    return [found[start : start + nbest] for start in range(0, len(found), nbest)], None if met is None else met[
-        ::nbest
-    ]
+    lists = [found[start : start + nbest] for start in range(0, len(found), nbest)]
+    return lists, None if met is None else met[::nbest]
 
 
 def check_decoding_options(
@@ -272,7 +271,6 @@ def translate(
     block: Sequence[str] = (),
     disable_unk: bool = False,
     report: ControlReport | None = None,
-    _nbest: int | None = None,
     **generate_kwargs,
 ) -> list[str]:
     """Translates `sentences` in batches of similar length (order preserved) with `model.generate`.
@@ -294,23 +292,25 @@ def translate(
     `ControlReport`, gets the sentences (from 1) whose constraints were not met and those not translated because
     their controls were bad (named in a warning too).
     """
-    controls = _controls(sentences, constraints, constraint_order, target_prefixes, report)
-    generate_kwargs = {**generate_kwargs, **block_kwargs(tokenizer, block, disable_unk)}
-    return _translate_all(model, tokenizer, sentences, batch_size, progress, max_source_tokens, _nbest, max_tokens,
+    controls, generate_kwargs = _controls(tokenizer, sentences, generate_kwargs, constraints, constraint_order,
+                                          target_prefixes, block, disable_unk, report)  # fmt: skip
+    return _translate_all(model, tokenizer, sentences, batch_size, progress, max_source_tokens, None, max_tokens,
                           sampling, generate_kwargs, controls)  # fmt: skip
 
 
-_CONTROL_NAMES = ("constraints", "constraint_order", "target_prefixes", "block", "disable_unk", "report")
-
-
-def _controls(sentences, constraints, order, prefixes, report) -> LineControls | None:
-    """The `LineControls` of `translate`'s arguments, None without constraints or prefixes."""
-    for name, value in (("constraints", constraints), ("target_prefixes", prefixes)):
+def _controls(
+    tokenizer, sentences, generate_kwargs: dict, constraints=None, constraint_order="unordered", target_prefixes=None,
+    block=(), disable_unk=False, report=None,
+) -> tuple[LineControls | None, dict]:  # fmt: skip
+    """`translate`'s controls: the `LineControls` of its constraints and prefixes (None without), and
+    `generate_kwargs` with its blocked phrases and `<unk>`."""
+    for name, value in (("constraints", constraints), ("target_prefixes", target_prefixes)):
         if value is not None and len(value) != len(sentences):
             raise ValueError(f"{len(value)} {name} for {len(sentences)} sentences: give one per sentence")
-    if constraints is None and prefixes is None:
-        return None
-    return LineControls(constraints, prefixes, order, report)
+    generate_kwargs = {**generate_kwargs, **block_kwargs(tokenizer, block, disable_unk)}
+    if constraints is None and target_prefixes is None:
+        return None, generate_kwargs
+    return LineControls(constraints, target_prefixes, constraint_order, report), generate_kwargs
 
 
 @torch.no_grad()
@@ -332,9 +332,11 @@ def translate_nbest(
     empty sentence gets `nbest` empty hypotheses of log-probability 0 and score 0. With `sampling`, `nbest` is 1.
     `options`: `translate`'s controls (with constraints every one of the `nbest` hypotheses contains them) and
     `generate()` keywords."""
-    controls = {name: options.pop(name) for name in _CONTROL_NAMES if name in options}
-    return translate(model, tokenizer, sentences, batch_size, progress, max_source_tokens, max_tokens=max_tokens,
-                     sampling=sampling, **controls, _nbest=nbest, **options)  # fmt: skip
+    names = ("constraints", "constraint_order", "target_prefixes", "block", "disable_unk", "report")
+    controls, generate_kwargs = _controls(tokenizer, sentences, {k: v for k, v in options.items() if k not in names},
+                                          **{k: v for k, v in options.items() if k in names})  # fmt: skip
+    return _translate_all(model, tokenizer, sentences, batch_size, progress, max_source_tokens, nbest, max_tokens,
+                          sampling, generate_kwargs, controls)  # fmt: skip
 
 
 def _translate_all(model, tokenizer, sentences, batch_size, progress, max_source_tokens, nbest, max_tokens, sampling,
