@@ -31,7 +31,7 @@ def test_the_good_folder_the_bad_ones_come_from_loads(bad):
         ("config.json", b"\xff\xfe{}", "config.json is not UTF-8 text"),
         ("config.json", b"[1, 2]", "config.json holds a JSON list, not an object"),
         ("config.json", b'{"d_model": 32}', "holds a config.json without model_type, not a vaswani_mt one"),
-        ("config.json", b'{"model_type": "vaswani_mt", "d_model": "32"}', "d_model must be a positive integer"),
+        ("config.json", b'{"model_type": "vaswani_mt", "d_model": "32"}', "Field 'd_model' expected int, got str"),
         ("generation_config.json", b'{"num_beams": "4"}', "generation_config.json has an impossible num_beams: '4'"),
         ("tokenizer.json", None, "has no tokenizer.json"),
         ("tokenizer.json", b'{"model": 1}', "the tokenizer does not load"),

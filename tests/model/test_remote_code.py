@@ -28,7 +28,7 @@ PACKAGE = Path(vaswani_mt.model.__file__).parent  # the remote-code payload
 # `pathlib` (`save_pretrained` copies pipeline_vaswani.py into the folder it saves, which the model does not import;
 # nothing reads a file when a folder is loaded).
 STANDARD_MODULES = {"__future__", "collections.abc", "copy", "inspect", "math", "pathlib", "re", "typing", "weakref"}
-THIRD_PARTY = {"torch", "transformers"}
+THIRD_PARTY = {"torch", "transformers", "huggingface_hub"}  # huggingface_hub: @strict, a transformers 5 dependency
 # Builtins, and functions by their attribute name (`torch.load`, `pickle.loads`, `os.system`, ...), that run or load
 # code or pickles, or read files: remote code calls none of them.
 FORBIDDEN_BUILTINS = {"eval", "exec", "compile", "__import__", "open"}

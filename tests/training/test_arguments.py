@@ -60,6 +60,20 @@ def test_shape_options_override_the_preset(tmp_path, tokenizer):
     assert model.model.encoder.layers[0].self_attn.v_proj.weight.shape == (4 * 32, 256)
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--dropout", "1.5"], "model options: dropout must be a number in [0, 1), got 1.5"),
+        (["--num_heads", "3"], "model options: d_model (256) must be divisible by num_heads (3)"),
+        (["--position_encoding", "rotary"], "model options: Field 'position_encoding' expected one of"),
+    ],
+)
+def test_impossible_model_options_are_refused_while_parsing_in_one_line(tmp_path, options, message):
+    with pytest.raises(ValueError) as error:
+        parse_args(["--output_dir", str(tmp_path), "--preset", "small", *options])
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
 def test_the_main_jobs_config_parses_and_keeps_the_30_minute_budget():
     model_args, data_args, recipe, training_args = parse_args([MAIN_JOB])
     assert (model_args.preset, data_args.dataset, recipe.auto_bf16) == ("small", "ding+phrases", True)

@@ -25,6 +25,7 @@ import json
 from pathlib import Path
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 
 from vaswani_mt.model.configuration_vaswani import VaswaniConfig
 
@@ -94,9 +95,10 @@ def _read_config(model: str, folder: Path) -> VaswaniConfig:
         raise ModelFolderError(f"{model} holds {what}, not a vaswani_mt one")
     try:
         return VaswaniConfig.from_pretrained(folder)
-    except (ValueError, TypeError) as error:  # VaswaniConfig's own messages name the field and the value
-        detail = " ".join(str(error).split()) if isinstance(error, ValueError) else _one_line(error)
-        raise ModelFolderError(f"{model}: config.json: {detail}") from error
+    except StrictDataclassError as error:  # @strict's cause names the field and the value
+        raise ModelFolderError(f"{model}: config.json: {' '.join(str(error.__cause__).split())}") from error
+    except (ValueError, TypeError) as error:
+        raise ModelFolderError(f"{model}: config.json: {_one_line(error)}") from error
 
 
 def _saved_shapes(model: str, folder: Path) -> dict[str, tuple[int, ...]]:

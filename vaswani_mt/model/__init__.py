@@ -1,6 +1,6 @@
 """The model, exactly as it ships to the Hub: every file here but this one is copied into a saved folder as remote
-code, and imports only torch, transformers and its siblings (relatively), so that a folder loads in a process
-without vaswani_mt.
+code, and imports only torch, transformers (with its huggingface_hub, for `@strict`) and its siblings (relatively),
+so that a folder loads in a process without vaswani_mt.
 
 - configuration_vaswani.py: `VaswaniConfig` and the presets (base and big of Table 3, and CPU-sized ones);
 - modeling_vaswani.py: the paper's encoder-decoder (§3), its label-smoothed loss (§5.4);

@@ -3,19 +3,15 @@
 Self-contained (transformers only) so that `save_pretrained` can copy it as Hub remote code.
 """
 
-from __future__ import annotations
-
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
+from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
-# Table 3 of the paper ("base" and "big"), plus a "tiny" shape for fast tests and two CPU shapes: "small", and
-# "mini" (a third of small's arithmetic per token at an 8000-token vocabulary) for CPUs that train in float32.
-# mini has no dropout: in half an hour of float32 on such a CPU it sees each sentence only ~8 times, and without
-# dropout it learns faster there (6.77 -> 6.98 test BLEU, 5.10 -> 6.18 dev: benchmarks/RESULTS.md,
-# 2026-11-24, no dropout).
-# Values not named here take the class defaults, which are the paper's base model.
+# Table 3 of the paper ("base" and "big"), a "tiny" shape for tests and two CPU shapes: "small", and "mini" (a third
+# of small's arithmetic per token at an 8000-token vocabulary, without dropout because it learns faster so in the
+# half hour a float32 CPU gives it: benchmarks/RESULTS.md). Values not named take the defaults, the paper's base model.
 PRESETS: dict[str, dict[str, Any]] = {
     "base": dict(d_model=512, d_ff=2048, num_heads=8, num_encoder_layers=6, num_decoder_layers=6, dropout=0.1),
     "big": dict(d_model=1024, d_ff=4096, num_heads=16, num_encoder_layers=6, num_decoder_layers=6, dropout=0.3),
@@ -26,40 +22,21 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
 }
 
-_POSITION_ENCODINGS = ("sinusoidal", "learned")
-_SIZES = (
-    "vocab_size",
-    "d_model",
-    "d_ff",
-    "num_heads",
-    "d_k",
-    "d_v",
-    "num_encoder_layers",
-    "num_decoder_layers",
-    "max_position_embeddings",
-)
+_SIZES = ("vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_encoder_layers", "num_decoder_layers",
+          "max_position_embeddings")  # fmt: skip
+_RATES = ("dropout", "attention_dropout", "activation_dropout", "label_smoothing")
+_TOKENS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
 
 
-# bool is an int subclass in Python, but `true` is no size, rate or token id.
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_positive_int(value: Any) -> bool:
-    return _is_int(value) and value > 0
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
+@strict
 class VaswaniConfig(PreTrainedConfig):
     r"""
     Configuration of [`VaswaniModel`] and [`VaswaniForConditionalGeneration`]. The defaults are the paper's base
     model (Table 3, first row); [`VaswaniConfig.from_preset`] gives "base", "big", "small", "mini" and "tiny".
-    Impossible values (a size that is not a positive integer, a rate outside [0, 1), a string where a number
-    belongs, ...) are refused when the config is built, from arguments or from a `config.json`: a `ValueError`
-    that names the field and the value.
+    Checked as transformers 5 checks its configs (`@strict`): a value of the wrong type is refused when it is set
+    (`StrictDataclassFieldValidationError`), an impossible one (a size that is not positive, a rate outside [0, 1),
+    ...) when the config is built or saved, by its `validate_*` method (`StrictDataclassClassValidationError`). Both
+    name the field and the value.
 
     Args:
         vocab_size (`int`, defaults to 37000):
@@ -130,11 +107,11 @@ class VaswaniConfig(PreTrainedConfig):
     dropout: float | int = 0.1
     attention_dropout: float | int = 0.0
     activation_dropout: float | int = 0.0
-    position_encoding: str = "sinusoidal"
+    position_encoding: Literal["sinusoidal", "learned"] = "sinusoidal"
     max_position_embeddings: int = 1024
-    layer_norm_eps: float = 1e-6
+    layer_norm_eps: float | int = 1e-6
     attention_bias: bool = False
-    init_std: float | None = None
+    init_std: float | int | None = None
     label_smoothing: float | int = 0.1
     pad_token_id: int | None = 1
     bos_token_id: int | None = 0
@@ -145,55 +122,53 @@ class VaswaniConfig(PreTrainedConfig):
     use_cache: bool = True
 
     def __post_init__(self, **kwargs):
-        # Types first: a config.json edited by hand can hold "512" or null, and the arithmetic below must not be the
-        # one to find out (with a TypeError that names no field).
+        super().__post_init__(**kwargs)
+        # transformers runs `validate()` only when a config is saved; the model must not be built from one it refuses.
+        self.validate()
+        if self.d_k is None:
+            self.d_k = self.d_model // self.num_heads
+        if self.d_v is None:
+            self.d_v = self.d_model // self.num_heads
+
+    def validate_sizes(self):
         for name in _SIZES:
             value = getattr(self, name)
-            if not (value is None and name in ("d_k", "d_v")) and not _is_positive_int(value):
+            if value is not None and value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if (self.d_k is None or self.d_v is None) and self.d_model % self.num_heads != 0:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads}) unless d_k and d_v are "
                 "both given"
             )
-        if self.d_k is None:
-            self.d_k = self.d_model // self.num_heads
-        if self.d_v is None:
-            self.d_v = self.d_model // self.num_heads
-        self._check_values()
-        super().__post_init__(**kwargs)
 
-    def _check_values(self) -> None:
-        for name in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
-            value = getattr(self, name)
-            if not (_is_number(value) and 0.0 <= value < 1.0):
+    def validate_rates(self):
+        for name in _RATES:
+            if not 0.0 <= (value := getattr(self, name)) < 1.0:  # NaN too
                 raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
-        if not (isinstance(self.position_encoding, str) and self.position_encoding in _POSITION_ENCODINGS):
-            raise ValueError(f"position_encoding must be one of {_POSITION_ENCODINGS}, got {self.position_encoding!r}")
-        if not (_is_number(self.layer_norm_eps) and self.layer_norm_eps > 0 and math.isfinite(self.layer_norm_eps)):
+
+    def validate_scales(self):
+        if not (self.layer_norm_eps > 0 and math.isfinite(self.layer_norm_eps)):
             raise ValueError(f"layer_norm_eps must be a positive number, got {self.layer_norm_eps!r}")
-        if self.init_std is not None and not (_is_number(self.init_std) and 0 < self.init_std < math.inf):
+        if self.init_std is not None and not 0 < self.init_std < math.inf:
             raise ValueError(f"init_std must be a positive number or None, got {self.init_std!r}")
-        for name in ("attention_bias", "tie_word_embeddings", "use_cache", "is_encoder_decoder"):
-            if not isinstance(value := getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false, got {value!r}")
+
+    def validate_shared_embeddings(self):
         if not self.tie_word_embeddings:
             raise ValueError(
                 "tie_word_embeddings must be True: the source embedding, target embedding and pre-softmax "
                 "projection share one matrix (§3.4)"
             )
-        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+
+    def validate_token_ids(self):
+        # Stricter than transformers' own check, which only warns: an id outside the vocabulary cannot be embedded.
+        for name in _TOKENS:
             value = getattr(self, name)
-            # Only generation's end may be several tokens (a non-empty list); the others are one token or none.
-            several = name == "eos_token_id" and isinstance(value, list) and value
-            for token_id in value if several else [value]:
-                if (token_id is not None or several) and not (_is_int(token_id) and 0 <= token_id < self.vocab_size):
-                    raise ValueError(
-                        f"{name} must be an integer in [0, vocab_size={self.vocab_size}), got {token_id!r}"
-                    )
+            ids = value if isinstance(value, list) else [value]
+            if value == [] or any(token is not None and not 0 <= token < self.vocab_size for token in ids):
+                raise ValueError(f"{name} must be an integer in [0, vocab_size={self.vocab_size}), got {value!r}")
 
     @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> VaswaniConfig:
+    def from_preset(cls, name: str, **overrides: Any) -> "VaswaniConfig":
         """Builds a config from a named preset ("base", "big", "small", "mini", "tiny"); keyword arguments override it.
 
         >>> VaswaniConfig.from_preset("big", vocab_size=37000).d_model

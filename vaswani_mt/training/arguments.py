@@ -13,10 +13,11 @@ import sys
 from dataclasses import dataclass, field, fields
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
 from vaswani_mt.data.corpus import BUILTIN_CORPUS
-from vaswani_mt.model.configuration_vaswani import PRESETS
+from vaswani_mt.model.configuration_vaswani import PRESETS, VaswaniConfig
 
 logger = logging.getLogger(__name__)
 
@@ -273,7 +274,21 @@ def parse_args(argv: list[str] | None = None):
         )
     recipe.float32_overrides = float32_overrides(recipe)
     check_early_stopping(recipe, training_args)
+    check_model_options(model_args)
     return model_args, data_args, recipe, training_args
+
+
+def check_model_options(model_args: ModelArguments) -> None:
+    """The preset with the shape and rate options, checked by the config's own rules before any data is read: one
+    line naming the option (`--dropout 1.5`, `--num_heads 0`), not a traceback after the tokenizer is trained."""
+    if model_args.model_name_or_path:
+        return
+    names = {f.name for f in fields(ModelArguments)} & set(VaswaniConfig.__dataclass_fields__)
+    given = {name: getattr(model_args, name) for name in names if getattr(model_args, name) is not None}
+    try:
+        VaswaniConfig.from_preset(model_args.preset, **given)
+    except StrictDataclassError as error:
+        raise ValueError(f"model options: {error.__cause__}") from None
 
 
 def float32_overrides(recipe: RecipeArguments) -> dict:
