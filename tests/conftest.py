@@ -235,7 +235,7 @@ def fit_tiny_model(tokenizer, steps: int = 40, seed: int = 0) -> vaswani_mt.Vasw
 def card_values(model, tokenizer, score: dict, examples: list[str]) -> dict:
     """The values training fills the model card with (`vaswani_mt.hub.card.card_values`), for a model fitted in a
     test."""
-    from vaswani_mt.hub.card import search_summary, widget_yaml
+    from vaswani_mt.hub.card import search_summary
 
     config = model.config
     return {
@@ -245,7 +245,7 @@ def card_values(model, tokenizer, score: dict, examples: list[str]) -> dict:
         "dataset_id": "tests/six-sentences",
         "dataset_name": "six test sentences",
         "dataset_note": "the pairs of tests/conftest.py",
-        "widget": widget_yaml(examples),
+        "examples": list(examples),
         "model_name": "vaswani-mt-tiny-en-de",
         "architecture": f"N = {config.num_encoder_layers}+{config.num_decoder_layers}, d_model = {config.d_model}",
         "vocab_size": len(tokenizer),
@@ -273,7 +273,6 @@ def card_values(model, tokenizer, score: dict, examples: list[str]) -> dict:
         "command": "pytest tests/",
         "limitations": "A test model: it knows six sentences.",
         "repo_id": "USER/vaswani-mt-tiny-en-de",
-        "example": examples[0].replace('"', '\\"'),
     }
 
 

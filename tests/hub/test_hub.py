@@ -13,12 +13,13 @@ import yaml
 from conftest import card_values, make_model
 
 from vaswani_mt.hub.card import (
+    CHRF_METRIC_NAME,
     COMPOUND_SPLIT_METRIC_NAME,
     REMOTE_CODE_FILES,
+    SACREBLEU_METRIC_NAME,
     TRANSFORMERS_REQUIREMENT,
     card_for_hub,
     check_card,
-    model_card_template,
     render_model_card,
     search_summary,
     split_card,
@@ -37,19 +38,34 @@ SCORE = {
 EXAMPLES = ['She said "hello".', "How are you today?"]
 
 
+def _front_matter(card: str) -> tuple[dict, str]:
+    """The card's YAML (parsed by PyYAML alone) and its body: the card opens with `---` and the YAML ends at the next
+    line that is `---`, as the Hub reads it."""
+    assert card.startswith("---\n")
+    front, body = card[4:].split("\n---\n", 1)
+    return yaml.safe_load(front), body
+
+
 def test_rendered_card_yaml_parses_and_holds_every_field(model, tokenizer):
     card = render_model_card(card_values(model, tokenizer, SCORE, EXAMPLES))
-    metadata = yaml.safe_load(card.split("---\n")[1])
+    metadata, body = _front_matter(card)
     assert metadata == check_card(card)
     assert metadata["pipeline_tag"] == "translation" and metadata["library_name"] == "transformers"
     assert metadata["language"] == ["en", "de"] and metadata["license"] == "apache-2.0"
-    assert metadata["datasets"] == ["tests/six-sentences"] and metadata["metrics"] == ["bleu"]
+    assert metadata["datasets"] == ["tests/six-sentences"] and metadata["metrics"] == ["bleu", "chrf"]
+    assert metadata["tags"] == ["translation", "transformer", "vaswani_mt", "attention-is-all-you-need"]
     assert metadata["widget"] == [{"text": text} for text in EXAMPLES]  # quotes survive the YAML
-    result = metadata["model-index"][0]["results"][0]
-    assert result["task"]["type"] == "translation" and result["dataset"]["type"] == "tests/six-sentences"
-    assert result["metrics"][0] == {"type": "bleu", "value": 12.35, "name": "sacreBLEU (test)"}
-    assert result["metrics"][1] == {"type": "bleu", "value": 13.57, "name": COMPOUND_SPLIT_METRIC_NAME}
-    body = split_card(card)[1]
+    [index] = metadata["model-index"]
+    [result] = index["results"]
+    assert index["name"] == "vaswani-mt-tiny-en-de"
+    assert result["task"] == {"type": "translation", "name": "Translation en-de"}
+    assert result["dataset"] == {"name": "six test sentences", "type": "tests/six-sentences", "split": "test"}
+    assert result["metrics"] == [
+        {"type": "bleu", "value": 12.35, "name": SACREBLEU_METRIC_NAME},
+        {"type": "chrf", "value": 40.0, "name": CHRF_METRIC_NAME},
+        {"type": "bleu", "value": 13.57, "name": COMPOUND_SPLIT_METRIC_NAME},
+    ]
+    assert card.endswith("```\n") and body == split_card(card)[1]
     for section in ("## Model", "## Training", "## Results", "## Limitations", "## How to use", "## Citation"):
         assert section in body
     assert "pytest tests/" in body and "@inproceedings{vaswani2017attention" in body
@@ -66,12 +82,14 @@ def test_card_gives_the_papers_compound_split_bleu_beside_sacrebleu_each_with_it
     unmeasured = {key: value for key, value in SCORE.items() if not key.startswith("compound_split")}
     card = render_model_card(card_values(model, tokenizer, unmeasured, EXAMPLES))
     assert "| 12.35 | 40.0 | n/a |" in card
-    assert [m["name"] for m in check_card(card)["model-index"][0]["results"][0]["metrics"]] == ["sacreBLEU (test)"]
-    broken = render_model_card({**card_values(model, tokenizer, SCORE, EXAMPLES), "compound_split_bleu": "null"},
-                               template=model_card_template().replace("{{compound_split_metric}}",
-                               "    - type: bleu\n      value: {{compound_split_bleu}}\n"))  # fmt: skip
-    with pytest.raises(ValueError, match="bleu value None is not a measured number"):
-        check_card(broken)
+    metrics = check_card(card)["model-index"][0]["results"][0]["metrics"]
+    assert [m["name"] for m in metrics] == [SACREBLEU_METRIC_NAME, CHRF_METRIC_NAME]
+    # A card that gives a metric without a number (a hand edit, an older card) is refused before publishing.
+    for position, name in ((0, "bleu"), (2, COMPOUND_SPLIT_METRIC_NAME)):
+        metadata, body = split_card(render_model_card(card_values(model, tokenizer, SCORE, EXAMPLES)))
+        metadata["model-index"][0]["results"][0]["metrics"][position]["value"] = None
+        with pytest.raises(ValueError, match=re.escape(f"{name} value None is not a measured number")):
+            check_card("---\n" + yaml.safe_dump(metadata) + "---\n" + body)
 
 
 def test_card_states_the_saved_search_and_whether_it_is_the_papers(model, tokenizer):
@@ -99,6 +117,9 @@ def test_card_for_the_hub_names_the_repository_and_the_marian_card_says_what_it_
     card = render_model_card(card_values(model, tokenizer, SCORE, EXAMPLES))
     ours = card_for_hub(card, "alice/tiny-en-de")
     assert split_card(ours)[0]["model-index"][0]["name"] == "tiny-en-de" and "\n# tiny-en-de\n" in ours
+    retargeted, rendered = split_card(ours)[0], split_card(card)[0]
+    retargeted["model-index"][0]["name"] = rendered["model-index"][0]["name"]
+    assert retargeted == rendered  # but for the name, the metadata is the card's
     assert 'AutoModelForSeq2SeqLM.from_pretrained("alice/tiny-en-de", trust_remote_code=True)' in ours
     # The card names the transformers versions the package requires (and is tested with).
     pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text(encoding="utf-8")

@@ -1,6 +1,7 @@
-"""The model card: `model_card.md` (top level of the repository, shipped in the package) is its template; training
-renders it with the run's measured values (`card_values`, `render_model_card`) into the model folder's README.md, and
-publishing checks it (`check_card`) and retargets it to the Hub repository (`card_for_hub`).
+"""The model card: `model_card.md` (top level of the repository, shipped in the package) is the Jinja template of its
+markdown body; training builds the YAML metadata as huggingface_hub's `ModelCardData` (model-index from `EvalResult`s)
+and renders both with the run's measured values (`card_values`, `render_model_card`) into the model folder's
+README.md; publishing checks it (`check_card`) and retargets it to the Hub repository (`card_for_hub`).
 """
 
 from __future__ import annotations
@@ -9,24 +10,25 @@ import json
 import re
 from importlib import resources
 
+import jinja2
+import jinja2.meta
 import yaml
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from huggingface_hub.repocard import REGEX_YAML_BLOCK
 
 from vaswani_mt.model import REMOTE_CODE_FILES
 from vaswani_mt.model.generation_vaswani import PAPER_SEARCH
 
-_PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 NATIVE_FORMATS = ("vaswani", "marian")
 # The code a `native="vaswani"` folder carries, all of it run by `trust_remote_code`, is the payload's own list,
 # `REMOTE_CODE_FILES`; a Marian folder carries no code.
 
+TAGS = ["translation", "transformer", "vaswani_mt", "attention-is-all-you-need"]
+NOT_EVALUATED = "not evaluated"
+
 
 def model_card_template() -> str:
     return resources.files("vaswani_mt.hub").joinpath("model_card.md").read_text(encoding="utf-8")
-
-
-def widget_yaml(examples: list[str]) -> str:
-    """The `widget:` list of the card's YAML front matter; JSON strings are valid YAML scalars."""
-    return "\n".join(f"- text: {json.dumps(text, ensure_ascii=False)}" for text in examples)
 
 
 # The transformers versions the remote code runs under: pyproject.toml's requirement (tests/hub/test_hub.py checks that
@@ -38,7 +40,7 @@ TRANSFORMERS_REQUIREMENT = "transformers>=5.20,<6"
 def usage_section(repo_id: str, example: str, native: str = "vaswani") -> str:
     """The card's "How to use": the translation pipeline and the Auto classes (remote code), or for the Marian
     conversion, `MarianMTModel` without remote code."""
-    text = json.dumps(example, ensure_ascii=False)
+    text = json.dumps(example, ensure_ascii=False)  # a Python string literal, whatever quotes the sentence holds
     if native == "marian":
         return f"""A native `MarianMTModel`: no remote code, any transformers version with Marian.
 
@@ -87,20 +89,22 @@ def search_summary(generation_config) -> str:
     return f"{text} (the paper's, §6.1: beam 4, α = 0.6, input + 50)"
 
 
-# The model-index name of the paper's scoring (evaluation.compound_split_bleu), listed after sacreBLEU.
+# The model-index names of the test scores, in the order of the card's Results table: sacreBLEU, chrF, then the
+# paper's scoring (evaluation.compound_split_bleu).
+SACREBLEU_METRIC_NAME = "sacreBLEU (test)"
+CHRF_METRIC_NAME = "chrF (test)"
 COMPOUND_SPLIT_METRIC_NAME = "tokenized BLEU, compound-split (tensor2tensor)"
+# What `card_metadata` reads besides the scores (a template reads what it names).
+METADATA_VALUES = ("source_lang", "target_lang", "license", "dataset_id", "dataset_name", "model_name", "examples")
 
 
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def compound_split_metric(value) -> str:
-    """The card's model-index entry for the compound-split BLEU, after sacreBLEU's; none when it was not measured
-    (the Hub wants a number for every metric value)."""
-    if not _is_number(value):
-        return ""
-    return f"    - type: bleu\n      value: {value}\n      name: {json.dumps(COMPOUND_SPLIT_METRIC_NAME)}\n"
+def _score(test: dict, key: str) -> float | str:
+    # float(): a numpy score would reach the YAML as a python/object tag that safe_load refuses.
+    return float(round(test[key], 2)) if _is_number(test.get(key)) else NOT_EVALUATED
 
 
 def card_values(
@@ -118,9 +122,10 @@ def card_values(
     """The values `model_card.md` is rendered with (`render_model_card`), for a trained model.
 
     `corpus`: the training data's licence, name and notes (`vaswani_mt.data.corpus.describe_corpus`); `examples`:
-    test sources for the widget; `training`: preset, train_pairs, test_pairs, lr_scale, warmup, max_tokens, steps,
-    train_minutes, hardware and precision of the run, and `best` (results.json's, under early stopping);
-    `test`: its test scores (`evaluate_bleu`), empty if none.
+    test sources for the widget and "How to use"; `training`: preset, train_pairs, test_pairs, lr_scale, warmup,
+    max_tokens, steps, train_minutes, hardware and precision of the run, and `best` (results.json's, under early
+    stopping); `test`: its test scores (`evaluate_bleu`), empty if none; a score not measured reads "not evaluated"
+    and is left out of the model-index.
     """
     config = model.config
     src, tgt = source_lang, target_lang
@@ -133,7 +138,7 @@ def card_values(
         "dataset_id": corpus["dataset_id"],
         "dataset_name": corpus["dataset_name"],
         "dataset_note": corpus["dataset_note"],
-        "widget": widget_yaml(examples),
+        "examples": list(examples),
         "model_name": f"vaswani-mt-{training['preset']}-{src}-{tgt}",
         "architecture": f"N = {config.num_encoder_layers}+{config.num_decoder_layers} layers, "
         f"d_model = {config.d_model}, d_ff = {config.d_ff}, h = {config.num_heads}, d_k = d_v = {config.d_k}",
@@ -155,16 +160,15 @@ def card_values(
         "precision": training["precision"],
         "weights_note": _weights_note(averaged, training.get("best")),
         "test_pairs": training["test_pairs"],
-        "bleu": round(test["score"], 2) if test else "null",
-        "chrf": round(test["chrf"], 2) if test else "not evaluated",
-        "signature": test.get("signature", "not evaluated"),
-        "compound_split_bleu": round(test["compound_split_bleu"], 2) if test else "not evaluated",
-        "compound_split_signature": test.get("compound_split_signature", "not evaluated"),
+        "bleu": _score(test, "score"),
+        "chrf": _score(test, "chrf"),
+        "signature": test.get("signature", NOT_EVALUATED),
+        "compound_split_bleu": _score(test, "compound_split_bleu"),
+        "compound_split_signature": test.get("compound_split_signature", NOT_EVALUATED),
         "search": search_summary(model.generation_config),
         "command": command or "scripts/train.py",
         "limitations": corpus["limitations"],
         "repo_id": f"USER/vaswani-mt-{src}-{tgt}",
-        "example": examples[0].replace('"', '\\"'),
     }
 
 
@@ -182,38 +186,78 @@ def _weights_note(averaged: list[str], best: dict | None) -> str:
     return note
 
 
-def render_model_card(values: dict, template: str | None = None) -> str:
-    """Fills every `{{name}}` of the template; a placeholder without a value is an error, not a blank.
+def eval_results(values: dict) -> list[EvalResult]:
+    """The card's model-index entries: one per measured test score, on the test split of the training corpus. A score
+    not measured is left out (the Hub wants a number for every metric value, not null)."""
+    scores = (
+        ("bleu", values.get("bleu"), SACREBLEU_METRIC_NAME),
+        ("chrf", values.get("chrf"), CHRF_METRIC_NAME),
+        ("bleu", values.get("compound_split_bleu"), COMPOUND_SPLIT_METRIC_NAME),
+    )
+    return [
+        EvalResult(
+            task_type="translation",
+            task_name=f"Translation {values['source_lang']}-{values['target_lang']}",
+            dataset_type=values["dataset_id"],
+            dataset_name=values["dataset_name"],
+            dataset_split="test",
+            metric_type=metric,
+            metric_value=value,
+            metric_name=name,
+        )
+        for metric, value, name in scores
+        if _is_number(value)
+    ]
 
-    `usage` defaults to `usage_section(values["repo_id"], values["example"])`, `compound_split_metric` to
-    `compound_split_metric(values["compound_split_bleu"])`.
+
+def card_metadata(values: dict) -> ModelCardData:
+    """The card's YAML front matter: every field the Hub reads for a translation model (`check_card`)."""
+    results = eval_results(values)
+    return ModelCardData(
+        language=[values["source_lang"], values["target_lang"]],
+        license=values["license"],
+        library_name="transformers",
+        pipeline_tag="translation",
+        tags=list(TAGS),
+        datasets=[values["dataset_id"]],
+        metrics=["bleu", "chrf"],
+        # Without results, a model_name would be written as a key of its own, not as the model-index name.
+        model_name=values["model_name"] if results else None,
+        eval_results=results or None,
+        widget=[{"text": text} for text in values["examples"]],
+    )
+
+
+def render_model_card(values: dict, template: str | None = None) -> str:
+    """The model card for `values` (`card_values`): the Jinja `template` (default: `model_card.md`) filled, with
+    `card_metadata` as YAML where it names `{{ card_data }}` (its top). A value the template or the metadata needs
+    and `values` lacks is an error, not a blank.
+
+    `usage` defaults to `usage_section(values["repo_id"], values["examples"][0])`.
     """
     template = model_card_template() if template is None else template
     values = dict(values)
-    if "usage" not in values and "repo_id" in values and "example" in values:
-        values["usage"] = usage_section(values["repo_id"], str(values["example"]).replace('\\"', '"'))
-    if "compound_split_metric" not in values and "compound_split_bleu" in values:
-        values["compound_split_metric"] = compound_split_metric(values["compound_split_bleu"])
-    missing = sorted({name for name in _PLACEHOLDER.findall(template) if name not in values})
+    if "usage" not in values and "repo_id" in values and values.get("examples"):
+        values["usage"] = usage_section(values["repo_id"], values["examples"][0])
+    # from_template renders a name it is not given as a blank: list the names it would miss first.
+    named = jinja2.meta.find_undeclared_variables(jinja2.Environment().parse(template)) - {"card_data"}
+    missing = sorted((named | set(METADATA_VALUES)) - set(values))
     if missing:
         raise ValueError(f"model card values missing: {', '.join(missing)}")
-    return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), template)
+    card = ModelCard.from_template(card_metadata(values), template_str=template, **values)
+    return f"{card}\n"  # jinja drops the template's final newline
 
 
 def split_card(card: str) -> tuple[dict, str]:
-    """The YAML front matter (parsed) and the markdown body of a model card."""
-    match = re.match(r"---\n(.*?\n)---\n(.*)", card, re.S)
+    """The YAML front matter (parsed) and the markdown body of a model card, split where the Hub splits it
+    (huggingface_hub's copy of the Hub server's pattern)."""
+    match = REGEX_YAML_BLOCK.search(card)
     if not match:
         raise ValueError("the model card has no YAML front matter (--- ... ---) at its top")
-    metadata = yaml.safe_load(match.group(1))
+    metadata = yaml.safe_load(match.group(2))
     if not isinstance(metadata, dict):
         raise ValueError("the model card's front matter is not a YAML mapping")
-    return metadata, match.group(2)
-
-
-def join_card(metadata: dict, body: str) -> str:
-    front = yaml.safe_dump(metadata, sort_keys=False, allow_unicode=True, width=1000)
-    return f"---\n{front}---\n{body}"
+    return metadata, card[match.end() :]
 
 
 def check_card(card: str) -> dict:
@@ -238,7 +282,7 @@ def check_card(card: str) -> dict:
         problems.append("widget: examples with text")
     try:
         result = metadata["model-index"][0]["results"][0]
-        bleu = next(m for m in result["metrics"] if m["type"] == "bleu")["value"]
+        bleu = next(m for m in result["metrics"] if m["type"] == "bleu").get("value")
         if result["task"]["type"] != "translation" or not result["dataset"]["type"]:
             raise KeyError("task or dataset")
         if not _is_number(bleu):
@@ -253,15 +297,14 @@ def check_card(card: str) -> dict:
     return metadata
 
 
-def _marian_note(metadata: dict) -> str:
-    return (
-        "> **This repository holds the exact `transformers.MarianMTModel` conversion of a vaswani_mt model** "
-        "(published with `scripts/push_to_hub.py --native marian`), so that hosted inference, which does not run "
-        "remote code, can serve it. The weights are the original's with the hidden dimension permuted into "
-        "Marian's [sin | cos] layout of the positional encoding and zero attention biases: the logits agree to "
-        "float round-off (Marian's config cannot store the original LayerNorm eps of 1e-6 and uses 1e-5, a change "
-        "of about 1e-6 relative). The results below were measured with the original model and its search."
-    )
+_MARIAN_NOTE = (
+    "> **This repository holds the exact `transformers.MarianMTModel` conversion of a vaswani_mt model** "
+    "(published with `scripts/push_to_hub.py --native marian`), so that hosted inference, which does not run "
+    "remote code, can serve it. The weights are the original's with the hidden dimension permuted into "
+    "Marian's [sin | cos] layout of the positional encoding and zero attention biases: the logits agree to "
+    "float round-off (Marian's config cannot store the original LayerNorm eps of 1e-6 and uses 1e-5, a change "
+    "of about 1e-6 relative). The results below were measured with the original model and its search."
+)
 
 
 def card_for_hub(card: str, repo_id: str, native: str = "vaswani") -> str:
@@ -269,37 +312,43 @@ def card_for_hub(card: str, repo_id: str, native: str = "vaswani") -> str:
     (remote code and the pipeline, or MarianMTModel), and for the Marian conversion a note that says what it is."""
     if native not in NATIVE_FORMATS:
         raise ValueError(f"native must be one of {NATIVE_FORMATS}, got {native!r}")
-    metadata, body = split_card(card)
-    name = repo_id.split("/")[-1]
-    if metadata.get("model-index"):
-        metadata["model-index"][0]["name"] = name
-    example = next((w["text"] for w in metadata.get("widget") or [] if isinstance(w, dict) and "text" in w), "Hello.")
+    split_card(card)  # a card without front matter is an error here; ModelCard would only warn
+    hub_card = ModelCard(card)
+    data, name = hub_card.data, repo_id.split("/")[-1]
+    if data.eval_results:
+        data.model_name = name
+    example = next((w["text"] for w in data.get("widget", []) if isinstance(w, dict) and "text" in w), "Hello.")
     if native == "marian":
-        metadata["tags"] = [*(metadata.get("tags") or []), "marian"]
-    body = re.sub(r"^# .*$", f"# {name}", body, count=1, flags=re.M)
+        data.tags = [*(data.tags or []), "marian"]
+    # The body is the markdown model_card.md wrote: its first heading is the title, "## How to use" a section.
+    body = re.sub(r"^# .*$", f"# {name}", hub_card.text, count=1, flags=re.M)
     if native == "marian":
-        body = re.sub(r"^(# .*\n)", lambda m: f"{m.group(1)}\n{_marian_note(metadata)}\n", body, count=1, flags=re.M)
+        body = re.sub(r"^(# .*\n)", lambda m: f"{m.group(1)}\n{_MARIAN_NOTE}\n", body, count=1, flags=re.M)
     usage = usage_section(repo_id, example, native)
     section = re.compile(r"^## How to use\n.*?(?=^## |\Z)", re.S | re.M)
     if section.search(body):
         body = section.sub(lambda m: f"## How to use\n\n{usage}\n\n", body, count=1)
     else:
         body = body.rstrip("\n") + f"\n\n## How to use\n\n{usage}\n"
-    return join_card(metadata, body)
+    hub_card.text = body
+    return str(hub_card)
 
 
 __all__ = [
+    "CHRF_METRIC_NAME",
     "COMPOUND_SPLIT_METRIC_NAME",
+    "NOT_EVALUATED",
     "REMOTE_CODE_FILES",
+    "SACREBLEU_METRIC_NAME",
     "TRANSFORMERS_REQUIREMENT",
     "card_for_hub",
+    "card_metadata",
     "card_values",
     "check_card",
-    "compound_split_metric",
+    "eval_results",
     "model_card_template",
     "render_model_card",
     "search_summary",
     "split_card",
     "usage_section",
-    "widget_yaml",
 ]
