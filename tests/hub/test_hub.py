@@ -1,6 +1,8 @@
-"""Hub publishing: the card's YAML holds every field the Hub reads, the dry-run folder loads in a fresh process
-without vaswani_mt, the Marian variant says what it is, and upload failures say why and keep the folder."""
+"""Hub publishing: the card's YAML holds every field the Hub reads and any text round-trips through it, the dry-run
+folder loads in a fresh process without vaswani_mt, the Marian variant says what it is, and upload failures say why
+and keep the folder."""
 
+import ast
 import copy
 import json
 import re
@@ -10,8 +12,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import card_values, make_model
+from conftest import ENGLISH, card_values, make_model
+from huggingface_hub import ModelCard
 
+from vaswani_mt.data.corpus import describe_corpus
+from vaswani_mt.hub import card as hub_card
 from vaswani_mt.hub.card import (
     CHRF_METRIC_NAME,
     COMPOUND_SPLIT_METRIC_NAME,
@@ -90,6 +95,78 @@ def test_card_gives_the_papers_compound_split_bleu_beside_sacrebleu_each_with_it
         metadata["model-index"][0]["results"][0]["metrics"][position]["value"] = None
         with pytest.raises(ValueError, match=re.escape(f"{name} value None is not a measured number")):
             check_card("---\n" + yaml.safe_dump(metadata) + "---\n" + body)
+
+
+def test_a_card_without_test_scores_says_so_and_has_no_model_index(model, tokenizer):
+    training = {"preset": "tiny", "train_pairs": 6, "test_pairs": 6, "lr_scale": 1.0, "warmup": 4, "max_tokens": 256,
+                "steps": 40, "train_minutes": 0.01, "hardware": "CPU", "precision": "float32"}  # fmt: skip
+    values = hub_card.card_values(model, tokenizer, source_lang="en", target_lang="de", corpus=describe_corpus("x"),
+                                  examples=EXAMPLES, training=training, test={})  # fmt: skip
+    card = render_model_card(values)
+    metadata, body = _front_matter(card)
+    # The Hub wants a number for every model-index value: nothing measured, no model-index (nor a stray model_name).
+    assert "model-index" not in metadata and "model_name" not in metadata
+    assert metadata["widget"] == [{"text": text} for text in EXAMPLES] and metadata["datasets"] == ["x"]
+    assert "| test (6 pairs) | not evaluated | not evaluated | not evaluated |" in body
+    with pytest.raises(ValueError, match="model-index"):
+        check_card(card)
+    # A value the body or the metadata needs is an error, not a blank.
+    with pytest.raises(ValueError, match=r"model card values missing: dataset_note, license$"):
+        render_model_card({k: v for k, v in values.items() if k not in ("dataset_note", "license")})
+
+
+def test_the_card_training_writes_parses_and_its_model_index_is_the_results_table(fitted_folder):
+    card = (fitted_folder / "README.md").read_text(encoding="utf-8")
+    metadata, body = _front_matter(card)
+    assert metadata["license"] == "apache-2.0" and metadata["datasets"] == ["tests/six-sentences"]
+    assert metadata["language"] == ["en", "de"] and metadata["pipeline_tag"] == "translation"
+    assert [w["text"] for w in metadata["widget"]] == ENGLISH[:2]
+    [result] = metadata["model-index"][0]["results"]
+    assert result["dataset"] == {"name": "six test sentences", "type": "tests/six-sentences", "split": "test"}
+    types = [(m["type"], m["name"]) for m in result["metrics"]]
+    assert types == [("bleu", SACREBLEU_METRIC_NAME), ("chrf", CHRF_METRIC_NAME), ("bleu", COMPOUND_SPLIT_METRIC_NAME)]
+    # The model-index gives the numbers of the body's Results table, in its order.
+    row = re.search(r"^\| test \(6 pairs\) \| (.*) \|$", body, flags=re.M).group(1).split(" | ")
+    assert [m["value"] for m in result["metrics"]] == [float(cell) for cell in row]
+    assert all(isinstance(m["value"], float) and 0 <= m["value"] <= 100 for m in result["metrics"])
+    # huggingface_hub reads the same results back.
+    loaded = ModelCard.load(fitted_folder / "README.md")
+    assert [(r.metric_type, r.metric_value, r.dataset_split) for r in loaded.data.eval_results] == [
+        (m["type"], m["value"], "test") for m in result["metrics"]
+    ]
+
+
+TRICKY = ["She said: \"hello\" -- 'hi'.", "a: b\n---\nc: #d", "- [not, a list] & *no alias", "{{ not jinja }} {% x %}"]
+
+
+def test_quotes_colons_and_newlines_round_trip_through_the_yaml_unchanged(model, tokenizer):
+    values = {
+        **card_values(model, tokenizer, SCORE, TRICKY),
+        "dataset_id": 'user/set: "v2"',
+        "dataset_name": 'Ding\'s "dictionary": {{ de }}-en\nsecond line',
+        "model_name": "model: 'x' #1",
+        "license": 'other: see "LICENSE"',
+    }
+    card = render_model_card(values)
+    metadata, body = _front_matter(card)
+    assert metadata == check_card(card)
+    assert metadata["widget"] == [{"text": text} for text in TRICKY]
+    assert metadata["datasets"] == [values["dataset_id"]] and metadata["license"] == values["license"]
+    [index] = metadata["model-index"]
+    assert index["name"] == values["model_name"]
+    assert index["results"][0]["dataset"]["name"] == values["dataset_name"]
+    assert index["results"][0]["dataset"]["type"] == values["dataset_id"]
+    # The body holds the values as given (not re-rendered as a template), and the usage code quotes the first example
+    # as a Python string.
+    assert f"- Data: {values['dataset_name']}: 6 training pairs" in body
+    call = re.search(r"^print\(translator\((\[.*\]), batch_size", body, flags=re.M).group(1)
+    assert ast.literal_eval(call) == [TRICKY[0]]
+    # Retargeted for the Hub, every value keeps its text.
+    hub = card_for_hub(card, "alice/tricky")
+    hub_metadata = split_card(hub)[0]
+    assert hub_metadata["widget"] == metadata["widget"] and hub_metadata["license"] == values["license"]
+    assert hub_metadata["model-index"][0]["results"] == index["results"]
+    assert ast.literal_eval(re.search(r"translator\((\[.*\]), batch_size", hub).group(1)) == [TRICKY[0]]
 
 
 def test_card_states_the_saved_search_and_whether_it_is_the_papers(model, tokenizer):

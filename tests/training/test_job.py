@@ -16,6 +16,7 @@ from conftest import write_jsonl as _write_jsonl
 from safetensors.torch import load_file
 from transformers import TrainerState
 
+from vaswani_mt.hub.card import check_card
 from vaswani_mt.training.callbacks import trained_seconds
 from vaswani_mt.training.checkpoints import list_checkpoints
 from vaswani_mt.training.trainer import paper_learning_rate
@@ -119,7 +120,8 @@ def test_end_to_end_job_on_local_jsonl(job_run):
     results = json.loads((output / "results.json").read_text())
     assert 0.0 <= results["test"]["score"] <= 100.0
     card = (output / "README.md").read_text()
-    assert f"value: {round(results['test']['score'], 2)}" in card and "checkpoint-8" in card
+    sacrebleu = check_card(card)["model-index"][0]["results"][0]["metrics"][0]
+    assert sacrebleu["value"] == round(results["test"]["score"], 2) and "checkpoint-8" in card
     assert "CPU (" in card and ", float32;" in card  # the hardware and the precision it trained in
     assert "Search: beam 4, GNMT length penalty α = 0.9," in card
     for folder in (output, output / "checkpoint-8"):
