@@ -18,7 +18,8 @@ from transformers import (
 
 from vaswani_mt import gnmt_length_penalty
 from vaswani_mt.model import generation_vaswani
-from vaswani_mt.model.modeling_vaswani import PerSentenceMaxLength, VaswaniForConditionalGeneration
+from vaswani_mt.model.generation_vaswani import PerSentenceMaxLength
+from vaswani_mt.model.modeling_vaswani import VaswaniForConditionalGeneration
 
 
 def teacher_forced_log_prob(model, ids, mask, sequence, eos=2):

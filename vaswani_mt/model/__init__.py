@@ -13,11 +13,11 @@ so that a folder loads in a process without vaswani_mt.
 from pathlib import Path
 
 from .configuration_vaswani import PRESETS, VaswaniConfig
+from .generation_vaswani import gnmt_length_penalty
 from .modeling_vaswani import (
     VaswaniForConditionalGeneration,
     VaswaniModel,
     VaswaniPreTrainedModel,
-    gnmt_length_penalty,
     sinusoidal_position_encoding,
 )
 

@@ -37,7 +37,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_vaswani import VaswaniConfig
 from .fast_paths_vaswani import _project, apply_dropout, projected_label_smoothed_cross_entropy
-from .generation_vaswani import PAPER_SEARCH, PerSentenceMaxLength, VaswaniGenerationMixin, gnmt_length_penalty
+from .generation_vaswani import VaswaniGenerationMixin
 
 logger = logging.get_logger(__name__)
 
@@ -744,14 +744,10 @@ VaswaniModel.register_for_auto_class("AutoModel")
 VaswaniForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
 
 
-# The §6.1 search lives in generation_vaswani.py; these names stay importable from here too.
 __all__ = [
-    "PAPER_SEARCH",
-    "PerSentenceMaxLength",
     "VaswaniForConditionalGeneration",
     "VaswaniModel",
     "VaswaniPreTrainedModel",
-    "gnmt_length_penalty",
     "shift_tokens_right",
     "sinusoidal_position_encoding",
 ]
