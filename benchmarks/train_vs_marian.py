@@ -4,9 +4,10 @@
 Both go through the identical pipeline (vaswani_mt.training.job.run_training): the same corpus and split, the same
 tokenizer (trained once by the first run and reused), the same token-budget batches, Adam settings, Eq. (3)
 schedule, dropout, label smoothing 0.1 and wall-time budget, the same checkpoint averaging and the same test
-set. The only difference is the model (`job.build_model` is swapped for the Marian run): Marian keeps its own
-init and loss path (cross-entropy, label-smoothed as Seq2SeqTrainer's LabelSmoother does) and its own beam search
-(transformers' length penalty, beam 4, alpha 0.6). The runs are sequential in one process, so both see the same machine.
+set. The only difference is the model (the Marian run passes its own `build_model` to the job, and writes no
+vaswani_mt model card): Marian keeps its own init and loss path (cross-entropy, label-smoothed as Seq2SeqTrainer's
+LabelSmoother does) and its own beam search (transformers' length penalty, beam 4, alpha 0.6). The runs are
+sequential in one process, so both see the same machine.
 
     python benchmarks/train_vs_marian.py --config configs/ding_cpu.yaml --time_budget_minutes 20
 """
@@ -26,8 +27,8 @@ from torch.nn import functional as F
 from transformers import MarianMTModel
 
 from vaswani_mt.export.marian import marian_config
-from vaswani_mt.training import job
 from vaswani_mt.training.arguments import parse_args
+from vaswani_mt.training.job import build_model, run_training
 
 
 class LabelSmoothedMarian(MarianMTModel):
@@ -50,9 +51,9 @@ class LabelSmoothedMarian(MarianMTModel):
 
 
 def marian_model(model_args, tokenizer) -> MarianMTModel:
-    """In place of `job.build_model`: MarianMTModel with our config's shape, its own initialisation, label smoothing
+    """The Marian run's `build_model`: MarianMTModel with our config's shape, its own initialisation, label smoothing
     and a paper-like beam search, trained and scored by exactly the same job."""
-    shape = build_vaswani_model(model_args, tokenizer).config
+    shape = build_model(model_args, tokenizer).config
     marian = LabelSmoothedMarian(marian_config(shape))
     marian.config.label_smoothing = shape.label_smoothing
     marian.config._attn_implementation = model_args.attn_implementation
@@ -60,9 +61,6 @@ def marian_model(model_args, tokenizer) -> MarianMTModel:
     generation.num_beams, generation.length_penalty, generation.max_new_tokens = 4, 0.6, 128
     generation.bad_words_ids = None
     return marian
-
-
-build_vaswani_model = job.build_model
 
 
 def main() -> None:
@@ -83,8 +81,9 @@ def main() -> None:
             argv += ["--tokenizer", tokenizer_dir]
         model_args, data_args, recipe, training_args = parse_args(argv)
         started = time.monotonic()
-        job.build_model = marian_model if name == "marian" else build_vaswani_model
-        result = job.run_training(model_args, data_args, recipe, training_args)
+        marian = name == "marian"
+        result = run_training(model_args, data_args, recipe, training_args,
+                              build_model=marian_model if marian else build_model, model_card=not marian)  # fmt: skip
         tokenizer_dir = tokenizer_dir or str(Path(training_args.output_dir) / "tokenizer")
         results[name] = {
             "test_bleu": round(result["test"]["score"], 2),

@@ -1,8 +1,10 @@
 """The training job (`vaswani-mt-train`, `scripts/train.py`) with the paper's recipe (§5) through
 `VaswaniTrainer` (trainer.py) and accelerate.
 
-- `run_training`: the whole job: corpus, tokenizer, model, training (resuming from the last complete checkpoint),
-  checkpoint averaging (§6.1), test BLEU, and a Hub-ready folder with a model card.
+- `run_training`: the whole job, in stages: `_prepare` (options, corpus, tokenizer, model, Trainer), `_train_or_skip`
+  (training, resuming from the last complete checkpoint; a finished run started again trains no further), `_preempted`
+  (where a signal stopped it), `_score_and_publish` (checkpoint averaging (§6.1), test BLEU, and a Hub-ready folder
+  with a model card).
 - Early stopping on dev BLEU or loss (`--metric_for_best_model`, `--early_stopping_patience`): transformers'
   `EarlyStoppingCallback` and best-checkpoint bookkeeping, a checkpoint at each evaluation, and the published weights
   ending at the best checkpoint (`_finalize_model`).
@@ -18,13 +20,18 @@ import pickle
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from datasets import DatasetDict
 from transformers import (
     DataCollatorForSeq2Seq,
     EarlyStoppingCallback,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
     Seq2SeqTrainingArguments,
     TrainerCallback,
     TrainerState,
@@ -160,12 +167,29 @@ def _budget_progress_bar(trainer: VaswaniTrainer, clock: WallClockCallback) -> N
         trainer.add_callback(BudgetProgressCallback(clock))
 
 
+@dataclass
+class _Run:
+    """One run as `_prepare` sets it up, for the later stages of `run_training`."""
+
+    trainer: VaswaniTrainer
+    tokenizer: PreTrainedTokenizerBase
+    corpus: DatasetDict  # the raw splits: the test split is scored and described from them
+    output_dir: Path
+    resume: str | None  # the checkpoint training resumes from, None for a fresh run
+    resumed_state: TrainerState | None
+    clock: WallClockCallback
+    preemption: PreemptionCallback
+
+
 def run_training(
     model_args: ModelArguments,
     data_args: DataArguments,
     recipe: RecipeArguments,
     training_args: Seq2SeqTrainingArguments,
     command: str = "",
+    *,
+    build_model: Callable[[ModelArguments, PreTrainedTokenizerBase], PreTrainedModel] = build_model,
+    model_card: bool = True,
 ) -> dict:
     """The main job. Returns the test results (BLEU, signature, translations) and where the model went.
 
@@ -174,8 +198,81 @@ def run_training(
     averaging, scoring, results.json or model folder, which the run that finishes the job writes. A checkpoint
     that cannot be written raises `CheckpointError`, as does one whose state files hold more than tensors and plain
     values (Trainer loads them with `torch.load(weights_only=True)`, which refuses to unpickle anything else).
+
+    `build_model(model_args, tokenizer)` makes the model to train (benchmarks/train_vs_marian.py passes a Marian
+    one); `model_card=False` writes no README.md, whose card describes a vaswani_mt model.
     """
     started = time.monotonic()
+    run = _prepare(model_args, data_args, recipe, training_args, build_model)
+    train_metrics = _train_or_skip(run, recipe)
+    train_seconds = time.monotonic() - started
+
+    result: dict = {"train": train_metrics, "output_dir": str(run.output_dir)}
+    if run.preemption.signal_name:
+        # Not the end of the job: averaging, scoring and the model folder wait for the run that finishes it.
+        result["preempted"] = _preempted(run, training_args)
+        return result  # the command says so, once
+    if not run.trainer.is_world_process_zero():
+        return result
+    _score_and_publish(run, result, model_args, data_args, recipe, training_args, started=started,
+                       train_seconds=train_seconds, command=command, model_card=model_card)  # fmt: skip
+    return result
+
+
+def _prepare(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    recipe: RecipeArguments,
+    training_args: Seq2SeqTrainingArguments,
+    build_model: Callable[[ModelArguments, PreTrainedTokenizerBase], PreTrainedModel],
+) -> _Run:
+    """The options settled, the corpus, tokenizer and tokenized splits, the model and its Trainer, in this order: the
+    seed is set before anything is built, and the model's initial weights are the first draws from it."""
+    clock, preemption, output_dir = _settle_options(model_args, data_args, recipe, training_args)
+    corpus, tokenizer, tokenized = _load_data(model_args, data_args, recipe, training_args, output_dir)
+    model = build_model(model_args, tokenizer)
+    if recipe.length_penalty is not None:
+        model.generation_config.length_penalty = recipe.length_penalty
+    logger.info(
+        "model: preset %s, %.1fM parameters", model_args.preset, sum(p.numel() for p in model.parameters()) / 1e6
+    )
+
+    if recipe.eval_bleu:
+        logger.info("dev BLEU at each evaluation: %s", _dev_bleu_search(model, training_args))
+    resume = resume_point(training_args, output_dir)
+    resumed_state = TrainerState.load_from_json(str(Path(resume, "trainer_state.json"))) if resume else None
+    # With the model, the collator also builds decoder_input_ids from the labels (needed when Trainer's label
+    # smoother takes the labels away from the forward call, as for the benchmarks' Marian).
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
+    trainer = VaswaniTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=tokenized["train"],
+        eval_dataset=tokenized["validation"].remove_columns(["source_length", "target_length"]),
+        data_collator=collator,
+        processing_class=tokenizer,
+        compute_metrics=_bleu_metric(tokenizer) if recipe.eval_bleu else None,
+        max_tokens_per_batch=data_args.max_tokens_per_batch,
+        lr_schedule=recipe.lr_schedule,
+        lr_scale=recipe.lr_scale,
+        callbacks=[clock, preemption, CurvesCallback(), *_early_stopping(recipe, training_args, resumed_state)],
+    )
+    _budget_progress_bar(trainer, clock)
+    if training_args.restore_callback_states_from_checkpoint:
+        # Trainer would replace the clock by a copy that the progress bar does not see; it restores itself.
+        logger.warning("--restore_callback_states_from_checkpoint ignored: the wall clock resumes on its own")
+        training_args.restore_callback_states_from_checkpoint = False
+    return _Run(trainer, tokenizer, corpus, output_dir, resume, resumed_state, clock, preemption)
+
+
+def _settle_options(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    recipe: RecipeArguments,
+    training_args: Seq2SeqTrainingArguments,
+) -> tuple[WallClockCallback, PreemptionCallback, Path]:
+    """The options checked (before anything is loaded) and settled for this machine, the seed set, the output folder
+    made; the clock and the preemption callback, which check their own options."""
     if recipe.length_penalty is not None and not 0.0 <= recipe.length_penalty < float("inf"):
         raise ValueError(f"--length_penalty (GNMT alpha) must be a number >= 0, got {recipe.length_penalty}")
     check_dataset_options(data_args, recipe)
@@ -193,7 +290,17 @@ def run_training(
         # The model's own loss is label-smoothed (config.label_smoothing); Trainer's smoother would apply it twice.
         model_args.label_smoothing = training_args.label_smoothing_factor
         training_args.label_smoothing_factor = 0.0
+    return clock, preemption, output_dir
 
+
+def _load_data(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    recipe: RecipeArguments,
+    training_args: Seq2SeqTrainingArguments,
+    output_dir: Path,
+) -> tuple[DatasetDict, PreTrainedTokenizerBase, DatasetDict]:
+    """The corpus (the same on every machine), its tokenizer (trained by rank 0) and the tokenized splits."""
     corpus = load_run_corpus(data_args)
     if data_args.max_train_samples:
         corpus["train"] = corpus["train"].select(range(min(data_args.max_train_samples, len(corpus["train"]))))
@@ -225,42 +332,17 @@ def run_training(
             max_target_length=data_args.max_target_length,
             num_proc=data_args.preprocessing_num_workers,
         )
-    model = build_model(model_args, tokenizer)
-    if recipe.length_penalty is not None:
-        model.generation_config.length_penalty = recipe.length_penalty
-    logger.info(
-        "model: preset %s, %.1fM parameters", model_args.preset, sum(p.numel() for p in model.parameters()) / 1e6
-    )
+    return corpus, tokenizer, tokenized
 
-    if recipe.eval_bleu:
-        logger.info("dev BLEU at each evaluation: %s", _dev_bleu_search(model, training_args))
-    resume = resume_point(training_args, output_dir)
-    resumed_state = TrainerState.load_from_json(str(Path(resume, "trainer_state.json"))) if resume else None
-    # With the model, the collator also builds decoder_input_ids from the labels (needed when Trainer's label
-    # smoother takes the labels away from the forward call, as for the benchmarks' Marian).
-    collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
-    trainer = VaswaniTrainer(
-        model=model,
-        args=training_args,
-        train_dataset=tokenized["train"],
-        eval_dataset=tokenized["validation"].remove_columns(["source_length", "target_length"]),
-        data_collator=collator,
-        processing_class=tokenizer,
-        compute_metrics=_bleu_metric(tokenizer) if recipe.eval_bleu else None,
-        max_tokens_per_batch=data_args.max_tokens_per_batch,
-        lr_schedule=recipe.lr_schedule,
-        lr_scale=recipe.lr_scale,
-        callbacks=[clock, preemption, CurvesCallback(), *_early_stopping(recipe, training_args, resumed_state)],
-    )
-    _budget_progress_bar(trainer, clock)
 
-    if training_args.restore_callback_states_from_checkpoint:
-        # Trainer would replace the clock by a copy that the progress bar does not see; it restores itself.
-        logger.warning("--restore_callback_states_from_checkpoint ignored: the wall clock resumes on its own")
-        training_args.restore_callback_states_from_checkpoint = False
+def _train_or_skip(run: _Run, recipe: RecipeArguments) -> dict:
+    """Trains (resuming from `run.resume`, if any) and returns Trainer's metrics; a resumed run that had finished (its
+    time budget spent, or stopped early) trains no further and returns none. Either way the state is saved and the
+    ranks leave the process group: after this, rank 0 works alone."""
+    trainer, resume, resumed_state = run.trainer, run.resume, run.resumed_state
     spent = trained_seconds(resumed_state)
     stalled = evaluations_without_improvement(resumed_state)
-    if resume and clock.budget_seconds and spent >= clock.budget_seconds:
+    if resume and run.clock.budget_seconds and spent >= run.clock.budget_seconds:
         # A finished run started again: it trains no further (not even one step), it is scored again.
         logger.info("%s trained the whole time budget (%.1f minutes): no more training", resume, spent / 60)
         trainer.state = resumed_state
@@ -273,7 +355,7 @@ def run_training(
         if resume:
             logger.info("resuming from %s (%.1f minutes trained)", resume, spent / 60)
         # SIGINT/SIGTERM from here on end the step, save a checkpoint and stop (PreemptionCallback)
-        with preemption.catching_signals():
+        with run.preemption.catching_signals():
             try:
                 train_metrics = trainer.train(resume_from_checkpoint=resume).metrics
             except pickle.UnpicklingError as error:  # Trainer loads every state file with weights_only=True
@@ -289,28 +371,43 @@ def run_training(
                 raise lost_machine_error(error, trainer.state.global_step) from error
     trainer.save_state()
     trainer.leave_process_group()  # from here on rank 0 works alone, and the other ranks exit cleanly
-    train_seconds = time.monotonic() - started
+    return train_metrics
 
-    result: dict = {"train": train_metrics, "output_dir": str(output_dir)}
-    if preemption.signal_name:
-        # Not the end of the job: averaging, scoring and the model folder wait for the run that finishes it.
-        step = trainer.state.global_step
-        saved = output_dir / f"checkpoint-{step}"  # the stop's own; a signal after the last step saved none
-        whole = {"resumable": not training_args.save_only_model, "processes": training_args.world_size}
-        if not is_complete(saved, **whole):
-            saved = last_checkpoint(output_dir, **whole)
-        result["preempted"] = {
-            "signal": preemption.signal_name,
-            "step": step,
-            "checkpoint": str(saved) if saved else None,
-            "exit_code": preemption.exit_code,
-        }
-        return result  # the command says so, once
-    if not trainer.is_world_process_zero():
-        return result
 
+def _preempted(run: _Run, training_args: Seq2SeqTrainingArguments) -> dict:
+    """results' `preempted` for a run a signal stopped: the signal, the step, the newest complete checkpoint (the
+    stop's own, or an earlier one where a signal after the last step saved none) and the command's exit status."""
+    step = run.trainer.state.global_step
+    saved = run.output_dir / f"checkpoint-{step}"
+    whole = {"resumable": not training_args.save_only_model, "processes": training_args.world_size}
+    if not is_complete(saved, **whole):
+        saved = last_checkpoint(run.output_dir, **whole)
+    return {
+        "signal": run.preemption.signal_name,
+        "step": step,
+        "checkpoint": str(saved) if saved else None,
+        "exit_code": run.preemption.exit_code,
+    }
+
+
+def _score_and_publish(
+    run: _Run,
+    result: dict,
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    recipe: RecipeArguments,
+    training_args: Seq2SeqTrainingArguments,
+    *,
+    started: float,
+    train_seconds: float,
+    command: str,
+    model_card: bool,
+) -> None:
+    """Rank 0's end of a finished job, adding to `result`: the published weights (`_finalize_model`) and tokenizer
+    saved, the test split scored, results.json and, with `model_card`, the card (README.md) written."""
+    trainer, tokenizer, corpus, output_dir = run.trainer, run.tokenizer, run.corpus, run.output_dir
     use_every_core(training_args)
-    final = _finalize_model(trainer, recipe, output_dir, trained=bool(train_metrics))
+    final = _finalize_model(trainer, recipe, output_dir, trained=bool(result["train"]))
     if training_args.metric_for_best_model is not None:
         result["best"] = _best_summary(trainer, final)
     tokenizer.save_pretrained(output_dir)
@@ -328,33 +425,46 @@ def run_training(
     result["wall_minutes"] = round((time.monotonic() - started) / 60, 2)
     result["train_minutes"] = round(train_seconds / 60, 2)
     (output_dir / "results.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
-    if isinstance(final, VaswaniForConditionalGeneration):
-        src, tgt = data_args.source_lang, data_args.target_lang
-        values = card_values(
-            final,
-            tokenizer,
-            source_lang=src,
-            target_lang=tgt,
-            corpus=describe_corpus(data_args.dataset, data_args.dataset_config, data_args.upsample_primary),
-            examples=[row[src] for row in corpus["test"]["translation"][:3]],
-            training={
-                "preset": model_args.preset,
-                "train_pairs": len(corpus["train"]),
-                "test_pairs": len(corpus["test"]),
-                "lr_scale": recipe.lr_scale,
-                "warmup": training_args.warmup_steps,
-                "max_tokens": data_args.max_tokens_per_batch,
-                "steps": trainer.state.global_step,
-                "train_minutes": result.get("train_minutes", "?"),
-                "hardware": hardware_name(),
-                "precision": precision_name(training_args),
-                "best": result.get("best"),
-            },
-            test=result.get("test", {}),
-            command=command,
-        )
-        (output_dir / "README.md").write_text(render_model_card(values), encoding="utf-8")
-    return result
+    if model_card:
+        _write_model_card(run, final, result, model_args, data_args, recipe, training_args, command)
+
+
+def _write_model_card(
+    run: _Run,
+    final: PreTrainedModel,
+    result: dict,
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    recipe: RecipeArguments,
+    training_args: Seq2SeqTrainingArguments,
+    command: str,
+) -> None:
+    """README.md: the Hub card of the published vaswani_mt model, with its results and how it was trained."""
+    corpus, src, tgt = run.corpus, data_args.source_lang, data_args.target_lang
+    values = card_values(
+        final,
+        run.tokenizer,
+        source_lang=src,
+        target_lang=tgt,
+        corpus=describe_corpus(data_args.dataset, data_args.dataset_config, data_args.upsample_primary),
+        examples=[row[src] for row in corpus["test"]["translation"][:3]],
+        training={
+            "preset": model_args.preset,
+            "train_pairs": len(corpus["train"]),
+            "test_pairs": len(corpus["test"]),
+            "lr_scale": recipe.lr_scale,
+            "warmup": training_args.warmup_steps,
+            "max_tokens": data_args.max_tokens_per_batch,
+            "steps": run.trainer.state.global_step,
+            "train_minutes": result["train_minutes"],
+            "hardware": hardware_name(),
+            "precision": precision_name(training_args),
+            "best": result.get("best"),  # only under --metric_for_best_model
+        },
+        test=result.get("test", {}),  # only under --test_bleu
+        command=command,
+    )
+    (run.output_dir / "README.md").write_text(render_model_card(values), encoding="utf-8")
 
 
 def _best_step(trainer: VaswaniTrainer) -> int | None:
