@@ -267,6 +267,10 @@ def test_marian_benchmark_runs_both_models_through_the_same_pipeline(tmp_path):
     assert "| vaswani_mt |" in result.stdout and "| marian |" in result.stdout
     marian_config = json.loads((tmp_path / "bench" / "marian" / "config.json").read_text())
     assert marian_config["model_type"] == "marian" and marian_config["d_model"] == 32
+    # the job built, and published, the model of the builder each run passed it; the card is vaswani_mt's alone
+    assert json.loads((tmp_path / "bench" / "vaswani_mt" / "config.json").read_text())["model_type"] == "vaswani_mt"
+    assert (tmp_path / "bench" / "vaswani_mt" / "README.md").exists()
+    assert not (tmp_path / "bench" / "marian" / "README.md").exists()
     # the same tokenizer for both: Marian reused the first run's
     ours = json.loads((tmp_path / "bench" / "vaswani_mt" / "tokenizer.json").read_text())["model"]["vocab"]
     theirs = json.loads((tmp_path / "bench" / "marian" / "tokenizer.json").read_text())["model"]["vocab"]
