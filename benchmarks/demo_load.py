@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The demo under load: N concurrent clients × M requests each against `vaswani_mt.inference.demo` on loopback.
+"""The demo under load: N concurrent clients × M requests each against `vaswani_mt.app.demo` on loopback.
 
 The demo runs in a process of its own (as `app.py` would), with its own bounds: `--workers` translations at a time,
 at most `--queue_size` waiting (`demo.DEMO_WORKERS`, `demo.DEMO_QUEUE_SIZE` unless given). Each client sends its
@@ -76,7 +76,7 @@ MIX = ["short", "hostile", "over_long", "limits", "long", "short", "hostile", "s
 SEARCH = [4, 0.6, 50, 1]  # beam size, alpha, b of |X| + b, the heatmap's layer: the page's usual controls
 # The demo, as app.py starts it, with the bounds given on the command line.
 SERVE = (
-    "import sys; from vaswani_mt.inference.demo import launch; "
+    "import sys; from vaswani_mt.app.demo import launch; "
     "launch(sys.argv[1], '127.0.0.1', int(sys.argv[2]), workers=int(sys.argv[3]), queue_size=int(sys.argv[4]), "
     "quiet=True)"
 )
@@ -107,7 +107,7 @@ signal.signal(signal.SIGUSR1, lambda *_: _report())
 
 
 def parse(argv=None) -> argparse.Namespace:
-    from vaswani_mt.inference.demo import DEMO_QUEUE_SIZE, DEMO_WORKERS
+    from vaswani_mt.app.demo import DEMO_QUEUE_SIZE, DEMO_WORKERS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -133,7 +133,7 @@ def request_for(kind: str, number: int) -> dict:
     """The `number`-th request of `kind`: its JSON body (bytes) and what it is (a label for the results)."""
     if kind == "limits":
         if number % 2 == 0:
-            from vaswani_mt.inference.demo import DEMO_MAX_REQUEST_BYTES
+            from vaswani_mt.app.demo import DEMO_MAX_REQUEST_BYTES
 
             text = "x" * (DEMO_MAX_REQUEST_BYTES + 1)
             return {"label": "body over the byte limit", "data": [text, *SEARCH]}

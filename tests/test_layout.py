@@ -19,10 +19,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "vaswani_mt"
 
 # Lower layers never import upper ones: model <- data <- training; model <- inference <- evaluation <- export <- hub;
-# training sits on all of them (it scores and publishes the run), the commands (cli) on everything. A package may
-# import those of lower rank only; two packages of one rank never import each other.
+# training sits on all of them (it scores and publishes the run), the demo app on inference, the commands (cli) on
+# everything. A package may import those of lower rank only; two packages of one rank never import each other, so
+# nothing but cli imports app (training's rank).
 RANKS = {"model": 0, "system": 0, "data": 1, "inference": 1, "evaluation": 2, "export": 3, "hub": 4, "training": 5,
-         "cli": 6}  # fmt: skip
+         "app": 5, "cli": 6}  # fmt: skip
 # Besides the standard library and relative siblings. huggingface_hub comes with every transformers 5, whose configs
 # take `@strict` from it.
 PAYLOAD_IMPORTS = {"torch", "transformers", "huggingface_hub", "__future__"}
@@ -138,8 +139,9 @@ PLANTED = {
     "plain": ("data/corpus.py", "from vaswani_mt.training.job import run_training\n", _upward_imports),
     "relative, several names": ("data/corpus.py", "from .. import model, training\n", _upward_imports),
     "module, then an attribute": ("data/corpus.py", "import vaswani_mt\nvaswani_mt.training.job\n", _upward_imports),
-    "importlib string": ("inference/demo.py", "import importlib\nimportlib.import_module('vaswani_mt.hub.card')\n",
+    "importlib string": ("inference/ensemble.py", "import importlib\nimportlib.import_module('vaswani_mt.hub.card')\n",
                          _upward_imports),
+    "app imported below cli": ("training/job.py", "from vaswani_mt.app.demo import launch\n", _upward_imports),
     "private name": ("training/job.py", "from vaswani_mt.data.corpus import _clean\n", _private_imports),
     "payload imports the package": ("model/pipeline_vaswani.py", "import vaswani_mt.data\n", _payload_violations),
     "payload imports a sibling absolutely": ("model/pipeline_vaswani.py",

@@ -34,7 +34,7 @@ from conftest import ENGLISH, FAST, HOSTILE, LONG_LINE
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from vaswani_mt.inference.demo import translate_for_demo
+from vaswani_mt.app.demo import translate_for_demo
 from vaswani_mt.inference.loading import load_for_inference
 from vaswani_mt.inference.translate import translate, translate_stream
 from vaswani_mt.model.pipeline_vaswani import TranslationPipeline, encode_source

@@ -11,8 +11,8 @@ import argparse
 import os
 import sys
 
+from vaswani_mt.app.demo import launch
 from vaswani_mt.cli import quiet_library_bars
-from vaswani_mt.inference.demo import launch
 from vaswani_mt.inference.loading import ModelFolderError
 
 

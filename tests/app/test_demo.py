@@ -20,8 +20,8 @@ from conftest import SENTENCES, free_port, make_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vaswani_mt.inference import demo as demo_module
-from vaswani_mt.inference.demo import DEMO_MAX_REQUEST_BYTES, DEMO_STATE_SESSIONS, translate_for_demo
+from vaswani_mt.app import demo as demo_module
+from vaswani_mt.app.demo import DEMO_MAX_REQUEST_BYTES, DEMO_STATE_SESSIONS, translate_for_demo
 from vaswani_mt.inference.loading import load_for_inference
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,7 +58,7 @@ def test_search_controls_start_from_the_models_own_generation_config(fitted_fold
     pytest.importorskip("gradio")
     from transformers import GenerationConfig
 
-    from vaswani_mt.inference.demo import build_demo
+    from vaswani_mt.app.demo import build_demo
 
     folder = tmp_path / "alpha"
     shutil.copytree(fitted_folder, folder)
@@ -111,7 +111,7 @@ def test_heatmap_draws_tokens_that_hold_dollar_signs_as_they_are():
 
 
 def test_demo_listens_on_loopback_unless_told_otherwise(monkeypatch):
-    from vaswani_mt.inference.demo import server_name
+    from vaswani_mt.app.demo import server_name
 
     monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
     assert server_name() == "127.0.0.1"

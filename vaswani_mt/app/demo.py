@@ -71,7 +71,7 @@ def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, alpha: f
     A text over `max_characters` is cut there before it is tokenized, and the notes say so. `must_contain`:
     comma-separated terms the translation must contain (terminology constraints; the notes say which it does).
     """
-    from .attention_plots import heatmap_figure, translate_with_attention
+    from vaswani_mt.inference.attention_plots import heatmap_figure, translate_with_attention
 
     notes = []
     if text and len(text) > max_characters:
@@ -114,9 +114,8 @@ def build_demo(model_id: str, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS, *
     behind a queue of `queue_size` requests that `workers` translations at a time drain."""
     gr = _import_gradio_quietly()
 
+    from vaswani_mt.inference.loading import load_for_inference
     from vaswani_mt.system import return_freed_memory
-
-    from .loading import load_for_inference
 
     model, tokenizer = load_for_inference(model_id, attn_implementation="eager")  # ModelFolderError: one line
     layers = model.config.num_decoder_layers
