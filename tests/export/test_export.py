@@ -102,7 +102,8 @@ def test_marian_export_loads_with_the_auto_classes_and_gives_our_greedy_tokens(f
 def test_ctranslate2_float32_gives_our_greedy_tokens_and_int8_runs(fitted_folder, tmp_path, restore_threads):
     # restore_threads: a CTranslate2 translator sets the OpenMP thread count, which is torch's too
     ctranslate2 = pytest.importorskip("ctranslate2")
-    from vaswani_mt.export.marian import ctranslate2_generate, export_model
+    from vaswani_mt.export.ctranslate2 import ctranslate2_generate
+    from vaswani_mt.export.marian import export_model
     from vaswani_mt.inference.loading import load_for_inference
 
     output = export_model(fitted_folder, "ctranslate2", tmp_path / "ct2")

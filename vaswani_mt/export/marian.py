@@ -11,15 +11,13 @@ Equal logits (to float64 round-off) against an implementation we did not write a
 native Marian folder can be served by hosted inference without remote code.
 
 `export_model` writes such a folder (`save_marian`, with the tokenizer) or converts it further to CTranslate2
-(`to_ctranslate2`, with CTranslate2's own Transformers converter), the C++ engine users pick for fast Marian decoding.
+(`ctranslate2.to_ctranslate2`), the C++ engine users pick for fast Marian decoding.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import tempfile
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -167,58 +165,13 @@ def save_marian(model: VaswaniForConditionalGeneration, tokenizer, output: str |
     return output
 
 
-@contextlib.contextmanager
-def _ctranslate2_marian_loader() -> Iterator[None]:
-    """CTranslate2's Marian loader assumes OPUS-MT's conventions: `<pad>` is the last token (its row is dropped) and
-    the decoder starts from a zero embedding. A vaswani_mt model has `<pad>` = 1 and starts the decoder from the
-    trained embedding of `<s>` (fairseq's order), so the conversion uses the loader of the same architecture without
-    those two OPUS-MT rules (CTranslate2's BART loader, which reads `decoder_start_token_id` from the config)."""
-    from ctranslate2.converters import transformers as ct2_transformers
-
-    class VaswaniMarianLoader(ct2_transformers.MarianMTLoader):
-        def get_model_spec(self, model):
-            model.config.normalize_before = False  # post-LN
-            model.config.normalize_embedding = False  # no LayerNorm on the embeddings
-            return ct2_transformers.BartLoader.get_model_spec(self, model)
-
-        def set_config(self, config, model, tokenizer):
-            ct2_transformers.BartLoader.set_config(self, config, model, tokenizer)
-
-        def set_decoder(self, spec, decoder):
-            ct2_transformers.BartLoader.set_decoder(self, spec, decoder)
-
-        def get_vocabulary(self, model, tokenizer):
-            return ct2_transformers.BartLoader.get_vocabulary(self, model, tokenizer)
-
-    loaders = ct2_transformers._MODEL_LOADERS
-    original = loaders["MarianConfig"]
-    loaders["MarianConfig"] = VaswaniMarianLoader()
-    try:
-        yield
-    finally:
-        loaders["MarianConfig"] = original
-
-
-def to_ctranslate2(marian_dir: str | Path, output: str | Path, quantization: str | None = None) -> Path:
-    """Converts a Marian folder written by `save_marian` to a CTranslate2 model in `output` (`model.bin`,
-    `config.json`, `shared_vocabulary.json`, plus `tokenizer.json` to tokenize with). `quantization`: None (the
-    weights' float32), "int8", "int8_float32", "float16", ... as CTranslate2 names them."""
-    import ctranslate2
-
-    marian_dir, output = Path(marian_dir), Path(output)
-    converter = ctranslate2.converters.TransformersConverter(
-        str(marian_dir), copy_files=["tokenizer.json", "tokenizer_config.json"]
-    )
-    with _ctranslate2_marian_loader():
-        converter.convert(str(output), quantization=quantization, force=True)
-    return output
-
-
 def export_model(model: str | Path, fmt: str, output: str | Path, quantization: str | None = None) -> Path:
     """Exports a saved vaswani_mt model (folder or Hub id) as a native Marian folder (`fmt="marian"`) or a
     CTranslate2 model (`fmt="ctranslate2"`, through the Marian folder). A folder that is not a loadable vaswani_mt
     model raises `loading.ModelFolderError` (a `ValueError`), before anything is written."""
     from vaswani_mt.inference.loading import load_for_inference
+
+    from .ctranslate2 import to_ctranslate2
 
     if fmt not in ("marian", "ctranslate2"):
         raise ValueError(f"unknown export format {fmt!r}: choose 'marian' or 'ctranslate2'")
@@ -232,34 +185,11 @@ def export_model(model: str | Path, fmt: str, output: str | Path, quantization: 
         return to_ctranslate2(marian_dir, output, quantization)
 
 
-def ctranslate2_generate(
-    translator, input_ids: torch.Tensor, attention_mask: torch.Tensor, tokenizer, **options
-) -> list[list[int]]:
-    """Runs `translator.translate_batch` on a padded batch of our source ids and returns the target ids of the best
-    hypothesis of each sentence (without the start token; `</s>` is not included by CTranslate2)."""
-    sources = [
-        tokenizer.convert_ids_to_tokens(ids[mask.bool()].tolist())
-        for ids, mask in zip(input_ids, attention_mask, strict=True)
-    ]
-    results = translator.translate_batch(sources, **options)
-    return [tokenizer.convert_tokens_to_ids(result.hypotheses[0]) for result in results]
-
-
-def ctranslate2_translate(translator, tokenizer, sentences: Sequence[str], **options) -> list[str]:
-    """Translates `sentences` with a CTranslate2 model; `options` are `translate_batch`'s (beam_size, ...)."""
-    sources = [tokenizer.convert_ids_to_tokens(tokenizer(s)["input_ids"]) for s in sentences]
-    results = translator.translate_batch(sources, **options)
-    return [tokenizer.convert_tokens_to_string(r.hypotheses[0]).strip() for r in results]
-
-
 __all__ = [
     "MARIAN_MAX_LENGTH",
-    "ctranslate2_generate",
-    "ctranslate2_translate",
     "export_model",
     "hidden_permutation",
     "marian_config",
     "save_marian",
-    "to_ctranslate2",
     "to_marian",
 ]
