@@ -35,12 +35,13 @@ from pathlib import Path
 
 import datasets
 
+from vaswani_mt.system.messages import error_line
+
 from .readers import (  # re-exported: the readers are part of this module's API
     DataError,
     _check_json_lines_files,
     _check_rows_are_objects,
     _local_pairs,
-    _one_line,
     check_translations,
     read_jsonl,
     read_parallel_text,
@@ -342,7 +343,7 @@ def load_corpus(
             # datasets' own message, cause included, in one line: what failed to load, and why
             cause = error.__cause__ if isinstance(error, datasets.exceptions.DatasetGenerationError) else None
             kind = "a save_to_disk folder" if saved else "a dataset"
-            detail = _one_line(error) + (f" ({_one_line(cause)})" if cause is not None else "")
+            detail = error_line(error) + (f" ({error_line(cause)})" if cause is not None else "")
             raise DataError(f"{dataset}: cannot be loaded as {kind}: {detail}") from None
         try:
             corpus = _normalise_hub_corpus(corpus, dataset, source_lang, target_lang, seed)

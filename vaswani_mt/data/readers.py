@@ -23,6 +23,8 @@ import datasets
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from vaswani_mt.system.messages import error_line
+
 logger = logging.getLogger(__name__)
 
 
@@ -291,7 +293,7 @@ def check_translations(dataset: datasets.Dataset, where: str, languages: Sequenc
                 raise DataError(f"{where}, row {start + first}: {problem}")
             start += batch.num_rows
     except (OSError, pa.ArrowException) as error:  # a truncated or damaged Arrow file
-        raise DataError(f"{where}: cannot be read after row {start} ({_one_line(error)})") from None
+        raise DataError(f"{where}: cannot be read after row {start} ({error_line(error)})") from None
 
 
 def _check_utf8(side: pa.Array, where: str, start: int, lang: str) -> None:
@@ -307,12 +309,6 @@ def _check_utf8(side: pa.Array, where: str, start: int, lang: str) -> None:
                     f"({value[error.start : error.end]!r})"
                 ) from None
         raise
-
-
-def _one_line(error: BaseException) -> str:
-    """The first line of an exception's message, with its type: what a user needs to know of a library's error."""
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:200]
 
 
 _ARROW_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # the last 8 bytes of a complete Arrow IPC stream

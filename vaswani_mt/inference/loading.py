@@ -28,6 +28,7 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 
 from vaswani_mt.model.configuration_vaswani import VaswaniConfig
+from vaswani_mt.system.messages import error_line
 
 # What a model folder may hold as weights, and the suffixes of pickle files, refused here and by hub.check_hub_files.
 _SAFETENSORS, _SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -39,11 +40,6 @@ _HUB_PATTERNS = ["*.json", "*.safetensors"]
 class ModelFolderError(ValueError):
     """A folder (or Hub id) that is not a loadable vaswani_mt model; the message names it and the problem in one
     line. A `ValueError`, so that callers that report bad arguments report this one too."""
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text[:300]}" if text else type(error).__name__
 
 
 def _local_folder(model: str) -> Path:
@@ -61,7 +57,7 @@ def _local_folder(model: str) -> Path:
         return Path(snapshot_download(model, allow_patterns=_HUB_PATTERNS))
     except Exception as error:  # offline, no such repository, refused: huggingface_hub's and the HTTP client's types
         raise ModelFolderError(
-            f"{model} is not a folder here, and downloading it from the Hub failed ({_one_line(error)})"
+            f"{model} is not a folder here, and downloading it from the Hub failed ({error_line(error)})"
         ) from error
 
 
@@ -98,7 +94,7 @@ def _read_config(model: str, folder: Path) -> VaswaniConfig:
     except StrictDataclassError as error:  # @strict's cause names the field and the value
         raise ModelFolderError(f"{model}: config.json: {' '.join(str(error.__cause__).split())}") from error
     except (ValueError, TypeError) as error:
-        raise ModelFolderError(f"{model}: config.json: {_one_line(error)}") from error
+        raise ModelFolderError(f"{model}: config.json: {error_line(error)}") from error
 
 
 def _saved_shapes(model: str, folder: Path) -> dict[str, tuple[int, ...]]:
@@ -127,7 +123,9 @@ def _saved_shapes(model: str, folder: Path) -> dict[str, tuple[int, ...]]:
                 for key in weights.keys():  # safe_open is not a mapping: no `in weights`
                     shapes[key] = tuple(weights.get_slice(key).get_shape())
         except (SafetensorError, OSError) as error:
-            raise ModelFolderError(f"{model}: {name} is not a complete safetensors file ({_one_line(error)})") from None
+            raise ModelFolderError(
+                f"{model}: {name} is not a complete safetensors file ({error_line(error)})"
+            ) from None
     return shapes
 
 
@@ -185,7 +183,7 @@ def _load_tokenizer(model: str, folder: Path, config: VaswaniConfig):
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
     except Exception as error:  # the tokenizers library raises KeyError, TypeError, its own Exception, ...
-        raise ModelFolderError(f"{model}: the tokenizer does not load ({_one_line(error)})") from error
+        raise ModelFolderError(f"{model}: the tokenizer does not load ({error_line(error)})") from error
     if len(tokenizer) > config.vocab_size:
         raise ModelFolderError(
             f"{model}: the tokenizer has {len(tokenizer)} tokens but config.json's vocab_size is {config.vocab_size}"
@@ -218,7 +216,7 @@ def load_for_inference(model: str, device: str | None = None, attn_implementatio
     try:
         loaded = VaswaniForConditionalGeneration.from_pretrained(folder, config=config, use_safetensors=True, **options)
     except (OSError, ValueError, RuntimeError) as error:  # what the checks above cannot foresee
-        raise ModelFolderError(f"{model}: the weights do not load ({_one_line(error)})") from error
+        raise ModelFolderError(f"{model}: the weights do not load ({error_line(error)})") from error
     return loaded.to(device).eval(), tokenizer
 
 
