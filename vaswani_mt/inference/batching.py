@@ -2,6 +2,8 @@
 lines): sentences sorted by length, packed so that a batch's padded size (rows x its longest source, in tokens)
 stays within a budget. Short sentences then share large batches and long ones small batches, where fixed-size
 batches spend the same number of rows on both.
+
+Not training's `data.batching.TokenBudgetBatchSampler`, which shuffles, budgets both sides, refuses long pairs.
 """
 
 from __future__ import annotations
