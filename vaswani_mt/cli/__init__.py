@@ -4,6 +4,7 @@ option names: `--model` for the model folder read, `--input` for the text read, 
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def old_name(parser: argparse.ArgumentParser, name: str, dest: str) -> None:
@@ -17,3 +18,21 @@ def quiet_library_bars() -> None:
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
+
+
+def check_output(output: str, overwrite: bool, reads: list[str]) -> None:
+    """The commands' one rule for the folder they write (`system.folders.check_replaceable`): an `--output` that
+    exists and is not empty is replaced only with `--overwrite`, never when it is or holds a folder read; else one
+    line, `error: ...`, exit status 1 (publish's), before any model loads."""
+    from vaswani_mt.system.folders import check_replaceable
+
+    try:
+        check_replaceable(output, overwrite, reads)
+    except ValueError as error:
+        sys.exit(f"error: {error}")
+
+
+def add_overwrite(parser: argparse.ArgumentParser) -> None:
+    """--overwrite, for every command that writes a folder (`check_output`)."""
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --output (once the new folder "
+                        "is whole: a failed run leaves it as it was)")  # fmt: skip

@@ -7,7 +7,7 @@ import argparse
 import logging
 import sys
 
-from vaswani_mt.cli import old_name, quiet_library_bars
+from vaswani_mt.cli import add_overwrite, check_output, old_name, quiet_library_bars
 from vaswani_mt.training.checkpoints import average_checkpoints
 
 
@@ -19,12 +19,14 @@ def main(argv: list[str] | None = None) -> None:
     old_name(parser, "--checkpoint_dir", "model")
     parser.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints to average")
     parser.add_argument("--up_to_step", type=int, default=None, help="only checkpoints of this step or earlier")
-    parser.add_argument("--output", required=True, help="folder to write (replaced if it is a model folder)")
+    parser.add_argument("--output", required=True, help="folder to write; one that is not empty needs --overwrite")
+    add_overwrite(parser)
     args = parser.parse_args(argv)
     if args.model is None:
         parser.error("the following arguments are required: --model")
     if args.last < 1:
         parser.error(f"--last must be at least 1, got {args.last}")
+    check_output(args.output, args.overwrite, [args.model])
     try:
         print(average_checkpoints(args.model, args.last, args.output, up_to_step=args.up_to_step))
     except (FileNotFoundError, ValueError) as error:  # no checkpoints there, or ones that do not go together

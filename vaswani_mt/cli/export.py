@@ -12,7 +12,7 @@ tokenizer.json beside it; see README.md for translating with it.
 import argparse
 import sys
 
-from vaswani_mt.cli import quiet_library_bars
+from vaswani_mt.cli import add_overwrite, check_output, quiet_library_bars
 from vaswani_mt.export.marian import export_model
 
 
@@ -21,9 +21,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="saved model folder or Hub id")
     parser.add_argument("--format", required=True, choices=["marian", "ctranslate2"])
-    parser.add_argument("--output", required=True)
+    parser.add_argument("--output", required=True, help="folder to write; one that is not empty needs --overwrite")
+    add_overwrite(parser)
     parser.add_argument("--quantization", help="ctranslate2 only: int8, int8_float32, float16, bfloat16, ...")
     args = parser.parse_args(argv)
+    check_output(args.output, args.overwrite, [args.model])
     try:
         output = export_model(args.model, args.format, args.output, args.quantization)
     except ValueError as error:

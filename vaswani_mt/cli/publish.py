@@ -14,7 +14,7 @@ which hosted inference can serve without remote code. A failed upload says why, 
 import argparse
 import sys
 
-from vaswani_mt.cli import quiet_library_bars
+from vaswani_mt.cli import add_overwrite, quiet_library_bars
 from vaswani_mt.hub.publish import HubUploadError, publish
 
 
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dry_run", action="store_true", help="build and check the folder, do not upload")
     parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the one `hf auth login` saved)")
     parser.add_argument("--private", action="store_true")
-    parser.add_argument("--overwrite", action="store_true", help="replace what --output holds")
+    add_overwrite(parser)
     args = parser.parse_args(argv)
     try:
         publish(

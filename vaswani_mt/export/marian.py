@@ -168,8 +168,10 @@ def save_marian(model: VaswaniForConditionalGeneration, tokenizer, output: str |
 def export_model(model: str | Path, fmt: str, output: str | Path, quantization: str | None = None) -> Path:
     """Exports a saved vaswani_mt model (folder or Hub id) as a native Marian folder (`fmt="marian"`) or a
     CTranslate2 model (`fmt="ctranslate2"`, through the Marian folder). A folder that is not a loadable vaswani_mt
-    model raises `loading.ModelFolderError` (a `ValueError`), before anything is written."""
+    model raises `loading.ModelFolderError` (a `ValueError`), before anything is written. `output` is written whole
+    (`system.written_whole`): what was there stays until the export is complete, then is replaced."""
     from vaswani_mt.inference.loading import load_for_inference
+    from vaswani_mt.system.folders import written_whole
 
     from .ctranslate2 import to_ctranslate2
 
@@ -178,11 +180,14 @@ def export_model(model: str | Path, fmt: str, output: str | Path, quantization: 
     if quantization and fmt != "ctranslate2":
         raise ValueError("--quantization applies to the ctranslate2 format only")
     loaded, tokenizer = load_for_inference(str(model), device="cpu")
-    if fmt == "marian":
-        return save_marian(loaded, tokenizer, output)
-    with tempfile.TemporaryDirectory(prefix="vaswani-marian-") as marian_dir:
-        save_marian(loaded, tokenizer, marian_dir)
-        return to_ctranslate2(marian_dir, output, quantization)
+    with written_whole(output) as staging:
+        if fmt == "marian":
+            save_marian(loaded, tokenizer, staging)
+        else:
+            with tempfile.TemporaryDirectory(prefix="vaswani-marian-") as marian_dir:
+                save_marian(loaded, tokenizer, marian_dir)
+                to_ctranslate2(marian_dir, staging, quantization)
+    return Path(output)
 
 
 __all__ = [

@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from vaswani_mt.inference.loading import PICKLE_SUFFIXES
+from vaswani_mt.system.folders import check_replaceable, written_whole
 
 from .card import NATIVE_FORMATS, REMOTE_CODE_FILES, card_for_hub, check_card
 
@@ -36,7 +36,7 @@ def build_hub_folder(
     `native="vaswani"`: safetensors, config.json with `auto_map` and `custom_pipelines`, the code files
     (configuration, modeling, its fast paths, pipeline), tokenizer, generation config, README.md.
     `native="marian"`: the exact `MarianMTModel` conversion with the tokenizer and its own card. An `output` folder
-    that is not empty is an error unless `overwrite`, which empties it first.
+    that is not empty is an error unless `overwrite`, which replaces it whole (`system.written_whole`).
     """
     from vaswani_mt.export.marian import save_marian
     from vaswani_mt.inference.loading import load_for_inference
@@ -45,6 +45,8 @@ def build_hub_folder(
         raise ValueError(f"--native must be one of {NATIVE_FORMATS}, got {native!r}")
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo_id):
         raise ValueError(f"--repo_id must look like USER/NAME, got {repo_id!r}")
+    output = Path(output)
+    check_replaceable(output, overwrite, reads=[model])  # before the model loads: a refusal costs nothing
     loaded, tokenizer = load_for_inference(str(model), device="cpu")
     card_path = Path(model, "README.md")
     if not card_path.is_file():
@@ -54,20 +56,13 @@ def build_hub_folder(
         )
     card = card_for_hub(card_path.read_text(encoding="utf-8"), repo_id, native)
     check_card(card)
-    output = Path(output)
-    if output.exists() and any(output.iterdir()):
-        if not overwrite:
-            raise ValueError(f"{output} exists and is not empty: choose another --output, or pass --overwrite")
-        if output.resolve() == Path(model).resolve():
-            raise ValueError("--output must not be the model folder itself")
-        shutil.rmtree(output)
-    output.mkdir(parents=True, exist_ok=True)
-    if native == "marian":
-        save_marian(loaded, tokenizer, output)
-    else:
-        loaded.save_pretrained(output)
-        tokenizer.save_pretrained(output)
-    (output / "README.md").write_text(card, encoding="utf-8")
+    with written_whole(output) as staging:
+        if native == "marian":
+            save_marian(loaded, tokenizer, staging)
+        else:
+            loaded.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+        (staging / "README.md").write_text(card, encoding="utf-8")
     return output, loaded, tokenizer
 
 

@@ -15,7 +15,6 @@ import os
 import pickle
 import re
 import shutil
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,6 +24,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from vaswani_mt.inference.loading import PICKLE_SUFFIXES
+from vaswani_mt.system.folders import written_whole
 
 from .machines import MachinesError, machines
 
@@ -228,7 +228,8 @@ def average_checkpoints(
 
     The output holds `model.safetensors` (summed in float64, stored in the checkpoints' dtype) and the newest
     checkpoint's config, generation config, code and tokenizer files, so it loads with `from_pretrained`. It is
-    written to a temporary folder first and moved into place whole.
+    written whole (`system.written_whole`): a folder already at `output` is replaced only once the new one is
+    complete.
     """
     if last < 1:
         raise ValueError(f"last must be at least 1, got {last}")
@@ -255,21 +256,12 @@ def average_checkpoints(
         raise ValueError(f"output {output} would replace the folder that holds the checkpoints; choose another")
     if output.exists() and list_checkpoints(output, complete_only=False):
         raise ValueError(f"output {output} holds checkpoints of its own; refusing to replace it")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}-", dir=output.parent))
-    try:
-        newest = chosen[-1]
-        for item in newest.iterdir():
+    with written_whole(output) as staging:
+        for item in chosen[-1].iterdir():
             if item.is_file() and item.suffix not in _NOT_PUBLISHED_SUFFIXES and item.name not in _NOT_PUBLISHED_NAMES:
                 shutil.copy2(item, staging / item.name)
         metadata = {"format": "pt", "averaged_checkpoints": json.dumps([c.name for c in chosen])}
         save_file(averaged, str(staging / "model.safetensors"), metadata=metadata)
-        if output.exists():
-            shutil.rmtree(output)
-        os.replace(staging, output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     logger.info("averaged %s into %s", ", ".join(c.name for c in chosen), output)
     return output
 
