@@ -45,13 +45,20 @@ def test_stream_translation_equals_translating_the_whole_list(fitted):
     assert sink.getvalue().decode("utf-8").split("\n") == [*whole, ""]
 
 
-def test_the_command_prints_no_transformers_progress_bar(fitted_folder):
+def test_the_command_shows_our_bar_alone_and_each_warning_on_a_line_of_its_own(fitted_folder):
     import subprocess
     import sys
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[2] / "scripts" / "translate.py"
+    text = "How are you?\n\nThe 漢 house.\n".encode() + b"bad \xff byte\n"  # a blank line, <unk>, bad bytes
     done = subprocess.run([sys.executable, str(script), "--model", str(fitted_folder), "--num_beams", "1"],
-                          input="How are you?\n", capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert done.returncode == 0 and done.stdout.strip()
-    assert "Loading weights" not in done.stderr and "translating" in done.stderr  # ours stays
+                          input=text, capture_output=True, timeout=300)  # fmt: skip
+    stderr = done.stderr.decode()
+    assert done.returncode == 0 and len(done.stdout.decode().split("\n")) == 5
+    assert "Loading weights" not in stderr and "translating" in stderr  # ours stays, transformers' does not
+    shown = [line.rsplit("\r", 1)[-1] for line in stderr.split("\n")]  # a terminal: "\r" starts the line again
+    for warning in ("<stdin>:4: bytes that are not UTF-8", "1 empty or whitespace-only lines", "line 3: a character",
+                    "line 4: a character"):  # fmt: skip
+        assert [line for line in shown if warning in line] == [line for line in shown if line.startswith(warning)]
+        assert any(line.startswith(warning) for line in shown), stderr

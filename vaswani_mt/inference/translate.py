@@ -13,6 +13,7 @@ search score (`translate_nbest`, Marian's format by `format_nbest`); seeded samp
 from __future__ import annotations
 
 import codecs
+import contextlib
 import hashlib
 import itertools
 import logging
@@ -248,10 +249,26 @@ def _translate_batches(
     return results
 
 
-def _progress_bar(total: int | None, unit: str):
+@contextlib.contextmanager
+def _progress_bar(total: int | None, unit: str, show: bool) -> Iterator:
+    """The "translating" bar on stderr (None unless `show`). While it is drawn, log records reach the console through
+    the bar's `write`, which clears it, prints the record on a line of its own and draws the bar again below: a
+    warning printed straight to stderr would start on the bar's line, after its text."""
+    if not show:
+        yield None
+        return
     from tqdm.auto import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
-    return tqdm(total=total, desc="translating", unit=unit, file=sys.stderr)
+    bar = tqdm(total=total, desc="translating", unit=unit, file=sys.stderr)
+    # The root logger (ours and the payload's records reach stderr through it) and transformers', which does not
+    # pass its records on to the root.
+    loggers = [logging.getLogger(), logging.getLogger("transformers")]
+    try:
+        with logging_redirect_tqdm(loggers, tqdm_class=type(bar)):
+            yield bar
+    finally:
+        bar.close()
 
 
 @torch.no_grad()
@@ -346,14 +363,10 @@ def _translate_all(model, tokenizer, sentences, batch_size, progress, max_source
         raise ValueError("batch_size=None (no limit on rows) needs max_tokens")
     limit = max_source_tokens or default_max_source_tokens(model, tokenizer)
     model.eval()
-    bar = _progress_bar(sum(1 for sentence in sentences if sentence.strip()), "sent") if progress else None
-    on_batch = None if bar is None else bar.update
-    try:
+    with _progress_bar(sum(1 for sentence in sentences if sentence.strip()), "sent", progress) as bar:
+        on_batch = None if bar is None else bar.update
         return _translate_batches(model, tokenizer, sentences, batch_size, limit, generate_kwargs, 1, on_batch, nbest,
                                   max_tokens, sampling, controls)  # fmt: skip
-    finally:
-        if bar is not None:
-            bar.close()
 
 
 @torch.no_grad()
@@ -405,10 +418,9 @@ def translate_chunks(
     check_decoding_options(model, nbest, max_tokens, sampling, controls, **generate_kwargs)
     limit = max_source_tokens or default_max_source_tokens(model, tokenizer)
     model.eval()
-    bar = _progress_bar(None, "line") if progress else None
-    on_batch = None if bar is None else bar.update
     lines, done = iter(lines), 0
-    try:
+    with _progress_bar(None, "line", progress) as bar:
+        on_batch = None if bar is None else bar.update
         while chunk := _next_chunk(lines, chunk_size, ready):
             if controls is not None:
                 chunk = _chunk_controls(chunk, controls, prefixes, done + 1)
@@ -417,9 +429,6 @@ def translate_chunks(
             if bar is not None:
                 bar.update(sum(1 for line in chunk if not line.strip()))  # blank lines count as done too
             done += len(chunk)
-    finally:
-        if bar is not None:
-            bar.close()
 
 
 def _chunk_controls(chunk: list[str], controls: LineControls, prefixes: Iterator[str] | None, first: int) -> list:
