@@ -126,7 +126,7 @@ def _load_app():
 
 def test_app_passes_its_host_and_port_flags_to_the_demo(monkeypatch):
     app, calls = _load_app(), []
-    monkeypatch.setattr(app, "launch", lambda model, **kwargs: calls.append((model, kwargs)))
+    monkeypatch.setattr(demo_module, "launch", lambda model, **kwargs: calls.append((model, kwargs)))  # main's
     app.main(["some/model"])
     app.main(["some/model", "--host", "0.0.0.0", "--port", "8000"])
     assert calls == [("some/model", {"host": None, "port": None}), ("some/model", {"host": "0.0.0.0", "port": 8000})]

@@ -1,13 +1,82 @@
-"""The commands as one family (vaswani_mt/cli): one rule for the folder a command writes (export, average and
-publish refuse a non-empty --output without --overwrite, and with it replace the folder only once the new one is
-whole)."""
+"""The commands as one family (vaswani_mt/cli): `--help` and bad options answered before the library is imported
+or a model loads, and one rule for the folder a command writes (export, average and publish refuse a non-empty
+--output without --overwrite, and with it replace the folder only once the new one is whole)."""
 
 import json
+import re
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from vaswani_mt.cli import average, export, publish
+from vaswani_mt.cli import average, evaluate, export, publish, translate
+
+ROOT = Path(__file__).resolve().parents[2]
+# What each command imports, and how long it takes, to answer --help once `import vaswani_mt` has run (that import
+# registers the model with transformers' Auto classes, so it loads torch and transformers whatever a command does).
+_HELP_PROBE = r"""
+import contextlib, importlib, io, json, sys, time
+start = time.perf_counter()
+import vaswani_mt
+report, loaded = {"import vaswani_mt": time.perf_counter() - start}, set(sys.modules)
+for name in sys.argv[1:]:
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()) as text:
+        try:
+            importlib.import_module(f"vaswani_mt.cli.{name}").main(["--help"])
+        except SystemExit as stop:
+            code = stop.code
+    new = sorted(m for m in set(sys.modules) - loaded
+                 if m.split(".")[0] not in sys.stdlib_module_names and not m.startswith("vaswani_mt.cli"))
+    report[name] = {"seconds": time.perf_counter() - start, "code": code, "new": new, "help": text.getvalue()}
+    loaded = set(sys.modules)
+print(json.dumps(report))
+"""
+# train.py's options are transformers' Seq2SeqTrainingArguments: its parser needs transformers' training stack.
+PARSED_WITH_THE_LIBRARY = {"train"}
+
+
+def test_every_command_answers_help_before_it_imports_the_library():
+    commands = sorted(p.stem for p in (ROOT / "vaswani_mt" / "cli").glob("*.py") if p.stem != "__init__")
+    commands = [c for c in commands if c not in PARSED_WITH_THE_LIBRARY] + sorted(PARSED_WITH_THE_LIBRARY)
+    done = subprocess.run([sys.executable, "-c", _HELP_PROBE, *commands], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    for name in commands:
+        assert report[name]["code"] == 0 and report[name]["help"].startswith("usage: "), name
+    # The search's defaults are the model's (its generation_config.json), not numbers of ours
+    searching = {name: " ".join(report[name]["help"].split()) for name in ("translate", "evaluate", "visualize")}
+    assert all("beam size (default: the model's)" in text for text in searching.values())
+    assert [name for name, text in searching.items() if re.search(r"(model's|paper's) \(?\d|beam \d", text)] == []
+    light = {name: report[name] for name in commands if name not in PARSED_WITH_THE_LIBRARY}
+    assert {name: row["new"] for name, row in light.items() if row["new"]} == {}  # nothing but argparse's own
+    assert max(row["seconds"] for row in light.values()) < 1.0, report
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [(["--nbest", "8"], "nbest=8 is more than the beam size (4): the search keeps 4 hypotheses"),
+     (["--nbest", "2", "--num_beams", "1"], "nbest=2 is more than the beam size (1)"),
+     (["--max_tokens", "0"], "max_tokens must be at least 1, got 0"),
+     (["--constraints", "ordered", "--num_beams", "1"], "constraints need beam search (num_beams > 1)"),
+     (["--sampling", "--topp", "0"], "top-p must be in (0, 1], got 0.0"),
+     (["--seed", "3"], "--seed only goes with --sampling")],
+)  # fmt: skip
+def test_bad_decoding_options_are_refused_before_the_model_loads(options, message, tmp_path, monkeypatch):
+    folder = tmp_path / "model"  # its search alone, read as JSON: there is no model to load
+    folder.mkdir()
+    (folder / "generation_config.json").write_text(json.dumps({"num_beams": 4, "length_penalty": 0.6}))
+    monkeypatch.setattr("vaswani_mt.inference.ensemble.load_ensemble", lambda *_: pytest.fail("the model loaded"))
+    code = _exit_message(translate.main, ["--model", str(folder), *options])
+    assert isinstance(code, str) and code.startswith("error: ") and message in code
+    if "--sampling" not in options and "--seed" not in options:  # evaluate does not sample
+        (tmp_path / "a.en").write_text("Hello.\n")
+        files = ["--input", str(tmp_path / "a.en"), "--reference_file", str(tmp_path / "a.en")]
+        nbest = ["--nbest_file", str(tmp_path / "nbest")] if "--nbest" in options else []
+        assert _exit_message(evaluate.main, ["--model", str(folder), *files, *options, *nbest]) == code
 
 
 def _exit_message(main, argv: list[str]) -> str | int | None:

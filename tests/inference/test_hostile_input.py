@@ -271,7 +271,7 @@ def quick_scripts(fitted_folder):
     model.generation_config.max_len_b = 6
     scripts = {name: _script(name) for name in ("translate", "evaluate_model")}
     for module in scripts.values():
-        module.load_ensemble = lambda *args, **kwargs: (model, tokenizer)
+        module.preloaded = (model, tokenizer)  # what `_run_main` has load_ensemble hand out
     expected = dict(zip(ENGLISH, translate(model, tokenizer, ENGLISH, batch_size=1, num_beams=1), strict=True))
     return scripts, expected
 
@@ -286,6 +286,9 @@ def _run_main(module, argv: list[str], stdin: bytes = b"") -> tuple[bytes, str, 
         stack.enter_context(mock.patch.object(sys, "stdin", text_in))
         stack.enter_context(mock.patch.object(sys, "stdout", text_out))
         stack.enter_context(mock.patch.object(sys, "stderr", stderr))
+        if hasattr(module, "preloaded"):  # main() imports load_ensemble when it runs, after parsing its arguments
+            preloaded = module.preloaded
+            stack.enter_context(mock.patch("vaswani_mt.inference.ensemble.load_ensemble", lambda *_: preloaded))
         try:
             module.main()
             status = 0

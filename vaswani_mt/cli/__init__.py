@@ -1,10 +1,17 @@
 """The commands (`vaswani-mt-train`, `-translate`, ...): argument parsing only, the work is the library's. They share
-option names: `--model` for the model folder read, `--input` for the text read, `--output` for what is written."""
+option names: `--model` for the model folder read, `--input` for the text read, `--output` for what is written.
+
+Each parses its arguments, and checks what it can without the model, before it imports the library (the modules it
+needs are imported in `main`, after `parse_args`): `--help` and a bad option answer at once, the model's own
+values read from its folder's JSON files where a check needs them (`saved_search`)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 
 def old_name(parser: argparse.ArgumentParser, name: str, dest: str) -> None:
@@ -36,3 +43,15 @@ def add_overwrite(parser: argparse.ArgumentParser) -> None:
     """--overwrite, for every command that writes a folder (`check_output`)."""
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --output (once the new folder "
                         "is whole: a failed run leaves it as it was)")  # fmt: skip
+
+
+def saved_search(model: str) -> SimpleNamespace | None:
+    """The beam size a model folder saved (`num_beams` of its generation_config.json, read as JSON), for the checks
+    an option can have before the model loads; None for a Hub id, or a folder without a readable one (loading
+    reports that; the model's own search is checked once it has loaded)."""
+    try:
+        values = json.loads((Path(model) / "generation_config.json").read_text(encoding="utf-8"))
+        beams = values.get("num_beams", 1)  # transformers' default where the file has none
+    except (OSError, ValueError, AttributeError):
+        return None
+    return SimpleNamespace(num_beams=beams) if type(beams) is int and beams >= 1 else None

@@ -8,12 +8,9 @@ import logging
 import sys
 
 from vaswani_mt.cli import add_overwrite, check_output, old_name, quiet_library_bars
-from vaswani_mt.training.checkpoints import average_checkpoints
 
 
 def main(argv: list[str] | None = None) -> None:
-    quiet_library_bars()
-    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.INFO)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="a run's output folder, holding its checkpoint-N folders")
     old_name(parser, "--checkpoint_dir", "model")
@@ -27,6 +24,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.last < 1:
         parser.error(f"--last must be at least 1, got {args.last}")
     check_output(args.output, args.overwrite, [args.model])
+    quiet_library_bars()
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    from vaswani_mt.training.checkpoints import average_checkpoints
+
     try:
         print(average_checkpoints(args.model, args.last, args.output, up_to_step=args.up_to_step))
     except (FileNotFoundError, ValueError) as error:  # no checkpoints there, or ones that do not go together

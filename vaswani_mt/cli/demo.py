@@ -11,13 +11,10 @@ import argparse
 import os
 import sys
 
-from vaswani_mt.app.demo import launch
 from vaswani_mt.cli import quiet_library_bars
-from vaswani_mt.inference.loading import ModelFolderError
 
 
 def main(argv: list[str] | None = None) -> None:
-    quiet_library_bars()
     parser = argparse.ArgumentParser(description="The vaswani_mt translation demo (Gradio).")
     default = os.environ.get("VASWANI_MODEL", "outputs/ding-cpu")
     parser.add_argument("--model", default=None, help="model folder or Hub id (default: VASWANI_MODEL, else "
@@ -26,6 +23,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", help="address to listen on (default: GRADIO_SERVER_NAME, else 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default: GRADIO_SERVER_PORT, else 7860)")
     args = parser.parse_args(argv)
+    quiet_library_bars()
+    from vaswani_mt.app.demo import launch
+    from vaswani_mt.inference.loading import ModelFolderError
+
     try:
         launch(args.model or args.positional_model or default, host=args.host, port=args.port)
     except ModelFolderError as error:

@@ -1,5 +1,6 @@
-"""sacreBLEU, chrF and the paper's tokenized compound-split BLEU of a model on a test set, with the paper's search
-(beam 4, GNMT alpha 0.6, input + 50); or, with --hypotheses, of translations already made (no model loaded).
+"""sacreBLEU, chrF and the paper's tokenized compound-split BLEU of a model on a test set, with the model's search
+(its generation_config.json: beam size, GNMT alpha, input + b); or, with --hypotheses, of translations already
+made (no model loaded).
 
 python scripts/evaluate_model.py --model outputs/run                       # built-in corpus, test split
 python scripts/evaluate_model.py --model DIR --dataset wmt14 --dataset_config de-en --source_lang en --target_lang de
@@ -16,13 +17,7 @@ import sys
 from pathlib import Path
 
 from vaswani_mt.cli import old_name, quiet_library_bars
-from vaswani_mt.cli.translate import add_decoding_options, decoding_options, report_controls
-from vaswani_mt.data.corpus import BUILTIN_CORPUS, load_corpus, read_parallel_text, source_target
-from vaswani_mt.evaluation.metrics import COMPOUND_SPLIT_LABEL, evaluate_bleu, score_translations
-from vaswani_mt.inference.controls import ControlReport, split_constrained_line
-from vaswani_mt.inference.ensemble import load_ensemble
-from vaswani_mt.inference.loading import ModelFolderError
-from vaswani_mt.inference.translate import format_nbest, translate_nbest
+from vaswani_mt.cli.translate import add_decoding_options, check_before_loading, decoding_options, report_controls
 
 
 def read_lines(path: str) -> list[str]:
@@ -42,7 +37,6 @@ def read_lines(path: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    quiet_library_bars()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--model",
@@ -52,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--hypotheses", help="score-only mode: translations, one per line (with --references)")
     parser.add_argument("--references", help="score-only mode: references, line by line with --hypotheses")
-    parser.add_argument("--dataset", default=BUILTIN_CORPUS)
+    parser.add_argument("--dataset", default=None, help="a corpus as --dataset of train.py (default: the built-in one)")
     parser.add_argument("--dataset_config", default=None)
     parser.add_argument("--split", default="test", choices=["train", "validation", "test"])
     parser.add_argument("--source_lang", default="en")
@@ -62,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reference_file")
     parser.add_argument("--max_samples", type=int, default=None)
     parser.add_argument("--batch_size", type=int, default=None, help="default 32; with --max_tokens: no limit")
-    parser.add_argument("--num_beams", type=int, default=None, help="default: the model's (4)")
+    parser.add_argument("--num_beams", type=int, default=None, help="beam size (default: the model's)")
     parser.add_argument("--output", help="also write the translations here")
     add_decoding_options(parser, sampling=False)
     parser.add_argument("--nbest_file", help="with --nbest: write the n-best lists here (the best one is scored)")
@@ -85,21 +79,32 @@ def main(argv: list[str] | None = None) -> None:
             )
         if args.max_samples:
             hypotheses, references = hypotheses[: args.max_samples], references[: args.max_samples]
+        from vaswani_mt.evaluation.metrics import score_translations
+
         report(score_translations(hypotheses, references, args.target_lang), len(references))
         return
 
     if bool(args.source_file) != bool(args.reference_file):
         parser.error("--input and --reference_file go together")
+    check_before_loading(args)
+    quiet_library_bars()
+    from vaswani_mt.data.corpus import BUILTIN_CORPUS, load_corpus, read_parallel_text, source_target
+    from vaswani_mt.evaluation.metrics import evaluate_bleu, score_translations
+    from vaswani_mt.inference.controls import ControlReport, split_constrained_line
+    from vaswani_mt.inference.ensemble import load_ensemble
+    from vaswani_mt.inference.loading import ModelFolderError
+    from vaswani_mt.inference.translate import format_nbest, translate_nbest
+
     # The model first: a folder that cannot be served is reported before a corpus is read.
     try:
         model, tokenizer = load_ensemble(args.model)  # one folder: that model (load_for_inference)
     except ModelFolderError as error:
         sys.exit(f"error: {error}")
-    kwargs = decoding_options(args, model, tokenizer)  # a bad combination of options too
+    kwargs = decoding_options(args, model.generation_config, tokenizer)  # a bad combination of options too
     if args.source_file:
         sources, references = map(list, zip(*read_parallel_text(args.source_file, args.reference_file), strict=True))
     else:
-        corpus = load_corpus(args.dataset, args.dataset_config, args.source_lang, args.target_lang)
+        corpus = load_corpus(args.dataset or BUILTIN_CORPUS, args.dataset_config, args.source_lang, args.target_lang)
         sources, references = source_target(corpus[args.split], args.source_lang, args.target_lang)
     if args.max_samples:
         sources, references = sources[: args.max_samples], references[: args.max_samples]
@@ -133,6 +138,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def report(result: dict, sentences: int) -> None:
+    from vaswani_mt.evaluation.metrics import COMPOUND_SPLIT_LABEL
+
     print(f"sacreBLEU = {result['score']:.2f}  chrF = {result['chrf']:.2f}  ({sentences} sentences)")
     print(f"signature: {result['signature']}")
     print(f"{COMPOUND_SPLIT_LABEL} = {result['compound_split_bleu']:.2f}  (the paper's scoring; not sacreBLEU)")

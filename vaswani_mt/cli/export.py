@@ -13,11 +13,9 @@ import argparse
 import sys
 
 from vaswani_mt.cli import add_overwrite, check_output, quiet_library_bars
-from vaswani_mt.export.marian import export_model
 
 
 def main(argv: list[str] | None = None) -> None:
-    quiet_library_bars()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="saved model folder or Hub id")
     parser.add_argument("--format", required=True, choices=["marian", "ctranslate2"])
@@ -26,6 +24,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quantization", help="ctranslate2 only: int8, int8_float32, float16, bfloat16, ...")
     args = parser.parse_args(argv)
     check_output(args.output, args.overwrite, [args.model])
+    quiet_library_bars()
+    from vaswani_mt.export.marian import export_model
+
     try:
         output = export_model(args.model, args.format, args.output, args.quantization)
     except ValueError as error:

@@ -15,11 +15,9 @@ import argparse
 import sys
 
 from vaswani_mt.cli import add_overwrite, quiet_library_bars
-from vaswani_mt.hub.publish import HubUploadError, publish
 
 
 def main(argv: list[str] | None = None) -> None:
-    quiet_library_bars()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="model folder written by scripts/train.py (with README.md)")
     parser.add_argument("--repo_id", required=True, help="USER/NAME on the Hub")
@@ -30,6 +28,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--private", action="store_true")
     add_overwrite(parser)
     args = parser.parse_args(argv)
+    quiet_library_bars()
+    from vaswani_mt.hub.publish import HubUploadError, publish
+
     try:
         publish(
             args.model, args.repo_id, args.output, args.native, args.dry_run, args.token, args.private, args.overwrite

@@ -15,8 +15,6 @@ import argparse
 import logging
 import sys
 
-from vaswani_mt.training.table3 import ROWS_DIR, describe_rows, markdown_table, run_table
-
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -24,7 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", default="all", help="comma-separated row names or group letters; default: all")
     parser.add_argument("--scale", default="cpu", help="paper, big, cpu, or a training config file (default: cpu)")
     parser.add_argument("--output_dir", default=None, help="one folder per row in here (default: outputs/table3-SCALE)")
-    parser.add_argument("--rows_dir", default=str(ROWS_DIR), help="the row files (default: configs/table3)")
+    parser.add_argument("--rows_dir", default=None, help="the row files (default: configs/table3)")
     parser.add_argument(
         "--launcher",
         default=None,
@@ -34,12 +32,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--list", action="store_true", help="print what each row changes at this scale and stop")
     args, overrides = parser.parse_known_args(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    from vaswani_mt.training.table3 import ROWS_DIR, describe_rows, markdown_table, run_table
+
+    rows_dir = args.rows_dir or str(ROWS_DIR)
     try:
         if args.list:
-            print(describe_rows(args.rows, args.scale, overrides, args.rows_dir))
+            print(describe_rows(args.rows, args.scale, overrides, rows_dir))
             return
         output_dir = args.output_dir or f"outputs/table3-{args.scale if args.scale.isidentifier() else 'custom'}"
-        rows = run_table(args.rows, args.scale, overrides, output_dir, args.rows_dir, args.launcher, args.retrain)
+        rows = run_table(args.rows, args.scale, overrides, output_dir, rows_dir, args.launcher, args.retrain)
     except (ValueError, FileNotFoundError) as error:
         sys.exit(f"error: {error}")
     print("\n" + markdown_table(rows))

@@ -20,16 +20,18 @@ python scripts/translate.py --model outputs/run --input text.en --max_tokens 120
 printf 'The house is small.\tGebäude\n' | python scripts/translate.py --model outputs/run --constraints unordered
 """
 
+from __future__ import annotations
+
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from vaswani_mt.cli import quiet_library_bars
-from vaswani_mt.inference.controls import ControlReport, LineControls, block_kwargs
-from vaswani_mt.inference.ensemble import load_ensemble
-from vaswani_mt.inference.loading import ModelFolderError
-from vaswani_mt.inference.translate import Sampling, check_decoding_options, read_text_lines, translate_stream
-from vaswani_mt.model.constraints_vaswani import ORDERS
+from vaswani_mt.cli import quiet_library_bars, saved_search
+from vaswani_mt.model.constraints_vaswani import ORDERS  # loaded with vaswani_mt itself
+
+if TYPE_CHECKING:
+    from vaswani_mt.inference.controls import ControlReport
 
 SAMPLING_OPTIONS = ("topk", "topp", "temperature", "seed")
 
@@ -111,9 +113,13 @@ def add_decoding_options(parser: argparse.ArgumentParser, sampling: bool = True)
     )
 
 
-def decoding_options(args: argparse.Namespace, model, tokenizer) -> dict:
+def decoding_options(args: argparse.Namespace, search, tokenizer=None) -> dict:
     """The keyword arguments of `translate_stream`/`translate` that the decoding options ask for, checked against
-    `model`'s search; a bad combination ends the program with one line, `error: ...`."""
+    `search` (the model's generation config, or `saved_search`'s before it loads), and the --block_file phrases
+    against `tokenizer` when given; a bad combination ends the program with one line, `error: ...`."""
+    from vaswani_mt.inference.controls import LineControls, block_kwargs
+    from vaswani_mt.inference.translate import Sampling, check_decoding_options
+
     kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
     if getattr(args, "length_penalty", None) is not None:
         kwargs["length_penalty"] = args.length_penalty
@@ -131,9 +137,10 @@ def decoding_options(args: argparse.Namespace, model, tokenizer) -> dict:
         controls = None
         if args.constraints or args.target_prefix_file:
             controls = LineControls([] if args.constraints else None, [] if args.target_prefix_file else None)
-        check_decoding_options(model, args.nbest, args.max_tokens, sampling, controls, **kwargs)
+        check_decoding_options(search, args.nbest, args.max_tokens, sampling, controls, **kwargs)
         block = read_phrases(args.block_file) if args.block_file else []
-        block_kwargs(tokenizer, block, where=f"{args.block_file}: ")
+        if tokenizer is not None:
+            block_kwargs(tokenizer, block, where=f"{args.block_file}: ")
     except ValueError as error:
         sys.exit(f"error: {error}")
     options = {name: value for name, value in (("nbest", args.nbest), ("max_tokens", args.max_tokens)) if value}
@@ -159,6 +166,14 @@ def read_phrases(path: str) -> list[str]:
         sys.exit(f"error: {path}:{line}: bytes that are not UTF-8 ({data[error.start : error.end]!r})")
 
 
+def check_before_loading(args: argparse.Namespace) -> None:
+    """`decoding_options` against the search the first --model folder saved, before any model loads (the first
+    model's search is the ensemble's); nothing for a Hub id, whose search is known once it loads."""
+    search = saved_search(args.model[0])
+    if search is not None:
+        decoding_options(args, search)
+
+
 def report_controls(report: ControlReport, lines: int) -> None:
     """One summary line on stderr for the lines whose controls were not all honoured (each was named already);
     exits with status 1 where a line was not translated."""
@@ -171,7 +186,6 @@ def report_controls(report: ControlReport, lines: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    quiet_library_bars()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--model",
@@ -195,19 +209,26 @@ def main(argv: list[str] | None = None) -> None:
         help="lines read, sorted by length and translated together (default: 16 batches, or 1024 "
         "lines with --max_tokens as fairseq-interactive's --buffer-size; 1 from a terminal)",
     )
-    parser.add_argument("--num_beams", type=int, default=None, help="default: the model's (4)")
+    parser.add_argument("--num_beams", type=int, default=None, help="beam size (default: the model's)")
     add_decoding_options(parser)
     args = parser.parse_args(argv)
     if (args.batch_size is not None and args.batch_size < 1) or (args.chunk_size is not None and args.chunk_size < 1):
         parser.error(f"--batch_size and --chunk_size must be at least 1, got {args.batch_size} and {args.chunk_size}")
     if args.batch_size is None and args.max_tokens is None:
         args.batch_size = 32
+    check_before_loading(args)
+
+    quiet_library_bars()
+    from vaswani_mt.inference.controls import ControlReport
+    from vaswani_mt.inference.ensemble import load_ensemble
+    from vaswani_mt.inference.loading import ModelFolderError
+    from vaswani_mt.inference.translate import read_text_lines, translate_stream
 
     try:
         model, tokenizer = load_ensemble(args.model)  # one folder: that model (load_for_inference)
     except ModelFolderError as error:
         sys.exit(f"error: {error}")
-    kwargs = decoding_options(args, model, tokenizer)
+    kwargs = decoding_options(args, model.generation_config, tokenizer)
     report = ControlReport()
     try:
         stream = open(args.input, "rb") if args.input else sys.stdin.buffer

@@ -8,19 +8,20 @@ import argparse
 import sys
 
 from vaswani_mt.cli import old_name, quiet_library_bars
-from vaswani_mt.inference.attention_plots import visualize
 
 
 def main(argv: list[str] | None = None) -> None:
-    quiet_library_bars()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="saved model folder or Hub id")
     parser.add_argument("--text", required=True, help="the source sentence")
     parser.add_argument("--output", default="attention", help="the folder the PNG files go to")
     old_name(parser, "--output_dir", "output")
-    parser.add_argument("--num_beams", type=int, default=None, help="default: the model's (4)")
+    parser.add_argument("--num_beams", type=int, default=None, help="beam size (default: the model's)")
     args = parser.parse_args(argv)
     kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
+    quiet_library_bars()
+    from vaswani_mt.inference.attention_plots import visualize
+
     try:
         attentions, paths = visualize(args.model, args.text, args.output, **kwargs)
     except ValueError as error:

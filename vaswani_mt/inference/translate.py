@@ -145,15 +145,16 @@ def _nbest_search(model, tokenizer, batch, nbest: int, kwargs: dict) -> tuple[li
 
 
 def check_decoding_options(
-    model, nbest: int | None = None, max_tokens: int | None = None, sampling: Sampling | None = None,
+    search, nbest: int | None = None, max_tokens: int | None = None, sampling: Sampling | None = None,
     controls: LineControls | None = None, **generate_kwargs,
 ) -> None:  # fmt: skip
     """Raises `ValueError` (one line) for options that do not go together: an n-best list longer than the beam,
     sampling with several beams or more than one translation per line, a token budget below 1, constraints or target
-    prefixes without beam search."""
+    prefixes without beam search. `search`: the model's generation config (its `num_beams` is the default beam), or
+    the one a folder saved, read before the model loads."""
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-    beams = generate_kwargs.get("num_beams") or model.generation_config.num_beams or 1
+    beams = generate_kwargs.get("num_beams") or search.num_beams or 1
     if controls is not None and (controls.terms is not None or controls.prefixes is not None):
         what = "constraints" if controls.terms is not None else "target prefixes"
         if sampling is not None:
@@ -358,7 +359,7 @@ def translate_nbest(
 
 def _translate_all(model, tokenizer, sentences, batch_size, progress, max_source_tokens, nbest, max_tokens, sampling,
                    generate_kwargs, controls=None) -> list:  # fmt: skip
-    check_decoding_options(model, nbest, max_tokens, sampling, controls, **generate_kwargs)
+    check_decoding_options(model.generation_config, nbest, max_tokens, sampling, controls, **generate_kwargs)
     if batch_size is None and max_tokens is None:
         raise ValueError("batch_size=None (no limit on rows) needs max_tokens")
     limit = max_source_tokens or default_max_source_tokens(model, tokenizer)
@@ -415,7 +416,7 @@ def translate_chunks(
     if constraints is not None or prefixes is not None:
         controls = LineControls([] if constraints else None, [] if prefixes is not None else None,
                                 constraints or "unordered", report)  # fmt: skip
-    check_decoding_options(model, nbest, max_tokens, sampling, controls, **generate_kwargs)
+    check_decoding_options(model.generation_config, nbest, max_tokens, sampling, controls, **generate_kwargs)
     limit = max_source_tokens or default_max_source_tokens(model, tokenizer)
     model.eval()
     lines, done = iter(lines), 0
