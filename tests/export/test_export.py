@@ -1,3 +1,4 @@
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -99,18 +100,24 @@ def test_marian_export_loads_with_the_auto_classes_and_gives_our_greedy_tokens(f
         assert torch.equal(marian.generate(**batch, num_beams=1, max_new_tokens=16), ours)
 
 
-def test_ctranslate2_float32_gives_our_greedy_tokens_and_int8_runs(fitted_folder, tmp_path, restore_threads):
+def test_ctranslate2_export_searches_as_the_model_and_docs_example_gives_our_greedy_tokens(fitted_folder, tmp_path,
+                                                                                          restore_threads):  # fmt: skip
     # restore_threads: a CTranslate2 translator sets the OpenMP thread count, which is torch's too
     ctranslate2 = pytest.importorskip("ctranslate2")
-    from vaswani_mt.export.ctranslate2 import ctranslate2_generate
+    from vaswani_mt.export.ctranslate2 import ctranslate2_generate, ctranslate2_search
     from vaswani_mt.export.marian import export_model
     from vaswani_mt.inference.loading import load_for_inference
+    from vaswani_mt.inference.translate import translate
 
     output = export_model(fitted_folder, "ctranslate2", tmp_path / "ct2")
-    assert {"model.bin", "config.json", "shared_vocabulary.json", "tokenizer.json"} <= {
+    assert {"model.bin", "config.json", "shared_vocabulary.json", "tokenizer.json", "generation_config.json"} <= {
         p.name for p in output.iterdir()
     }
     model, tokenizer = load_for_inference(str(fitted_folder))
+    search = ctranslate2_search(output)  # the model's own search, read from the exported folder
+    saved = model.generation_config
+    assert search == {"beam_size": saved.num_beams, "length_penalty": saved.length_penalty, "max_len_a": 1,
+                      "max_len_b": 50}  # fmt: skip
     sentences = [english for english, _ in SENTENCES] + ["The girl reads a book in the café."]
     batch, _, expected = _expected_greedy(model, tokenizer, sentences)
     translator = ctranslate2.Translator(str(output), device="cpu", compute_type="float32", intra_threads=1)
@@ -119,6 +126,19 @@ def test_ctranslate2_float32_gives_our_greedy_tokens_and_int8_runs(fitted_folder
         ctranslate2_generate(translator, batch["input_ids"], batch["attention_mask"], tokenizer, **options) == expected
     )
     assert tokenizer.decode(expected[0]) == "Das Mädchen hat einen Apfel gegessen."
+    # The per-sentence limit a·|X| + b as generate() applies it: with b = 4 every translation is cut, to 3 tokens.
+    with torch.no_grad():
+        cut = model.generate(**batch, num_beams=1, max_len_a=0, max_len_b=4)
+    cut = [[t for t in row[1:] if t != tokenizer.pad_token_id][:-1] for row in cut.tolist()]
+    limited = {**search, "max_len_a": 0, "max_len_b": 4}
+    assert ctranslate2_generate(translator, batch["input_ids"], batch["attention_mask"], tokenizer, limited,
+                                beam_size=1) == cut and {len(row) for row in cut} == {3}  # fmt: skip
+    # docs/export.md's example, as written, on this folder: its greedy translations are ours (|X| + 50 each)
+    example = re.search(r"```python\n(.*?)```", (ROOT / "docs" / "export.md").read_text(), re.S).group(1)
+    namespace: dict = {}
+    exec(example.replace("outputs/ding-cpu-ct2", str(output)), namespace)
+    assert namespace["greedy"] == translate(model, tokenizer, namespace["sentences"], num_beams=1)
+    assert all(namespace["greedy"])
 
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "export.py"), "--model", str(fitted_folder), "--format",

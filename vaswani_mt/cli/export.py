@@ -6,7 +6,8 @@ python scripts/export.py --model outputs/ding-cpu --format ctranslate2 --quantiz
 
 marian: the exact conversion (same greedy tokens) with the tokenizer; transformers loads it without remote code.
 ctranslate2: that Marian folder through CTranslate2's converter (float32 unless --quantization), with
-tokenizer.json beside it; see README.md for translating with it.
+tokenizer.json and the model's generation_config.json (its search) beside it. Translating with it, with the
+model's beam size and length limit: docs/export.md.
 """
 
 import argparse

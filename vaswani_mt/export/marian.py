@@ -187,6 +187,7 @@ def export_model(model: str | Path, fmt: str, output: str | Path, quantization: 
             with tempfile.TemporaryDirectory(prefix="vaswani-marian-") as marian_dir:
                 save_marian(loaded, tokenizer, marian_dir)
                 to_ctranslate2(marian_dir, staging, quantization)
+            loaded.generation_config.save_pretrained(staging)  # the model's search, for ctranslate2_search
     return Path(output)
 
 
