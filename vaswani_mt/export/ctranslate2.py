@@ -1,8 +1,9 @@
 """CTranslate2, the C++ engine users pick for fast Marian decoding: the conversion of a Marian folder written by
 `marian.save_marian` (`to_ctranslate2`, through CTranslate2's own Transformers converter) and translating with the
-result, with the model's own search by default (`ctranslate2_translate`; `ctranslate2_generate` for batches of our
-token ids). `ctranslate2` is an optional dependency (`pip install vaswani-mt[ctranslate2]`), imported when used.
-How to run it: docs/export.md.
+result: `CTranslate2Model(folder).translate(sentences)` with the model's own search by default; under it
+`ctranslate2_translate` and, for batches of our token ids, `ctranslate2_generate`, with the search given.
+`ctranslate2` is an optional dependency (`pip install vaswani-mt[ctranslate2]`), imported when used. How to run it:
+docs/export.md.
 """
 
 from __future__ import annotations
@@ -134,4 +135,22 @@ def ctranslate2_translate(
     return translations
 
 
-__all__ = ["ctranslate2_generate", "ctranslate2_search", "ctranslate2_translate", "to_ctranslate2"]
+class CTranslate2Model:
+    """A CTranslate2 export ready to translate with the model's search: its `translator` (`ctranslate2.Translator`,
+    `translator_options` such as device="cuda" or compute_type="int8"), its `tokenizer` and its `search`
+    (`ctranslate2_search`)."""
+
+    def __init__(self, folder: str | Path, **translator_options):
+        import ctranslate2
+        from transformers import AutoTokenizer
+
+        self.translator = ctranslate2.Translator(str(folder), **{"device": "cpu", **translator_options})
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.search = ctranslate2_search(folder)
+
+    def translate(self, sentences: Sequence[str], **options) -> list[str]:
+        """`ctranslate2_translate` with the model's search; `options` (translate_batch's: beam_size=1, ...) win."""
+        return ctranslate2_translate(self.translator, self.tokenizer, sentences, self.search, **options)
+
+
+__all__ = ["CTranslate2Model", "ctranslate2_generate", "ctranslate2_search", "ctranslate2_translate", "to_ctranslate2"]
