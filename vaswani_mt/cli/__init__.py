@@ -2,8 +2,10 @@
 option names: `--model` for the model folder read, `--input` for the text read, `--output` for what is written.
 
 Each parses its arguments, and checks what it can without the model, before it imports the library (the modules it
-needs are imported in `main`, after `parse_args`): `--help` and a bad option answer at once, the model's own
-values read from its folder's JSON files where a check needs them (`saved_search`)."""
+needs are imported in `main`, after `parse_args`): `--help` and a bad option cost no more than `import vaswani_mt`
+(whose registration with transformers' Auto classes loads torch), the model's own values read from its folder's
+JSON files where a check needs them (`saved_search`). train.py alone parses with the library: its options are
+transformers' Seq2SeqTrainingArguments."""
 
 from __future__ import annotations
 
