@@ -2,19 +2,12 @@
 
 - `apply_dropout`: `nn.functional.dropout`, with a keep mask drawn by `torch.rand` on a CPU (`_CpuDropout`).
 - `_project`: `linear(states)`, in CPU float32 inference through a weight packed once for MKL's GEMM.
-- `projected_label_smoothed_cross_entropy`: the training loss, the pre-softmax projection and the label-smoothed
-  cross-entropy in one pass over chunks of rows, without keeping the logits
-  (`_ProjectedLabelSmoothedCrossEntropy`).
+- `projected_label_smoothed_cross_entropy`: the pre-softmax projection and the label-smoothed cross-entropy in one
+  pass over chunks of rows, without keeping the logits.
 
-The two private torch functions they use are feature-checked once, with the public operation as fallback:
-MKL's packed GEMM (`_MKL_PACKED_GEMM`, else `linear`) and `torch._log_softmax(out=)` (`_LOG_SOFTMAX_OUT`, else an
-in-place `logits - logsumexp(logits)`).
-
-Each one's docstring says what it saves, as measured (benchmarks/RESULTS.md); tests/model/test_fast_paths.py and
-tests/model/test_modeling_vaswani.py check that each computes what the plain operation does.
-
-Self-contained (torch only): modeling_vaswani.py imports it relatively, so `save_pretrained` copies it next to the
-model code and a saved folder loads it as Hub remote code.
+The private torch functions they use (MKL's packed GEMM, `torch._log_softmax(out=)`) are feature-checked once, with
+the public operation as fallback. tests/model/test_fast_paths.py checks that each computes what the plain operation
+does. Self-contained (torch only), so that `save_pretrained` copies it as Hub remote code.
 """
 
 from __future__ import annotations
@@ -29,9 +22,8 @@ class _CpuDropout(torch.autograd.Function):
     """Dropout whose keep mask comes from `torch.rand` (float32, then `>= p`) instead of `bernoulli_`.
 
     Same distribution as `nn.functional.dropout` (each element kept with probability 1 - p and scaled by
-    1 / (1 - p)), but on a CPU `bernoulli_` draws its numbers about 2.5x slower than `torch.rand`, and under bf16
-    `nn.functional.dropout` takes a path about 4x slower than this one (benchmarks/RESULTS.md). The mask is saved
-    as one byte per element for the backward pass.
+    1 / (1 - p)), but faster on a CPU, above all under bf16 (benchmarks/RESULTS.md, the dropout mask). The mask is
+    saved as one byte per element for the backward pass.
     """
 
     @staticmethod
@@ -68,12 +60,10 @@ def _project(linear: nn.Linear, states: torch.Tensor) -> torch.Tensor:
     """`linear(states)`, in CPU float32 inference through a copy of the weight packed once for MKL's GEMM.
 
     Decoding multiplies a few rows (batch x beams) by every weight at each step, and an ordinary GEMM packs the
-    weight into its internal layout at every call, which for a few rows costs more than the arithmetic. Packed
-    once, the linear layers of a base-model decoding step run about 2x faster at 64 rows, 1.7x at 16 and 1.35x
-    at 4 (1 row is a memory-bound GEMV either way). The packed copy is rebuilt when the weight changes (its
-    version counter) or the number of rows does. Results equal `linear(states)` to float32 round-off, not always
-    bit for bit. Training, autograd, torch.compile, other dtypes and devices, and wrapped or hooked layers take
-    `linear(states)`.
+    weight at every call, which for a few rows costs more than the arithmetic (benchmarks/RESULTS.md, speed). The
+    packed copy is rebuilt when the weight (its version counter) or the number of rows changes. Results equal
+    `linear(states)` to float32 round-off, not always bit for bit. Training, autograd, torch.compile, other dtypes
+    and devices, and wrapped or hooked layers take `linear(states)`.
     """
     rows = states.numel() // states.shape[-1] if states.numel() else 0
     if not (
@@ -100,8 +90,7 @@ def _project(linear: nn.Linear, states: torch.Tensor) -> torch.Tensor:
 
 # Vocabulary-sized work of the training loss is done in chunks of at most this many logits (256 MB in float32).
 _LOSS_CHUNK_ELEMENTS = 2**26
-# log_softmax into its own input: torch's `out=` form is private, so a torch without it takes the public in-place one
-# (one more pass over the chunk, the same numbers to round-off).
+# log_softmax into its own input: torch's `out=` form is private; without it, the public in-place one (one more pass).
 _LOG_SOFTMAX_OUT = callable(getattr(torch, "_log_softmax", None))
 
 
@@ -120,14 +109,12 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
     """§3.4 + §5.4 for training: the pre-softmax projection and the label-smoothed cross-entropy in one pass.
 
     Returns `scale * sum_rows CE_ls(hidden @ weight^T, labels)` for rows that are all real target tokens (the caller
-    drops padding first, so the projection is computed for real tokens only). Per chunk of rows the logits are
-    computed once, turned in place into log-probabilities and then into the gradient of the loss with respect to
-    them, `softmax - (1 - eps) one_hot - eps / V`, which is multiplied back through the projection at once. So
-    the only vocabulary-sized tensor is that chunk (`F.cross_entropy` keeps the logits, the log-probabilities and
-    two more tensors of that size for backward), and backward only scales the two gradients it stored.
+    drops padding first). Per chunk of rows the logits are computed once and turned in place into log-probabilities,
+    then into the gradient `softmax - (1 - eps) one_hot - eps / V`, multiplied back through the projection at once:
+    the only vocabulary-sized tensor is that chunk, and backward only scales the two stored gradients.
 
-    Under autocast the matrix products run in the autocast dtype (bf16 for `--bf16` on CPU); the softmax, the loss
-    and the weight gradient stay in float32 (or float64).
+    Under autocast the matrix products run in the autocast dtype; the softmax, the loss and the weight gradient stay
+    in float32 (or float64).
     """
 
     @staticmethod
@@ -146,8 +133,7 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
                 h, target = h_all[start : start + chunk_rows], labels[start : start + chunk_rows]
                 rows = torch.arange(target.shape[0], device=target.device)
                 logits = (h @ w.T).to(softmax_dtype)
-                # In place: the chunk is this function's own buffer; a fresh one of its size (142 MB for 960 tokens
-                # and 37000 types) takes a third longer to allocate and fill than reusing it.
+                # In place: a fresh chunk is slower to allocate and fill than this one (benchmarks/RESULTS.md, speed).
                 log_probs = _log_softmax_(logits)
                 # CE_ls = (1 - eps) * -log p(y) + eps * mean_v(-log p(v))
                 total += (1 - label_smoothing) * -log_probs[rows, target].sum()

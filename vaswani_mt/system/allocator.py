@@ -1,20 +1,11 @@
 """Keeping freed memory inside the process, so that a training step does not page-fault its large buffers.
 
-glibc's `malloc` serves every block above its mmap threshold (at most 32 MiB) with a fresh `mmap` and gives it back
-to the kernel at `free`; it also trims the top of its heap when more than a few MiB there are free. A training step
-allocates the same large temporaries at every step (the loss's logits chunk: 1,680 target tokens x 8,000 types in
-float32 are 54 MB, its bf16 copy, the feed-forward activations), so at every step the kernel maps those pages
-again and zero-fills them on first touch: about 23,000 page faults per step at the CPU preset's shapes.
-Without them, `benchmarks/speed_train.py`'s allocator mode (at commit aca84f8^; `benchmarks/RESULTS.md`, 2026-11-23,
-the allocator) measured 1.11x
-the steps per second under bf16 autocast and 1.05x in float32 (and 1.28x for MarianMTModel's step, whose loss
-allocates more). `retain_freed_memory()` tells malloc to serve large blocks from its heap and not to trim it, so
-freed blocks are reused with their pages already mapped (the same fix as preloading jemalloc or tcmalloc, which
-PyTorch's CPU tuning guide recommends, but without a library to install or an environment variable to set before
-Python starts).
-
-The cost: the process keeps its peak heap (it is not returned to the kernel until the process ends), which for
-training is what it holds at every step anyway. Nothing is computed differently.
+glibc's `malloc` serves every block above its mmap threshold (at most 32 MiB) with a fresh `mmap`, gives it back to
+the kernel at `free` and trims the top of its heap, so a training step, which allocates the same large temporaries
+(the loss's logits chunk, the feed-forward activations) at every step, maps and zero-fills them again each time.
+`retain_freed_memory()` makes malloc reuse them instead, which makes the step faster (benchmarks/RESULTS.md, the
+allocator): the same fix as preloading jemalloc or tcmalloc, without a library or an environment variable.
+The cost: the process keeps its peak heap until it ends. Nothing is computed differently.
 """
 
 from __future__ import annotations
@@ -49,11 +40,11 @@ def _glibc() -> ctypes.CDLL | None:
 
 
 def return_freed_memory() -> bool:
-    """Gives the memory that glibc's malloc holds free back to the system (`malloc_trim(0)`, a few milliseconds);
-    returns whether it could. For a server, not a training process: Gradio runs each translation on one of its
-    worker threads, each with a malloc arena of its own, and the freed tensors and pictures of a long translation
-    stay mapped in them: measured, a served tiny model grew from 0.5 to 1.4 GB of RSS over 36 requests and stays
-    near 0.55 GB with this. Nothing where malloc is not glibc's."""
+    """Gives the memory that glibc's malloc holds free back to the system (`malloc_trim(0)`); returns whether it could.
+
+    For a server, not a training process: each Gradio worker thread has a malloc arena of its own that keeps the
+    freed tensors of a long translation, so a served model's memory grows without it (benchmarks/RESULTS.md,
+    reliability). Nothing where malloc is not glibc's."""
     libc = _glibc()
     if libc is None or not hasattr(libc, "malloc_trim"):
         return False
