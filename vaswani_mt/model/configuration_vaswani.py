@@ -9,9 +9,8 @@ from typing import Any, ClassVar, Literal
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
-# Table 3 of the paper ("base" and "big"), a "tiny" shape for tests and two CPU shapes: "small", and "mini" (a third
-# of small's arithmetic per token at an 8000-token vocabulary, without dropout because it learns faster so in the
-# half hour a float32 CPU gives it: benchmarks/RESULTS.md). Values not named take the defaults, the paper's base model.
+# Table 3's "base" and "big", a "tiny" shape for tests and two CPU shapes, "small" and "mini" (without dropout: it
+# learns faster so in a float32 CPU's half hour, benchmarks/RESULTS.md). Values not named take the base model's.
 PRESETS: dict[str, dict[str, Any]] = {
     "base": dict(d_model=512, d_ff=2048, num_heads=8, num_encoder_layers=6, num_decoder_layers=6, dropout=0.1),
     "big": dict(d_model=1024, d_ff=4096, num_heads=16, num_encoder_layers=6, num_decoder_layers=6, dropout=0.3),
@@ -33,10 +32,9 @@ class VaswaniConfig(PreTrainedConfig):
     r"""
     Configuration of [`VaswaniModel`] and [`VaswaniForConditionalGeneration`]. The defaults are the paper's base
     model (Table 3, first row); [`VaswaniConfig.from_preset`] gives "base", "big", "small", "mini" and "tiny".
-    Checked as transformers 5 checks its configs (`@strict`): a value of the wrong type is refused when it is set
-    (`StrictDataclassFieldValidationError`), an impossible one (a size that is not positive, a rate outside [0, 1),
-    ...) when the config is built or saved, by its `validate_*` method (`StrictDataclassClassValidationError`). Both
-    name the field and the value.
+    Checked as transformers 5 checks its configs (`@strict`): a value of the wrong type is refused when it is set,
+    an impossible one (a size that is not positive, a rate outside [0, 1), ...) when the config is built or saved;
+    both errors name the field and the value.
 
     Args:
         vocab_size (`int`, defaults to 37000):

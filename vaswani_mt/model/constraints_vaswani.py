@@ -1,20 +1,14 @@
 """Terminology constraints for the paper's beam search: phrases that must appear in a sentence's translation.
 
-Lexically constrained decoding by dynamic beam allocation (Post & Vilar, 2018), vectorized over the batch as Hu et
-al. (2019) and fairseq's `LexicallyConstrainedBeamSearch` do, without fairseq's Python loop over sentences at each
-step. A hypothesis's *bank* is how many constraint tokens it has met (the tokens of each constraint met, plus those
-of the one it is inside of); the `num_beams` hypotheses that go on are taken round-robin over the banks, highest
-bank first, each bank's best first (`allocate`); each step also considers, for every beam, the next token of each
-constraint it has yet to meet and its own best token; EOS is barred while a constraint is unmet, except where
-nothing but EOS is left (a sentence's length limit), which ends the hypothesis unmet (marked, counted, warned).
+Dynamic beam allocation (Post & Vilar, 2018), vectorized over the batch as Hu et al. (2019) and fairseq's
+`LexicallyConstrainedBeamSearch`. A hypothesis's *bank* is how many constraint tokens it has met (including those of
+the one it is inside of); the hypotheses that go on are taken round-robin over the banks, highest first (`allocate`);
+each step also considers, for every beam, the next token of each unmet constraint and its own best token. EOS is
+barred while a constraint is unmet, unless nothing but EOS is left (the length limit): the hypothesis ends unmet.
 
-A constraint is one phrase given as token ids, or several alternatives (a phrase's forms: at the sentence start and
-inside it, `phrase_forms`): met when any of them appears. `ordered` constraints must be met in the given order
-(fairseq's `--constraints ordered`), `unordered` ones in any. A phrase is matched against the hypothesis's last
-tokens at every step (not by a per-constraint pointer), so a phrase that overlaps itself is found wherever it ends.
-
-Self-contained (torch and transformers only): generation_vaswani.py imports it relatively, so `save_pretrained`
-ships it as Hub remote code with the model.
+A constraint is one phrase of token ids or several alternatives (`phrase_forms`), met when any appears; `ordered`
+ones must be met in the given order. Phrases are matched against each hypothesis's last tokens at every step, so a
+phrase that overlaps itself is found wherever it ends. Self-contained, shipped as Hub remote code with the model.
 """
 
 from __future__ import annotations

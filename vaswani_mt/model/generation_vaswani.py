@@ -1,23 +1,12 @@
 """The paper's beam search (§6.1), ours, on transformers' public API.
 
 "We used beam search with a beam size of 4 and length penalty alpha = 0.6 [...] We set the maximum output length
-during inference to input length + 50, but terminate early when possible." The search is written here against the
-model's `forward`, transformers' `Cache` classes, `GenerationConfig` and `LogitsProcessor`s only, not by overriding
-private methods of `GenerationMixin`, which a later transformers may rename (the override would then be skipped in
-silence and the penalty would fall back to transformers' `|Y|^alpha`). Kept apart from the architecture as
-transformers keeps its generation code apart from its models:
-
-- `PAPER_SEARCH`: the generation config every new model starts with (beam 4, alpha 0.6, `|X| + 50`);
-- `gnmt_length_penalty`: the penalty the paper's alpha belongs to (Wu et al., 2016);
-- `PerSentenceMaxLength`: each sentence's own `|X| + 50` limit;
-- `beam_search`: the search: the GNMT penalty for finished hypotheses, early termination bounded with it, and
-  encoder-decoder keys and values that are never reordered (every beam of a sentence shares them);
-  terminology constraints (constraints_vaswani.py: dynamic beam allocation) and forced target prefixes inside it;
-- `VaswaniGenerationMixin`: `generate()`, which runs `beam_search` for `num_beams > 1` and transformers' own greedy
-  search and sampling otherwise.
-
-Self-contained (torch and transformers only): modeling_vaswani.py imports it relatively, so that `save_pretrained`
-copies it next to the model code and a saved folder loads it as Hub remote code.
+during inference to input length + 50, but terminate early when possible." Written against transformers' public
+API only (the model's `forward`, `Cache`, `GenerationConfig`, `LogitsProcessor`), not by overriding private methods
+of `GenerationMixin` that a later transformers may rename (the GNMT penalty would then silently fall back to
+`|Y|^alpha`). `generate()` runs `beam_search` for `num_beams > 1`, with terminology constraints
+(constraints_vaswani.py) and forced target prefixes; greedy search and sampling are transformers' own.
+Self-contained (torch and transformers only), so that `save_pretrained` copies it as Hub remote code.
 """
 
 from __future__ import annotations
@@ -194,19 +183,16 @@ def beam_search(
     target_prefix: torch.Tensor | None = None,
 ):
     """§6.1's beam search over `model` (a `VaswaniGenerationMixin`): `config.num_beams` hypotheses per sentence,
-    each step's top `2 * num_beams` continuations of all of them (so that `num_beams` go on when some end with EOS),
-    finished ones scored `log P(Y|X) / ((5 + |Y|) / 6)^alpha` (|Y| counts the generated tokens with EOS), at most
+    each step's top `2 * num_beams` continuations (so that `num_beams` go on when some end with EOS), finished ones
+    scored `log P(Y|X) / ((5 + |Y|) / 6)^alpha` (|Y| counts the generated tokens with EOS), at most
     `config.max_length` tokens with the decoder start, and a sentence done once no running hypothesis can beat its
-    worst finished one (with `early_stopping="never"`: even at the longest length it may reach, tensor2tensor's
-    bound). Returns what transformers' `generate()` returns for beam search: the ids, or with
-    `return_dict_in_generate` a `GenerateBeamEncoderDecoderOutput` (`sequences_scores` and the processed per-step
-    `scores` with `output_scores`, `beam_indices`, `logits`, attentions and hidden states when asked).
+    worst finished one (`can_improve`). Returns what transformers' `generate()` returns for beam search: the ids,
+    or with `return_dict_in_generate` a `GenerateBeamEncoderDecoderOutput`.
 
-    `constraints` (`constraints_vaswani.LexicalConstraints`): phrases each sentence's output must contain, by dynamic
-    beam allocation; the output then has `constraints_met` ((batch * num_return_sequences, C) booleans). Sentences
+    `constraints` (`constraints_vaswani.LexicalConstraints`): phrases each output must contain (dynamic beam
+    allocation); the output then has `constraints_met` ((batch * num_return_sequences, C) booleans), and sentences
     without constraints get exactly what they get without them. `target_prefix` ((batch, Lp), -1 after a row's
-    prefix): tokens each output starts with; the search goes on after them and the score counts their
-    log-probabilities; a row of -1 is no prefix."""
+    prefix; a row of -1 is no prefix): tokens each output starts with, their log-probabilities counted."""
     num_beams, alpha = config.num_beams, float(config.length_penalty)
     batch, device = input_ids.shape[0], input_ids.device
     eos = torch.tensor([config.eos_token_id] if isinstance(config.eos_token_id, int) else config.eos_token_id,
@@ -219,8 +205,7 @@ def beam_search(
     extra = {name: True for name in ("output_attentions", "output_hidden_states") if want[name]}
     if encoder_outputs is None:
         encoder_outputs = model.get_encoder()(input_ids, attention_mask=attention_mask, **extra)
-    # Every beam of a sentence reads the same encoder states (and, from the first step on, the same encoder-decoder
-    # keys and values, which `reorder_beam_cache` leaves where they are).
+    # Every beam of a sentence reads the same encoder states (and encoder-decoder keys and values).
     expanded = BaseModelOutput(last_hidden_state=encoder_outputs[0].repeat_interleave(num_beams, dim=0))
     mask = attention_mask.repeat_interleave(num_beams, dim=0)
     processors = _logits_processors(config, eos, device, logits_processor)
@@ -455,14 +440,11 @@ class VaswaniGenerationMixin(GenerationMixin):
         stopping_criteria: StoppingCriteriaList | None = None,
         **kwargs,
     ):
-        """`GenerationMixin.generate` with the paper's defaults: 4 beams, GNMT length penalty with alpha 0.6 and a
-        maximum output length of each sentence's own input length + 50; `num_beams > 1` runs `beam_search`, greedy
-        search and sampling are transformers' own.
+        """`GenerationMixin.generate` with the paper's defaults (§6.1); `num_beams > 1` runs `beam_search`.
 
-        The per-sentence limit `max_len_a * |X| + max_len_b` (fairseq's names; the generation config holds a=1,
-        b=50; `max_len_b=None` turns it off) applies unless `max_length` or `max_new_tokens` is passed to this call,
-        or `max_new_tokens` is set in the `generation_config` passed to it. It replaces a `max_length` that the
-        model's generation config holds (Seq2SeqTrainer writes transformers' default, 20, there).
+        The per-sentence limit `max_len_a * |X| + max_len_b` (a=1, b=50; `max_len_b=None` turns it off) applies
+        unless this call passes `max_length` or `max_new_tokens`, or its `generation_config` sets `max_new_tokens`.
+        It replaces a `max_length` in the model's generation config (Seq2SeqTrainer writes transformers' 20 there).
         """
         gen_config = generation_config if generation_config is not None else self.generation_config
         controls = {name: kwargs.pop(name) for name in ("constraints", "constraint_order", "target_prefix")
@@ -544,8 +526,7 @@ class VaswaniGenerationMixin(GenerationMixin):
 
     def reorder_beam_cache(self, cache, beam_idx: torch.Tensor) -> None:
         """Moves each beam's self-attention keys and values to the hypothesis that continues it. The encoder-decoder
-        attention cache stays: every beam of a sentence holds the same one, and beams only move within their
-        sentence, so reordering it would copy the whole encoder cache at every step for nothing."""
+        cache stays: every beam of a sentence holds the same one, and beams only move within their sentence."""
         if isinstance(cache, EncoderDecoderCache):
             cache.self_attention_cache.reorder_cache(beam_idx)
         else:

@@ -4,16 +4,9 @@ Reads top to bottom like Figure 1: positional encoding (§3.5), attention (§3.2
 post-LN encoder and decoder layers (§3.1), the two stacks, the encoder-decoder, and the model with the tied
 pre-softmax projection (§3.4) and its label-smoothed loss (§5.4).
 
-Two sibling files hold what is not the architecture. generation_vaswani.py: the paper's beam search (§6.1) as hooks
-into `generate()`, which `VaswaniForConditionalGeneration` inherits. fast_paths_vaswani.py: dropout with a faster CPU
-mask (`apply_dropout`), MKL's packed GEMM for few-row CPU inference (`_project`) and the training loss fused with the
-projection (`projected_label_smoothed_cross_entropy`); where this file calls them, a comment gives the plain
-computation.
-
-Self-contained (torch, transformers and the sibling files configuration_vaswani.py, generation_vaswani.py and
-fast_paths_vaswani.py, imported relatively) so that `save_pretrained` copies it, with them, as Hub remote code. The
-translation pipeline (pipeline_vaswani.py) is not imported: `save_pretrained` copies its file and names it in
-config.json (`VaswaniPreTrainedModel.save_pretrained`).
+The paper's beam search (§6.1) lives in generation_vaswani.py; faster equivalents of plain operations in
+fast_paths_vaswani.py, where a comment here gives the plain computation. Self-contained (torch, transformers and
+those sibling files, imported relatively) so that `save_pretrained` copies it as Hub remote code.
 """
 
 from __future__ import annotations
@@ -41,12 +34,10 @@ from .generation_vaswani import VaswaniGenerationMixin
 
 logger = logging.get_logger(__name__)
 
-# transformers 5.24 renamed the KV cache that `generate()` passes to `forward` and reads back from its output, and
-# the argument of `create_causal_mask`, from `past_key_values` to `cache`. The model's `forward` takes `cache` and
-# writes the name the installed version reads, so that it runs (and its remote code runs) under 5.20-5.23 and 5.24+.
-# `past_key_values=` is renamed by transformers' `deprecate_kwarg`: from 5.24 with the FutureWarning that in-tree
-# models give (until 5.40, the version they name), before 5.24 silently, as it is the name their `generate()` passes
-# (a deprecation version already reached, "5.0.0", makes the helper rename without a warning).
+# transformers 5.24 renamed the KV cache (`forward`'s argument, the output field, `create_causal_mask`'s argument)
+# from `past_key_values` to `cache`. `forward` takes `cache` and writes the name the installed version reads, so the
+# model runs under 5.20-5.23 and 5.24+; `past_key_values=` is renamed, with in-tree models' FutureWarning from 5.24
+# and silently before it (where `generate()` passes that name; a version already reached means no warning).
 _CACHE_RENAMED = "cache" in Seq2SeqLMOutput.__dataclass_fields__
 _CACHE_OUTPUT_FIELD = "cache" if _CACHE_RENAMED else "past_key_values"
 _CACHE_MASK_ARG = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
@@ -60,9 +51,8 @@ _AUTO_MAP = {
     "AutoModel": "modeling_vaswani.VaswaniModel",
     "AutoModelForSeq2SeqLM": "modeling_vaswani.VaswaniForConditionalGeneration",
 }
-# The translation pipeline a saved folder names in config.json (`custom_pipelines`, as transformers'
-# `Pipeline.save_pretrained` writes it), so that `pipeline("translation", model=folder, trust_remote_code=True)` finds
-# it: the task, the class in `_PIPELINE_FILE` and the Auto class that loads the model for it.
+# The pipeline config.json names (`custom_pipelines`, as `Pipeline.save_pretrained` writes it), so that
+# `pipeline("translation", model=folder, trust_remote_code=True)` finds it.
 _PIPELINE_FILE = "pipeline_vaswani.py"
 _CUSTOM_PIPELINES = {
     "translation": {"impl": "pipeline_vaswani.TranslationPipeline", "pt": ["AutoModelForSeq2SeqLM"], "type": "text"}
@@ -210,9 +200,8 @@ class VaswaniSublayer(nn.Module):
 class VaswaniEncoderLayer(GradientCheckpointingLayer):
     """§3.1 encoder layer: self-attention, then the feed-forward network, each wrapped post-LN.
 
-    A `GradientCheckpointingLayer`: after `model.activation_checkpointing_enable()` (`gradient_checkpointing_enable()`
-    before transformers 5.23), or the Trainer's `--gradient_checkpointing true`, training keeps only each layer's
-    input and computes the layer again in the backward pass (same dropout masks: the RNG state is replayed).
+    A `GradientCheckpointingLayer`: with activation checkpointing on, training keeps only each layer's input and
+    computes the layer again in the backward pass (same dropout masks: the RNG state is replayed).
     """
 
     def __init__(self, config: VaswaniConfig):
@@ -283,18 +272,14 @@ class VaswaniPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["VaswaniEncoderLayer", "VaswaniDecoderLayer"]
 
     def save_pretrained(self, save_directory, *args, push_to_hub: bool = False, **kwargs):
-        """Saves as a Hub-ready folder: safetensors weights (the shared matrix once), config.json whose `auto_map`
-        names AutoConfig, AutoModel and AutoModelForSeq2SeqLM, generation_config.json, and the code files: this one
-        and those it imports relatively (configuration_vaswani.py, generation_vaswani.py, constraints_vaswani.py,
-        fast_paths_vaswani.py), which transformers' `custom_object_save` copies, and the translation pipeline.
+        """Saves as a Hub-ready folder: safetensors weights, config.json whose `auto_map` names the Auto classes,
+        generation_config.json, the code files (this one and those it imports relatively, copied by transformers'
+        `custom_object_save`) and the translation pipeline.
 
-        transformers' own mechanism (`PIPELINE_REGISTRY.register_pipeline`, then `Pipeline.save_pretrained`) writes
-        the pipeline's file only where a pipeline object is saved, and the Trainer and `push_to_hub.py` save the
-        model. The model does not import the pipeline, so its file is copied here: pipeline_vaswani.py from
-        `_pipeline_source()`, named in config.json's `custom_pipelines` (`_CUSTOM_PIPELINES`, a constant of this file,
-        as transformers' `Pipeline.save_pretrained` writes it). Where no such file is found, config.json names no
-        pipeline rather than a missing file. With `push_to_hub=True` the folder is uploaded after it is complete,
-        by `push_to_hub` (transformers' upload inside its `save_pretrained` would run before the pipeline is copied).
+        transformers writes a pipeline's file only where a pipeline object is saved, and the model does not import
+        it, so pipeline_vaswani.py (`_pipeline_source()`) is copied here and named in config.json's
+        `custom_pipelines`; where none is found, config.json names no pipeline. With `push_to_hub=True` the folder is
+        uploaded once complete (transformers' own upload would run before the pipeline is copied).
         """
         self.config.auto_map = dict(_AUTO_MAP)
         pipeline = self._pipeline_source()
@@ -312,9 +297,8 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         return result
 
     def _pipeline_source(self) -> Path | None:
-        """The pipeline_vaswani.py to ship: the file next to this one (in vaswani_mt; or, for a model loaded as remote
-        code, in transformers' module cache, which holds it only if a pipeline was loaded from the folder too), else
-        the one in the local folder the model was loaded from (`config._name_or_path`); None if there is none."""
+        """The pipeline_vaswani.py to ship: the file next to this one (for remote code, in transformers' module
+        cache), else the one in the local folder the model was loaded from; None if there is none."""
         folders = [Path(__file__).parent]
         loaded_from = getattr(self.config, "_name_or_path", None)
         if loaded_from and Path(loaded_from).is_dir():
@@ -660,8 +644,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
         inputs_embeds, decoder_inputs_embeds (`torch.Tensor` of shape `(batch, length, d_model)`, *optional*):
             Token embeddings in place of the ids, as in [`VaswaniModel`].
 
-        In training mode with `labels` (and gradients enabled) only the loss is computed, on the real target tokens,
-        and `logits` is `None`; in eval mode, or without labels, the logits are returned as usual.
+        In training mode with `labels` (and gradients enabled) only the loss is computed and `logits` is `None`.
         """
         if labels is not None:
             use_cache = False

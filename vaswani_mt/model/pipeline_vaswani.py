@@ -1,24 +1,13 @@
 """The translation pipeline of a vaswani_mt model: `pipeline("translation", model=folder, trust_remote_code=True)`.
 
-transformers 5 removed its `translation` task. The model's `save_pretrained` (modeling_vaswani.py, which does not
-import this file) copies it next to the model code and names it in config.json (`custom_pipelines`, as
-`Pipeline.save_pretrained` writes it), so `pipeline("translation", model=folder, trust_remote_code=True)` and
-`pipeline(model=folder, trust_remote_code=True)` load it as remote code. It answers in the schema of the Hub's
+transformers 5 removed its `translation` task. The model's `save_pretrained` copies this file next to the model code
+and names it in config.json (`custom_pipelines`), so it loads as remote code. It answers in the schema of the Hub's
 translation widget: `[{"translation_text": ...}]` per input.
 
-Input that the model cannot translate as given is handled, with a warning, never with a shape error:
-- an empty or whitespace-only text translates to "" (no generation runs for it);
-- a text longer than `max_source_tokens` (default: the config's `max_position_embeddings`, 1024, the longest input
-  the model is meant to see) is cut to that many tokens, its final `</s>` kept;
-- characters outside the vocabulary become `<unk>`, which the warning names;
-- lone surrogates (U+D800-U+DFFF: a Python str can hold them, UTF-8 and the tokenizer cannot) become U+FFFD, the
-  replacement character; a high surrogate followed by a low one is read as the one character the pair encodes;
-- a text of more than 4096 characters is tokenized only as far as `max_source_tokens` tokens reach: a prefix of 4
-  characters per allowed token, cut after a space, then 4 times that until it holds more tokens than that or
-  reaches 32 characters per token; so a 1 MB line costs what a few thousand characters cost, not seconds;
-- a line break in a translation (`\n`, `\r`, U+2028, ...: anything `str.splitlines` splits at) becomes a space, so
-  that a file of translations has one line per source whoever reads it.
-
+Input that the model cannot translate as given is handled with a warning, never a shape error: an empty text
+translates to ""; a text longer than `max_source_tokens` (default: `max_position_embeddings`) is cut, its final
+`</s>` kept, and a very long one is tokenized only as far as that limit reaches; characters outside the vocabulary
+become `<unk>`, named in the warning; lone surrogates become U+FFFD; a line break in a translation becomes a space.
 Self-contained (torch and transformers only) so that `save_pretrained` ships it as Hub remote code.
 """
 
@@ -43,10 +32,8 @@ def default_max_source_tokens(model, tokenizer) -> int:
     return min(limits) if limits else 1024
 
 
-# A long text is tokenized a prefix at a time: first `_CHARS_PER_TOKEN[0]` characters per allowed source token (and
-# at least `_FIRST_PREFIX`, so that a text of ordinary length is tokenized whole), then 4 times that, up to
-# `_CHARS_PER_TOKEN[1]` (text beyond that is never read). A BPE token seldom spans more than a word, so the first
-# prefix nearly always suffices, and a 1 MB line is not tokenized whole.
+# A long text is tokenized a prefix at a time: `_CHARS_PER_TOKEN[0]` characters per allowed token (at least
+# `_FIRST_PREFIX`), then 4 times that, up to `_CHARS_PER_TOKEN[1]`, so that a 1 MB line is not tokenized whole.
 _CHARS_PER_TOKEN = (4, 32)
 _FIRST_PREFIX = 4096
 
@@ -134,7 +121,7 @@ class TranslationPipeline(Pipeline):
     (terminology constraints, each tokenized as inside a sentence; `constraint_order="ordered"` keeps their order).
 
     Returns `[{"translation_text": ...}]` for one text and one such dict per text for a list of texts (a list of
-    them per text when `num_return_sequences` > 1), as transformers 4's translation pipeline did.
+    them per text when `num_return_sequences` > 1), as transformers 4's translation pipeline.
     """
 
     _load_tokenizer = True
