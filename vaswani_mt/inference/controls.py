@@ -1,15 +1,9 @@
 """What a translation must contain, start with, or never contain: terminology constraints, forced target prefixes,
 blocked phrases, as text, turned into the token ids `generate()` takes (model/constraints_vaswani.py).
 
-- Constraints: terms each line's translation must contain (fairseq's `--constraints`: the input line is
-  `source<TAB>term<TAB>term`), `unordered` or `ordered`; a term is matched as tokenized at the sentence start or
-  after a word (`phrase_forms`). One that cannot be met within the length limit leaves the best translation, marked
-  in the `ControlReport` and warned, naming the line.
-- Target prefixes: the text a line's translation starts with (interactive MT, completion); empty: none.
-- Blocked phrases (never in any output, transformers' `bad_words_ids`) and `<unk>` (`suppress_tokens`).
-
-A line whose control is bad (a term with characters outside the vocabulary, an empty term, more constraint or prefix
-tokens than its length limit allows, a source missing before the tab) gets an empty translation and one error line
+Constraints are fairseq's `--constraints` (`source<TAB>term<TAB>term`); one that cannot be met within the length
+limit leaves the best translation, reported in the `ControlReport` and warned. Blocked phrases and `<unk>` go to
+`bad_words_ids` and `suppress_tokens`. A line whose control is bad gets an empty translation and one error line
 naming it; every other line is translated.
 """
 

@@ -2,28 +2,14 @@
 decoding step the next-token distribution is the mean of the members' probabilities (fairseq's default),
 `log p(y | Y<t, X) = log (1/M) sum_m p_m(y | Y<t, X)`, searched with the paper's beam search (§6.1) as one model is.
 
-Design: `VaswaniEnsemble` is a `PreTrainedModel` with the same `VaswaniGenerationMixin` as
-`VaswaniForConditionalGeneration`, so `generate()` drives it exactly like one model, and the GNMT length penalty, the
-per-sentence limit `max_len_a * |X| + max_len_b` and the early-termination bound are the same code, not copies. What
-`generate()` sees of it:
+`VaswaniEnsemble` has the same `VaswaniGenerationMixin` as `VaswaniForConditionalGeneration`, so `generate()` drives
+it like one model with the same search code. Its encoder output is the members' concatenated along the feature axis
+(split back in `forward`); its logits are the log of the mean of the members' softmaxes, already log-probabilities,
+so scores and n-best lists are the ensemble's log P(Y|X); its cache is one per member (`EnsembleCache`).
 
-- `get_encoder()`: a module that runs every member's encoder on the source and returns their outputs concatenated
-  along the feature axis (one `last_hidden_state` of width `sum_m d_model_m`): `generate()` repeats that tensor for the
-  beams like any encoder output, and `forward` splits it back into each member's states;
-- `forward`: each member's decoder step on its own encoder states with its own KV cache, and as logits the log of the
-  mean of the members' softmaxes. They are log-probabilities already (they sum to 1), so the `log_softmax` that
-  beam search applies leaves them unchanged, and `sequences_scores`, `compute_transition_scores` and the n-best lists
-  of `translate_nbest` are the ensemble's log P(Y|X);
-- the cache: `EnsembleCache`, one cache per member, each made by the member's own decoder at the first step
-  (`_supports_default_dynamic_cache` is False, so `generate()` makes none); beam search reorders them all after each
-  step with the mixin's own reordering (self-attention only; the encoder-decoder attention cache stays).
-
-The ensemble's generation config is the first model's; its config a copy of the first model's, with the smallest
-`max_position_embeddings` of the members (sources longer than any member takes are cut, with a warning, by
-`translate`). The members must share one vocabulary: the same tokenizer (`load_ensemble` compares the folders'
-tokenizers), the same `vocab_size` and the same special token ids; anything else is refused with one line naming the
-two models. Attention weights and hidden states (`output_attentions`, `output_hidden_states`) are per member, so an
-ensemble refuses them.
+The generation config is the first model's; the config a copy of it with the members' smallest
+`max_position_embeddings`. The members must share one vocabulary (tokenizer, `vocab_size`, special token ids), else
+they are refused in one line naming both. Attention weights and hidden states are per member, so they are refused.
 """
 
 from __future__ import annotations
@@ -43,8 +29,7 @@ from vaswani_mt.model.configuration_vaswani import VaswaniConfig
 from vaswani_mt.model.generation_vaswani import VaswaniGenerationMixin
 from vaswani_mt.model.modeling_vaswani import VaswaniForConditionalGeneration
 
-# transformers 5.24 names the KV cache `cache` in model outputs, earlier versions `past_key_values` (as
-# modeling_vaswani.py does, the ensemble writes the name the installed version reads).
+# The KV cache's output field: `cache` from transformers 5.24, `past_key_values` before (as in modeling_vaswani.py).
 _CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
 # Config fields that must agree for the members' token ids to mean the same tokens.
 _VOCABULARY_FIELDS = ("vocab_size", "pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id")

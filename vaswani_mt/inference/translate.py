@@ -1,13 +1,9 @@
 """Batched and streamed translation with `generate()` (the paper's search by default, §6.1): a list of sentences,
 an iterable of any length a chunk at a time, or a byte stream (a file, a pipe, standard input) line by line.
 
-Any text gets exactly one single-line translation, in input order (the translation pipeline's rules,
-`pipeline_vaswani.encode_source`); invalid UTF-8 becomes U+FFFD with a warning naming the line.
-
-Decoding options, with any search and on streams too: n-best lists with each hypothesis's log-probability and
-search score (`translate_nbest`, Marian's format by `format_nbest`); seeded sampling for back-translation
-(`Sampling`), the same sample for a line whatever its batch; token-budget batches (`max_tokens`, fairseq's
-`--max-tokens`, `batching.token_budget_batches`), the same translations as fixed-size batches.
+Any text gets exactly one single-line translation, in input order (`pipeline_vaswani.encode_source`'s rules).
+Options, on streams too: n-best lists (`translate_nbest`, `format_nbest`), seeded sampling (`Sampling`) and
+token-budget batches (`max_tokens`).
 """
 
 from __future__ import annotations
@@ -54,11 +50,10 @@ class Hypothesis(NamedTuple):
 
 @dataclass(frozen=True)
 class Sampling:
-    """Sampling instead of search, for back-translation (Edunov et al., 2018: sampled source sentences train a
-    better model than beam-searched ones): each token is drawn from the model's distribution divided by
-    `temperature`, among the `top_k` most likely tokens (None or 0: all) and the fewest whose probability reaches
-    `top_p` (nucleus sampling; 1: all). Each input line draws from its own random stream, seeded by `seed` and the
-    line's position in the input, so that its sample does not depend on the lines that share its batch."""
+    """Sampling instead of search, for back-translation (Edunov et al., 2018): each token is drawn from the model's
+    distribution divided by `temperature`, among the `top_k` most likely tokens (None or 0: all) and the fewest whose
+    probability reaches `top_p` (1: all). Each input line draws from its own random stream, seeded by `seed` and its
+    position in the input, so that its sample does not depend on its batch."""
 
     seed: int = 1
     top_k: int | None = None
@@ -76,9 +71,8 @@ class Sampling:
 
 class _SeededSampler(LogitsProcessor):
     """`Sampling` inside greedy search, by the Gumbel-max trick: `argmax(scores + G)`, with G standard Gumbel noise,
-    is a draw from `softmax(scores)`. Each row's noise comes from a generator of its own, seeded by its line, where
-    transformers' `do_sample` draws all rows from one global generator (a line's sample would then depend on its
-    batch)."""
+    is a draw from `softmax(scores)`. Each row's noise comes from a generator seeded by its line (transformers'
+    `do_sample` draws all rows from one global generator)."""
 
     def __init__(self, sampling: Sampling, lines: Sequence[int]):
         warpers = [TemperatureLogitsWarper(sampling.temperature)] if sampling.temperature != 1 else []
@@ -120,13 +114,11 @@ def _nbest_search(model, tokenizer, batch, nbest: int, kwargs: dict) -> tuple[li
         output_logits=beams == 1,
     )  # fmt: skip
     if beams > 1:
-        # Beam search's scores are log-softmax outputs, as the search added them up; a finished beam's steps past
-        # its end are 0 here.
+        # Beam search's scores are log-softmax outputs; a finished beam's steps past its end are 0 here.
         steps = model.compute_transition_scores(output.sequences, output.scores, output.beam_indices)
         log_probs, scores = steps.sum(-1), output.sequences_scores
     else:
-        # Greedy search's scores are processed logits (sampling noise, a temperature): the model's own
-        # log-probabilities come from the raw logits, counted up to the first EOS.
+        # Greedy search's scores are processed logits (sampling noise): log-probabilities come from the raw logits.
         steps = model.compute_transition_scores(output.sequences, output.logits, normalize_logits=True)
         eos = model.generation_config.eos_token_id
         ends = torch.isin(output.sequences[:, -steps.shape[1] :], torch.tensor(eos, device=steps.device).flatten())
@@ -207,9 +199,7 @@ def _translate_batches(
         prepared = controls.prepare(model, tokenizer, encoded, first_line, generate_kwargs)
         todo = [i for i in todo if i in encoded]
     if max_tokens is None:
-        # Longest first, so that a batch holds sentences of similar length (little padding); the order of the
-        # results is the input order, and a sentence's translation does not depend on its batch
-        # (tests/inference/test_hostile_input.py).
+        # Longest first, so that a batch holds sentences of similar length (little padding); results in input order.
         order = sorted(todo, key=lambda i: len(sentences[i]), reverse=True)
         batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
     else:
@@ -293,22 +283,18 @@ def translate(
 ) -> list[str]:
     """Translates `sentences` in batches of similar length (order preserved) with `model.generate`.
 
-    Without `generate_kwargs` this is the paper's search (§6.1): beam 4, GNMT alpha 0.6, input length + 50. Any
-    text gets exactly one translation, a single line: empty lines stay empty; a source longer than
-    `max_source_tokens` (default: `config.max_position_embeddings`) is cut with a warning; characters outside the
-    vocabulary are named in a warning, lone surrogates become U+FFFD (the translation pipeline's rules,
-    `pipeline_vaswani.encode_source`); a line break in a translation becomes a space.
+    Without `generate_kwargs` this is the paper's search (§6.1). Any text gets exactly one single-line translation:
+    empty lines stay empty; a source longer than `max_source_tokens` (default: `config.max_position_embeddings`) is
+    cut with a warning (`pipeline_vaswani.encode_source`).
 
-    `max_tokens`: token-budget batches instead of `batch_size` sentences (fairseq's `--max-tokens`): sorted by
-    length in tokens, at most `max_tokens` source tokens per batch counting padding (rows x longest), and at most
-    `batch_size` rows unless it is None; a sentence longer than `max_tokens` goes alone, with a warning. The
-    translations are the same tokens either way. `sampling`: a sample per sentence instead of a search (`Sampling`).
+    `max_tokens`: token-budget batches (fairseq's `--max-tokens`): at most `max_tokens` source tokens per batch
+    counting padding, and at most `batch_size` rows unless it is None; a longer sentence goes alone, with a warning.
+    The translations are the same tokens either way. `sampling`: a sample per sentence instead of a search.
 
-    Controls (`controls.py`): `constraints`, per sentence the terms its translation must contain, in any order or
-    with `constraint_order="ordered"` in the order given; `target_prefixes`, per sentence the text its translation
-    starts with ("" for none); `block`, phrases no translation may contain; `disable_unk`: no `<unk>`. `report`, a
-    `ControlReport`, gets the sentences (from 1) whose constraints were not met and those not translated because
-    their controls were bad (named in a warning too).
+    Controls (`controls.py`): `constraints`, per sentence the terms its translation must contain (in the order given
+    with `constraint_order="ordered"`); `target_prefixes`, per sentence the text its translation starts with ("" for
+    none); `block`, phrases no translation may contain; `disable_unk`: no `<unk>`. `report` (`ControlReport`) gets
+    the sentences (from 1) whose constraints were not met or whose controls were bad.
     """
     controls, generate_kwargs = _controls(tokenizer, sentences, generate_kwargs, constraints, constraint_order,
                                           target_prefixes, block, disable_unk, report)  # fmt: skip
@@ -391,21 +377,16 @@ def translate_chunks(
     report: ControlReport | None = None,
     **generate_kwargs,
 ) -> Iterator[list]:
-    """`translate` of an iterable of any length, lazily: reads `chunk_size` lines, translates them (sorted by length
-    into batches of `batch_size`), yields their translations in input order, then reads the next chunk. Memory is
-    that of one chunk however many lines there are; warnings number the lines from 1 across chunks.
+    """`translate` of an iterable of any length, lazily: reads `chunk_size` lines, yields their translations in
+    input order, then reads the next chunk; memory is that of one chunk. Warnings number lines from 1 across chunks.
 
     `ready()`, when given, says whether another line can be read without waiting: a chunk then ends early when the
-    input has nothing more for now, so a program that writes a line into a pipe and waits gets its answer.
+    input pauses, so a program that writes a line into a pipe and waits gets its answer. `max_tokens` and `sampling`
+    as in `translate`, within each chunk. With `nbest`, each line's translation is its list of `Hypothesis`.
 
-    `max_tokens` and `sampling` as in `translate`, within each chunk (fairseq-interactive's buffer); a line's
-    sample depends on its position in the whole input, not on the chunks. With `nbest`, each line's translation is
-    its list of `Hypothesis` (`translate_nbest`).
-
-    `constraints` ("unordered" or "ordered"): each line is fairseq's `source<TAB>term<TAB>term...`, its terms the
-    constraints of its translation (`translate`'s); `target_prefixes`: an iterable of one prefix per line ("" for
-    none), read along with the lines; ValueError where it ends before them. `block`, `disable_unk`, `report` as in
-    `translate`."""
+    `constraints` ("unordered" or "ordered"): each line is fairseq's `source<TAB>term<TAB>term...`;
+    `target_prefixes`: one prefix per line ("" for none), read along with the lines; ValueError where it ends before
+    them. `block`, `disable_unk`, `report` as in `translate`."""
     if (batch_size is not None and batch_size < 1) or chunk_size < 1:
         raise ValueError(f"batch_size and chunk_size must be at least 1, got {batch_size} and {chunk_size}")
     if batch_size is None and max_tokens is None:
@@ -482,9 +463,8 @@ class _PipeReader:
         return bool(select.select([self.fd], [], [], 0)[0])
 
 
-# Bytes read of one input line at most: the model sees the first `max_source_tokens` tokens of a line, 32 characters
-# each at most (pipeline_vaswani._CHARS_PER_TOKEN), so 1 MiB is more than it can use; the rest of the line is skipped
-# without being held in memory, and a stream without line ends cannot fill the memory.
+# Bytes read of one input line at most: more than the model can use (pipeline_vaswani._CHARS_PER_TOKEN); the rest is
+# skipped without being held, so a stream without line ends cannot fill the memory.
 MAX_LINE_BYTES = 1 << 20
 
 
@@ -547,15 +527,12 @@ def translate_stream(
     **generate_kwargs,
 ) -> int:
     """Translates the lines of the byte stream `source` (`read_text_lines`) into `sink`, UTF-8, one line per line in
-    input order, and returns how many. Reads and translates `chunk_size` lines at a time (default 16 batches, or
-    1024 lines with `max_tokens`; one line from a terminal, so that each typed line is answered) and flushes each
-    chunk's lines as they are done: memory stays flat however long the input, and a reader downstream sees output
-    while input still arrives. From a pipe, a chunk also ends where the input pauses: a program that writes a line
-    and waits for its translation gets it, however large the chunk.
+    input order, and returns how many. Works `chunk_size` lines at a time (default 16 batches, or 1024 lines with
+    `max_tokens`; one line from a terminal) and flushes each chunk: memory stays flat, and output flows while input
+    still arrives. From a pipe, a chunk also ends where the input pauses.
 
-    With `nbest`, each line gets `nbest` lines in Marian's n-best format (`format_nbest`), IDs from 0 in input
-    order; `max_tokens` and `sampling` as in `translate`; `constraints`, `target_prefixes`, `block`, `disable_unk`
-    and `report` as in `translate_chunks`."""
+    With `nbest`, each line gets `nbest` lines in Marian's n-best format (`format_nbest`), IDs from 0; the other
+    options as in `translate_chunks`."""
     if chunk_size is None:
         chunk_size = 1 if source.isatty() else 1024 if max_tokens is not None else 16 * (batch_size or 32)
     ready = None
