@@ -170,8 +170,7 @@ class RecipeArguments:
     config: str | None = field(default=None, metadata={"help": "a YAML or JSON file with any of these options"})
 
     def __post_init__(self):
-        # Which options the config file set, and which the command line gave: `parse_args` fills them in, so
-        # that a message can say where a value came from.
+        # Which options the config file set and which the command line gave (`parse_args`), for messages.
         self.from_config_file: frozenset[str] = frozenset()
         self.from_command_line: frozenset[str] = frozenset()
 
@@ -237,8 +236,7 @@ def parse_args(argv: list[str] | None = None):
     defaults. `--config FILE` (YAML or JSON; also as the first argument) sets any of them; the command line wins.
     Returns `(model_args, data_args, recipe, training_args)`.
 
-    `HfArgumentParser` parses; the file is read here because its `parse_yaml_file` / `parse_json_file` take a file
-    alone (no command line to override it) and its `args_file_flag` reads files of command-line words, not YAML."""
+    The file is read here: `HfArgumentParser` reads a YAML file alone, with no command line to override it."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = HfArgumentParser(ARGUMENT_CLASSES)
     parser.set_defaults(**TRAINING_DEFAULTS)
@@ -340,9 +338,8 @@ def check_dataset_options(data_args: DataArguments, recipe: RecipeArguments) -> 
 
 def check_early_stopping(recipe: RecipeArguments, training_args: Seq2SeqTrainingArguments) -> None:
     """Raises when `--metric_for_best_model` or `--early_stopping_patience` cannot work: patience below 1 or without
-    a metric, a metric that no evaluation computes (neither `bleu` nor `loss`, with or without the `eval_` prefix
-    Trainer adds, or `bleu` under `--eval_bleu false`), no evaluations (`--eval_strategy no`) or no checkpoints
-    (`--save_strategy no`) to choose the best from. `--metric_for_best_model bleu` turns `--eval_bleu` on."""
+    a metric, a metric no evaluation computes (`bleu` or `loss`, with or without `eval_`), no evaluations or no
+    checkpoints to choose the best from. `--metric_for_best_model bleu` turns `--eval_bleu` on."""
     patience, metric = recipe.early_stopping_patience, training_args.metric_for_best_model
     if patience is not None and patience < 1:
         raise ValueError(

@@ -23,12 +23,9 @@ logger = logging.getLogger(__name__)
 
 
 class WallClockCallback(TrainerCallback, ExportableState):
-    """Saves a checkpoint every `checkpoint_minutes` (the paper: 10) and stops, with a checkpoint, once
-    `budget_minutes` have passed. All processes take the same decision (rank 0's clock). When the best checkpoint
-    is chosen (`--metric_for_best_model`), the budget's last step is evaluated too, so that its checkpoint can be it.
-
-    Each checkpoint's trainer_state.json records the seconds trained so far (`state()`), and a resumed run counts
-    on from there: a crashed run finishes the budget it had left, not a new one (`trained_seconds`).
+    """Saves a checkpoint every `checkpoint_minutes` (§6.1: 10) and stops, with a checkpoint, once `budget_minutes`
+    have passed; all processes follow rank 0's clock. With `--metric_for_best_model` the last step is evaluated too.
+    Checkpoints record the seconds trained (`state()`), so a resumed run finishes the budget it had left.
     """
 
     def __init__(self, checkpoint_minutes: float | None = None, budget_minutes: float | None = None):
@@ -80,14 +77,10 @@ class WallClockCallback(TrainerCallback, ExportableState):
 class PreemptionCallback(TrainerCallback):
     """On SIGINT (Ctrl-C) or SIGTERM (a scheduler's preemption): finish the current step, save a checkpoint, stop.
 
-    The signal handler only records the signal (`signal_name`); the step that is running completes, and at its end
-    this callback asks the Trainer for a checkpoint and the end of training. Under DDP the ranks take the decision
-    together (any rank's signal stops all of them at the same step, so none waits in a collective for the others).
-    A second signal is not caught: Ctrl-C twice stops at once (KeyboardInterrupt), as does a second SIGTERM. Under
-    a launcher (`accelerate launch`, torchrun) a worker can get the same signal twice at once, the scheduler's and
-    the launcher's copy of it (Slurm signals every process of a job): a second signal within `echo_seconds` of the
-    first counts as the same one there. The handlers are installed only inside `catching_signals()`, around
-    `trainer.train()`. It prints nothing: the command says, once, where the run stopped.
+    The handler only records the signal; at the end of the running step this callback asks for a checkpoint and
+    the end of training. Under DDP any rank's signal stops all of them at the same step. A second signal is not
+    caught (Ctrl-C twice stops at once), except within `echo_seconds` of the first under a launcher, which can
+    deliver its own copy of the same signal. Handlers are installed only inside `catching_signals()`.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -123,9 +116,8 @@ class PreemptionCallback(TrainerCallback):
 
     @property
     def exit_code(self) -> int:
-        """The shell's status for a process ended by the signal, 128 + its number: 130 for SIGINT, 143 for SIGTERM.
-        Not 0: a scheduler must not take a preempted job for a finished one (a Kubernetes Job, for one, restarts a
-        pod that exits non-zero, and the same command then resumes)."""
+        """The shell's status for a process ended by the signal, 128 + its number (130 for SIGINT, 143 for SIGTERM):
+        not 0, so that a scheduler does not take a preempted job for a finished one."""
         return 128 + (self.signum or signal.SIGTERM)
 
     def _handle(self, signum, frame):
@@ -172,11 +164,8 @@ def trained_seconds(state: TrainerState | None) -> float:
 
 
 class CheckpointAtEvaluationCallback(TrainerCallback):
-    """A checkpoint at every evaluation during training, beside those of `--save_steps` and the clock, so that the
-    best evaluated weights are on disk: Trainer records the best checkpoint (`best_model_checkpoint`, which
-    `--save_total_limit` never deletes, and `load_best_model_at_end` loads) only where a checkpoint of the evaluated
-    step exists. Its own rule for that (save steps a multiple of the evaluation steps) would still leave evaluations
-    without one, and would override the main job's `--save_steps 100000` (checkpoints from the clock)."""
+    """A checkpoint at every evaluation during training, so that the best evaluated weights are on disk: Trainer
+    records `best_model_checkpoint` only where a checkpoint of the evaluated step exists."""
 
     def on_evaluate(self, args, state, control, **kwargs):
         if state.global_step > 0 and args.save_strategy != "best":  # "best": Trainer saves exactly the new bests
@@ -185,16 +174,14 @@ class CheckpointAtEvaluationCallback(TrainerCallback):
 
 
 def evaluations_without_improvement(state: TrainerState | None) -> int:
-    """How many evaluations in a row had not improved the metric when a (resumed) TrainerState was saved:
-    transformers' `EarlyStoppingCallback` counter, which this job restores itself on a resume (it restores no
-    callback from the checkpoint: see `WallClockCallback`); 0 when the state has none."""
+    """`EarlyStoppingCallback`'s counter of evaluations without improvement that a (resumed) TrainerState records,
+    for the job to restore; 0 when the state has none."""
     return int(_saved_attributes(state, "EarlyStoppingCallback").get("early_stopping_patience_counter") or 0)
 
 
 class BudgetProgressCallback(ProgressCallback):
-    """The training progress bar in minutes of the time budget (`WallClockCallback`), with the step beside it:
-    under a budget the run ends on the clock, so `max_steps` (often a placeholder such as 100,000) says nothing
-    about when. Without a budget it is transformers' bar over `max_steps`."""
+    """The training progress bar in minutes of the time budget (`WallClockCallback`), with the step beside it: under
+    a budget the run ends on the clock, not at `max_steps`. Without a budget it is transformers' bar."""
 
     def __init__(self, clock: WallClockCallback):
         super().__init__()
@@ -237,8 +224,8 @@ class SamplerEpochCallback(TrainerCallback):
 
 
 class CurvesCallback(TrainerCallback):
-    """Draws the logged curves to `training_curves.png` in the output folder at each save and at the end, from
-    `state.log_history`: after a resume that holds the steps before it too (the checkpoint's trainer state)."""
+    """Draws the logged curves (`state.log_history`, a resumed run's earlier steps included) to
+    `training_curves.png` in the output folder at each save and at the end."""
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:

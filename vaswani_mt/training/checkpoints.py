@@ -1,10 +1,7 @@
-"""Checkpoints: finding the last complete one, and averaging the last K (§6.1).
+"""Checkpoints: finding the last complete one, and averaging the last K (§6.1: the last 5 checkpoints, written at
+10-minute intervals, for the base model, the last 20 for the big one).
 
-A checkpoint counts as complete only when every file resuming reads was written whole (`incomplete_reason`): a run
-killed while it wrote one resumes from the one before it.
-
-The paper averages the last 5 checkpoints (written at 10-minute intervals) for the base model and the last 20
-for the big one. `average_checkpoints` writes the element-wise mean as a folder that loads with `from_pretrained`.
+A checkpoint counts as complete only when every file resuming reads was written whole (`incomplete_reason`).
 """
 
 from __future__ import annotations
@@ -34,9 +31,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-# What an averaged folder never takes from a checkpoint: Trainer's bookkeeping, the old weights, and every pickle
-# (Trainer's optimizer.pt, scheduler.pt, rng_state.pth, training_args.bin; a pytorch_model.bin): its weights are the
-# safetensors written here, and loading it unpickles nothing.
+# What an averaged folder never takes from a checkpoint: Trainer's bookkeeping, the old weights and every pickle,
+# so that loading it unpickles nothing.
 _NOT_PUBLISHED_NAMES = ("trainer_state.json", "model.safetensors.index.json")
 _NOT_PUBLISHED_SUFFIXES = (".safetensors", *PICKLE_SUFFIXES)
 
@@ -71,9 +67,7 @@ def _safetensors_problem(file: Path) -> str | None:
     return None
 
 
-# What `Trainer._save_checkpoint` writes besides the weights, in this order, `trainer_state.json` last: resuming
-# needs all of them (a torch zip archive each, but trainer_state.json). The RNG file is `rng_state_<rank>.pth`
-# under DDP.
+# What `Trainer._save_checkpoint` writes besides the weights, `trainer_state.json` last; resuming needs all of them.
 _RESUME_FILES = ("optimizer.pt", "scheduler.pt", "rng_state*.pth", "trainer_state.json")
 
 
@@ -82,18 +76,13 @@ def incomplete_reason(
 ) -> str | None:
     """Why `checkpoint` cannot be used, or None when it is complete.
 
-    Trainer writes a checkpoint file by file into its final folder: config and weights, `optimizer.pt`,
-    `scheduler.pt`, `rng_state.pth`, and `trainer_state.json` last, so a folder without a readable
-    `trainer_state.json` was cut off while it was written. That is not enough alone: a file can be cut short (a
-    full disk, a crash of the machine before the page cache reached the disk) while the later ones were written.
-    So every weights file's safetensors header must describe exactly the file's size, and every `.pt`/`.pth` must
-    end with its zip directory (torch.save writes it last); all of it without loading a tensor.
+    Trainer writes `trainer_state.json` last, but an earlier file can still be cut short (a full disk, a crash
+    before the page cache reached the disk), so every safetensors header must describe exactly its file's size and
+    every `.pt`/`.pth` must end with its zip directory; all checked without loading a tensor.
 
     `resumable=False` asks only for what averaging and evaluation read: the weights and `trainer_state.json`.
-    `processes`: the number of processes that will resume from it. Under DDP every rank writes its own RNG state
-    (`rng_state_<rank>.pth`) and rank 0 the rest, so a rank killed while rank 0 finished the folder leaves one that
-    looks whole without that rank's file (the rank would resume with a fresh RNG, not the saved one): a checkpoint
-    written by several processes needs `rng_state_<r>.pth` for each of the `processes` ranks.
+    `processes`: how many processes will resume from it; a checkpoint written by several needs each rank's
+    `rng_state_<r>.pth` (a rank killed while rank 0 finished the folder leaves it looking whole without its file).
     """
     checkpoint = Path(checkpoint)
     weights = _weight_files(checkpoint)
@@ -136,8 +125,7 @@ def incomplete_reason(
 
 def unpickling_refused(checkpoint: str | os.PathLike, error: pickle.UnpicklingError) -> CheckpointError:
     """The error for a resume that `torch.load(weights_only=True)` refused: a state file of `checkpoint` holds more
-    than tensors and plain values, and unpickling it could run code. Names the file (found by loading each state
-    file again, as safely: weights_only, with the numpy types Trainer's RNG state needs) and what it asked for."""
+    than tensors and plain values. Names the file (found by loading each again, as safely) and what it asked for."""
     from transformers.trainer_pt_utils import safe_globals
 
     checkpoint = Path(checkpoint)
@@ -223,13 +211,9 @@ def average_checkpoints(
 ) -> Path:
     """Writes the element-wise mean of the last `last` complete checkpoints in `checkpoint_dir` to `output`.
 
-    `up_to_step`: only checkpoints of that step or earlier count (what averaging would have given had the run
-    stopped there; e.g. windows along one long run).
-
-    The output holds `model.safetensors` (summed in float64, stored in the checkpoints' dtype) and the newest
-    checkpoint's config, generation config, code and tokenizer files, so it loads with `from_pretrained`. It is
-    written whole (`system.written_whole`): a folder already at `output` is replaced only once the new one is
-    complete.
+    `up_to_step`: only checkpoints of that step or earlier count. The output holds `model.safetensors` (summed in
+    float64, stored in the checkpoints' dtype) and the newest checkpoint's config, generation config, code and
+    tokenizer files, so it loads with `from_pretrained`; it is written whole (`system.written_whole`).
     """
     if last < 1:
         raise ValueError(f"last must be at least 1, got {last}")
@@ -267,13 +251,11 @@ def average_checkpoints(
 
 
 def describe_write_failure(folder: Path, error: Exception, rank: int | None = None, writes_all: bool = True) -> str:
-    """What stopped a checkpoint's write, in one line: the file it stopped in, the cause, the free space, and the
-    file-size limit (`ulimit -f`) when there is one. torch.save reports a failed write as an internal assertion of
-    its zip writer, which says nothing to a user: it becomes "torch.save could not write the whole file".
+    """What stopped a checkpoint's write, in one line: the file it stopped in, the cause (torch.save's internal zip
+    writer assertion said in words), the free space, and the file-size limit (`ulimit -f`) when there is one.
 
     The file is the newest of those this process writes: under DDP (`rank` given) its own `rng_state_<rank>.pth`,
-    and with `writes_all` (the rank that saves) every file but the other ranks' RNG states, which they write into
-    the same folder at the same time."""
+    and with `writes_all` (the rank that saves) every file but the other ranks' RNG states."""
     text = " ".join(str(error).split())
     if isinstance(error, OSError) and error.strerror:
         cause = error.strerror
@@ -302,14 +284,11 @@ def describe_write_failure(folder: Path, error: Exception, rank: int | None = No
 
 def resume_point(training_args: Seq2SeqTrainingArguments, output_dir: Path) -> str | None:
     """The checkpoint to resume from: the one given, or (by default, or `last`/`auto`/`true`) the last complete one
-    (`checkpoints.incomplete_reason`; under `--save_only_model` the weights and trainer_state.json suffice, as
-    such a run saves nothing else; under DDP every rank's RNG state too). A given one that is not complete raises
-    `CheckpointError`, with the reason.
+    (`incomplete_reason`; under `--save_only_model` the weights and trainer_state.json suffice). A given one that
+    is not complete raises `CheckpointError`, with the reason.
 
-    Under DDP rank 0 alone decides and broadcasts its choice, so every rank resumes from the same checkpoint even
-    while the files change under them or the ranks see different disks, and the warnings about damaged checkpoints
-    come once. Every rank then checks that it sees the chosen folder: a rank that does not (an output folder on a
-    disk the ranks do not share) ends the run on every rank with a `CheckpointError` naming it, not a hang.
+    Under DDP rank 0 alone decides and broadcasts its choice, so every rank resumes from the same checkpoint; a rank
+    that cannot see it (a disk the ranks do not share) ends the run on every rank with a `CheckpointError`.
     """
     import torch.distributed as dist
     from accelerate.utils import gather_object
@@ -339,10 +318,8 @@ def resume_point(training_args: Seq2SeqTrainingArguments, output_dir: Path) -> s
 
 
 def _common_resume_point(training_args: Seq2SeqTrainingArguments, output_dir: Path) -> str | None:
-    """Where each machine keeps its own copy of the checkpoints: the newest one that every machine holds whole, in
-    its own output folder. A machine that holds none of them while another holds some (its folder missing, or
-    behind the others' with no checkpoint in common) ends the run with a `MachinesError` naming it. A machine ahead
-    of another resumes from the older checkpoint with them (the same weights an uninterrupted run had there)."""
+    """Where each machine keeps its own copy of the checkpoints: the newest one that every machine holds whole.
+    Without one in common, a `MachinesError` names the machine behind; a machine ahead resumes with the others."""
     from accelerate.utils import gather_object
 
     where = machines()

@@ -1,20 +1,13 @@
 """Training FLOPs per target token, counted from the model itself, and what they cost on a given GPU.
 
-`count_training_flops` runs one forward + backward of `VaswaniForConditionalGeneration` in training mode (the fused
-projection + label-smoothed loss of fast_paths_vaswani.py included) under `torch.utils.flop_counter.FlopCounterMode`,
-which counts the matrix products (`mm`, `addmm`, `bmm`, ...) that reach the dispatcher, also those inside custom
-autograd Functions. The loss's Function does its backward products already in its forward (backward only scales),
-so they are counted there. Element-wise work (softmax, LayerNorm, dropout, Adam) is not counted, as is usual for MFU.
+`count_training_flops` runs one training forward + backward under `torch.utils.flop_counter.FlopCounterMode`, which
+counts the matrix products that reach the dispatcher, those of the fused loss included (its backward products run
+in its forward). Element-wise work (softmax, LayerNorm, dropout, Adam) is not counted, as is usual for MFU.
 
-It runs on the CPU in float32 with eager attention, on a small batch (FLOPs per token do not depend on the number of
-sentences, only on their lengths). The 'meta' device cannot run it: the training loss depends on the data (it keeps
-the real target tokens by boolean indexing and reads their count as a number, which meta tensors refuse). And
-FlopCounterMode has no formula for the CPU kernel of `scaled_dot_product_attention`: under sdpa on a CPU the
-attention products would go uncounted. Eager attention computes the full n x n scores (the causal half included),
-as FlopCounterMode's formula for the GPU sdpa kernels counts them.
-
-`analytic_training_flops_per_token` is the same count from the config alone (6 x matrix parameters per token,
-6 d_model V for the output layer, 3 x the forward attention products), for cross-checking.
+It runs on the CPU in float32 on a small batch: the 'meta' device cannot run the training loss, which depends on
+the data (boolean indexing of the real target tokens). Attention is eager, because FlopCounterMode has no formula
+for the CPU sdpa kernel; eager computes the full n x n scores, as its formula for the GPU kernels counts them.
+`analytic_training_flops_per_token` is the same count from the config alone, for cross-checking.
 """
 
 from __future__ import annotations
@@ -27,8 +20,8 @@ import torch
 from vaswani_mt.model.configuration_vaswani import VaswaniConfig
 
 # The paper's run (§5.2, Table 2): steps, ~25,000 source + 25,000 target tokens per step, wall time on 8 P100, and
-# Table 2's training cost, which is the paper's estimate "training time x number of GPUs x sustained single-precision
-# TFLOPS of each GPU" (its footnote 5, with 9.5 TFLOPS for a P100), i.e. an upper bound at 100% utilisation.
+# Table 2's training cost, "training time x number of GPUs x sustained single-precision TFLOPS" (footnote 5, 9.5 for
+# a P100): an upper bound at 100% utilisation.
 PAPER_TOKENS_PER_STEP = 25_000
 PAPER_P100_TFLOPS = 9.5
 PAPER_RUNS = {
@@ -36,12 +29,11 @@ PAPER_RUNS = {
     "big": {"steps": 300_000, "hours_on_8_p100": 3.5 * 24, "table2_flops": 2.3e19},
 }
 # The WMT14 En-De training sentences average about 27 BPE tokens per side (an estimate: the length only moves the
-# small attention term, base 380.9 MFLOP per target token at 27 tokens, 381.2 at 30).
+# small attention term).
 WMT14_MEAN_LENGTH = 27
 
-# Dense (no sparsity) tensor-core peaks in TFLOPS for bf16, or fp16 where a GPU has no bf16 (P100, V100), from the
-# vendor's data sheets (NVIDIA Tesla P100, V100, A100, H100 and H200, L4, L40S, A10). The P100 has no tensor cores:
-# its number is the fp16 peak of its CUDA cores (fp32: 10.6 SXM2, 9.3 PCIe).
+# Dense tensor-core peaks in TFLOPS for bf16, or fp16 where a GPU has no bf16 (P100, V100), from NVIDIA's data
+# sheets; the P100 has no tensor cores: its number is the fp16 peak of its CUDA cores.
 GPU_PEAK_TFLOPS = {"P100": 21.2, "V100": 125.0, "A100": 312.0, "H100": 989.4}  # the SXM parts, for paper_time.py
 _DEVICE_PEAKS = [  # (pattern in torch.cuda.get_device_name(), TFLOPS); the first match wins
     (r"H200 NVL", 835.0),
@@ -133,11 +125,9 @@ def analytic_training_flops_per_token(
 ) -> dict[str, float]:
     """Training FLOPs per target token from the shapes alone, in three terms (forward 2, backward 4 per multiply-add):
 
-    - `matrices`: 6 x the parameters of every matrix product in the stacks, once per token they act on: the
-      encoder's and the decoder's encoder-decoder key and value projections per source token (so times
-      source_length / target_length per target token), the rest per target token; biases and LayerNorms are not
-      products;
-    - `output_layer`: 6 x d_model x V, the pre-softmax projection (the embedding lookups are not products);
+    - `matrices`: 6 x the parameters of every matrix product in the stacks, once per token they act on (the
+      encoder's and the cross-attention key and value projections per source token, the rest per target token);
+    - `output_layer`: 6 x d_model x V, the pre-softmax projection;
     - `attention`: 3 x the forward Q K^T and A V products, 2 x n x (d_k + d_v) x h per query for n keys.
     """
     c = as_config(config, vocab_size)

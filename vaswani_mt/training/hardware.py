@@ -1,9 +1,8 @@
 """What the hardware decides (`vaswani_mt.system.native_bf16`): the precision and attention kernel trained with,
 the float32 fallback, and the process-wide settings (malloc, threads), each applied in one visible place.
 
-None of it changes what the model computes, only how fast (`--attn_implementation`, the allocator) or in which
-precision (`--bf16`, `--auto_bf16`); `--auto_bf16`'s float32 fallback (`--float32_overrides`) also trains another
-shape or batch where bf16 would be emulated, because a float32 step is several times slower.
+None of it changes what the model computes, only how fast or in which precision; `--auto_bf16`'s float32 fallback
+(`--float32_overrides`) also trains another shape or batch where bf16 would be emulated, as float32 is much slower.
 """
 
 from __future__ import annotations
@@ -71,11 +70,9 @@ def auto_attention(device_type: str, bf16: bool) -> str:
 def resolve_attention(model_args: ModelArguments, training_args: Seq2SeqTrainingArguments) -> str:
     """Applies `--attn_implementation auto` (after `resolve_precision`) and returns the implementation trained with.
 
-    Measured on a 2-core AVX-512 BF16 CPU, small preset, 1920-token batches: under bf16 autocast eager attention
-    takes 1.15-1.54x fewer seconds per training step than torch's CPU flash-attention kernel, whose backward pass
-    dominates at 4-48 tokens per sentence; in float32 the two are within 7% (`benchmarks/RESULTS.md`). On a GPU,
-    sdpa (flash or memory-efficient kernels) is the one to use. Both compute Eq. (1) and give equal outputs
-    (tests/model/test_modeling_vaswani.py), so the choice changes speed only.
+    On a CPU under bf16 autocast eager attention trains faster than torch's CPU flash-attention kernel, whose
+    backward pass dominates at short sentences; in float32 they are close (benchmarks/RESULTS.md, eager attention).
+    On a GPU, sdpa. Both compute Eq. (1) and give equal outputs, so the choice changes speed only.
     """
     choice = model_args.attn_implementation
     if choice not in ATTENTION_IMPLEMENTATIONS:
@@ -95,8 +92,8 @@ def configure_process(recipe: RecipeArguments) -> None:
 
 
 def use_every_core(training_args: Seq2SeqTrainingArguments) -> None:
-    """After DDP training on a CPU, the other ranks are gone: the averaging and the test translation on rank 0 take
-    every core (each CPU rank ran one thread, which is what makes DDP faster there than one process)."""
+    """After DDP training on a CPU (one thread per rank), the averaging and the test translation on rank 0 take
+    every core."""
     if training_args.world_size > 1 and training_args.device.type == "cpu":
         torch.set_num_threads(os.cpu_count() or 1)
 

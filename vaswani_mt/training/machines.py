@@ -1,13 +1,10 @@
 """Several machines (accelerate's multi-node path, torchrun underneath, Slurm): where each rank runs, whether the
 machines share the output folder, that they were started alike, the tokenizer from rank 0, and a lost machine named.
 
-`accelerate launch --num_machines M --machine_rank m` starts the same number of processes on each machine; torchrun
-numbers them machine by machine, so global rank r runs on machine `r // processes per machine`. Storage decides who
-writes:
-- one folder every machine sees: global rank 0 writes each checkpoint (every rank its RNG state) and the tokenizer;
-- a folder per machine: each machine's main process writes a whole copy of each checkpoint (Trainer's
-  `save_on_each_node`, switched on when `settle_storage` finds the folder not shared), every rank's RNG state
-  included (`VaswaniTrainer` exchanges them), so that any one machine's folder resumes the whole run.
+torchrun numbers processes machine by machine, so global rank r runs on machine `r // processes per machine`. With
+one folder every machine sees, global rank 0 writes each checkpoint and the tokenizer; with a folder per machine,
+each machine's main process writes a whole copy of each checkpoint, every rank's RNG state included
+(`save_on_each_node`, set by `settle_storage`), so that any one machine's folder resumes the whole run.
 """
 
 from __future__ import annotations
@@ -130,10 +127,9 @@ def check_same_launch(where: Machines, arguments: tuple, corpus, languages: tupl
 
 
 def settle_storage(where: Machines, training_args, output_dir: Path) -> bool:
-    """Whether every machine sees rank 0's output folder; sets `save_on_each_node` to match: on for folders of
-    their own (each machine keeps a whole copy of every checkpoint), off for one shared folder (two writers would
-    mix their files). Rank 0 writes a probe file that the other machines look for in their own output folder; some
-    machines sharing it and others not is `MachinesError`. One machine: its setting stays."""
+    """Whether every machine sees rank 0's output folder (a probe file); sets `save_on_each_node` to match: on for
+    folders of their own, off for one shared folder (two writers would mix their files). Some machines sharing it
+    and others not is `MachinesError`. One machine: its setting stays."""
     if where.count < 2 or not _distributed():
         return True
     from accelerate.utils import gather_object
@@ -170,9 +166,8 @@ def settle_storage(where: Machines, training_args, output_dir: Path) -> bool:
 
 
 def from_rank_zero(build: Callable[[], object], *, errors: tuple[type[BaseException], ...] = ()):
-    """A tokenizer built once, by global rank 0 (`build()`, which may train one and save it in the output folder),
-    and sent to every other rank as its saved files: every rank of every machine gets the same vocabulary, and
-    nothing else writes it. An error of `errors` in rank 0's build is raised on every rank."""
+    """A tokenizer built once, by global rank 0 (`build()`), and sent to every other rank as its saved files, so
+    every rank gets the same vocabulary. An error of `errors` in rank 0's build is raised on every rank."""
     if not _distributed():
         return build()
     from transformers import AutoTokenizer
@@ -214,9 +209,8 @@ def is_lost_peer(error: BaseException) -> bool:
 def lost_machine_error(
     error: BaseException, step: int | None = None, wait_seconds: float | None = None
 ) -> MachinesError:
-    """The one line for a collective that failed because a peer is gone: which machine (or, on one machine, which
-    rank) was lost, found by asking every rank still alive to sign in to the launch's rendezvous store (held by
-    machine 0's launcher) within `wait_seconds`. Where the store itself cannot be reached, machine 0 is lost."""
+    """The one line for a collective that failed because a peer is gone: which machine (or rank) was lost, found by
+    asking every live rank to sign in to the rendezvous store within `wait_seconds`; no store: machine 0 is lost."""
     where, rank = machines(), int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if wait_seconds is None:  # the processes of one machine see a lost peer within milliseconds of each other

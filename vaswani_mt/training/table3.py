@@ -1,16 +1,12 @@
 """Table 3 of the paper ("Variations on the Transformer architecture") as runnable variants.
 
-Each row of Table 3 is a name and the training options it changes in a base recipe (`configs/table3/*.yaml`:
-`A-h1: {num_heads: 1, d_k: 512, d_v: 512}`, ...). `run_table` trains a chosen subset of rows on top of a *scale*,
-a training config file (`configs/wmt14_en_de_base.yaml` for the paper's scale, `configs/table3_cpu.yaml` for a
-2-core CPU) plus command-line overrides, then scores each row as the paper did: dev perplexity (`exp` of the
-per-token NLL of the validation split, no label smoothing) and dev BLEU (beam search with the recipe's search, no
-checkpoint averaging: each row runs with `--average_last 1`), next to its parameter count.
+Each row is a name and the training options it changes (`configs/table3/*.yaml`: `A-h1: {num_heads: 1, d_k: 512,
+d_v: 512}`, ...). `run_table` trains chosen rows on top of a *scale*, a training config file
+(`configs/wmt14_en_de_base.yaml`, or `configs/table3_cpu.yaml` for a 2-core CPU) plus overrides, and scores each as
+the paper did: dev perplexity (no label smoothing) and dev BLEU without checkpoint averaging, beside its parameters.
 
-At a scale whose d_model is not the paper's 512, the widths of a row (d_model, d_ff, d_k, d_v) are multiplied by
-d_model / 512, so that a row keeps its meaning: `A-h1` (h 1, d_k = d_v = 512 = d_model) becomes h 1 with d_k = d_v =
-d_model, the same computation and parameters as the base row; and a row's max_steps (the big row's 300K) by the
-scale's max_steps / 100,000. Layer counts, h, dropout and label smoothing are taken as they are.
+At a scale whose d_model is not 512, a row's widths (d_model, d_ff, d_k, d_v) are multiplied by d_model / 512 and its
+max_steps by the scale's max_steps / 100,000, so that a row keeps its meaning (`A-h1`: d_k = d_v = d_model).
 
     from vaswani_mt.training.table3 import run_table, markdown_table
     rows = run_table(["base", "A-h1"], "configs/table3_cpu.yaml", ["--time_budget_minutes", "4"], "outputs/t3")
@@ -33,8 +29,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-# The repository's configs/ (relative to the working directory, as `scripts/train.py configs/ding_cpu.yaml` is):
-# the rows' override files and the scale files; `--rows_dir` and a path given as `--scale` name others.
+# The repository's configs/, relative to the working directory; `--rows_dir` and `--scale PATH` name others.
 CONFIG_DIR = Path("configs")
 ROWS_DIR = CONFIG_DIR / "table3"
 # What a launcher runs for a row: the training command as a module (`accelerate launch -m ...`).
@@ -59,8 +54,7 @@ ROW_OPTIONS = (
     "position_encoding",
     "max_steps",
 )
-# Options every row runs with, after the scale's and the row's: Table 3 used no checkpoint averaging, and the rows
-# are scored on the dev set here (the test split is not looked at).
+# Options every row runs with, last: Table 3 used no checkpoint averaging, and rows are scored on the dev set.
 ROW_FIXED = ("--average_last", "1", "--test_bleu", "false", "--show_translations", "0")
 
 
@@ -289,11 +283,10 @@ def run_table(
     launcher: str | None = None,
     retrain: bool = False,
 ) -> list[Table3Row]:
-    """Trains and scores the rows `names` (see `select_rows`) at `scale` (a name of `SCALES` or a config file)
-    with the training options `overrides` (`["--time_budget_minutes", "4", ...]`), each row in
-    `<output_dir>/<row>`. A row whose folder holds a finished run (`results.json`) is scored again, not retrained,
-    unless `retrain`. All rows share one tokenizer: the first row's (unless the overrides name one). Writes
-    `table3.md` and `table3.json` to `output_dir` and returns the rows."""
+    """Trains and scores the rows `names` (`select_rows`) at `scale` with the training options `overrides`, each in
+    `<output_dir>/<row>`; a folder holding a finished run (`results.json`) is scored again, not retrained, unless
+    `retrain`. All rows share the first row's tokenizer (unless the overrides name one). Writes `table3.md` and
+    `table3.json` to `output_dir` and returns the rows."""
     all_rows = load_rows(rows_dir)
     chosen = select_rows(all_rows, names)
     scale_argv = [str(resolve_scale(scale)), *overrides]

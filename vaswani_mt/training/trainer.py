@@ -1,10 +1,9 @@
 """The paper's training recipe (§5) as a transformers `Seq2SeqTrainer`.
 
-- `paper_learning_rate`: Eq. (3), `lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)`, as the paper
-  writes it: transformers' `get_inverse_sqrt_schedule` has the same shape but counts updates from 0 (its first
-  update has rate 0, the paper's step 1 has `d_model^-0.5 * warmup^-1.5`) and leaves the peak to the caller.
-- `VaswaniTrainer`: token-budget batches (§5.1; transformers batches by sentence count), the paper's schedule and
-  Adam settings, tokens per step / per second in the logs, checkpoints that are whole or absent.
+- `paper_learning_rate`: Eq. (3) as the paper writes it (transformers' `get_inverse_sqrt_schedule` has its shape
+  but counts updates from 0, so its first rate is 0, and leaves the peak to the caller).
+- `VaswaniTrainer`: token-budget batches (§5.1), the paper's schedule, token counts in the logs, checkpoints that
+  are whole or absent.
 """
 
 from __future__ import annotations
@@ -37,9 +36,8 @@ logger = logging.getLogger(__name__)
 def paper_learning_rate(step: int, d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
     """§5.3 Eq. (3): `scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)`, for update `step` >= 1.
 
-    The rate rises linearly for `warmup_steps` updates, peaks at `scale * (d_model * warmup_steps)^-0.5`, then
-    decays as the inverse square root of the step. `scale` is 1 in the paper; small models trained for minutes
-    on a CPU can need another peak, hence the factor (`--lr_scale`).
+    Linear warmup for `warmup_steps` updates, peak `scale * (d_model * warmup_steps)^-0.5`, then inverse square root
+    decay. `scale` is 1 in the paper; small models trained for minutes can need another peak (`--lr_scale`).
     """
     step = max(step, 1)
     return scale * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
@@ -55,9 +53,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
     `max_tokens_per_batch` switches the training DataLoader to `TokenBudgetBatchSampler` (per device; each rank
     gets distinct batches and the same number of steps). `lr_schedule="paper"` replaces `--lr_scheduler_type`
     and `--learning_rate` with Eq. (3) times `lr_scale`. Logs gain `source_tokens_per_step`,
-    `target_tokens_per_step` (whole optimizer step, all processes), `target_tokens_per_second` (wall time) and
-    `train_minutes` (wall time of training: since this process's first step, plus what a resumed run had logged
-    before), so quality can be plotted against the clock.
+    `target_tokens_per_step` (whole optimizer step, all processes), `target_tokens_per_second` and `train_minutes`
+    (wall time of training, a resumed run's earlier minutes included).
     """
 
     def __init__(
@@ -161,20 +158,14 @@ class VaswaniTrainer(Seq2SeqTrainer):
     def _save_checkpoint(self, model, trial) -> None:
         """Trainer's checkpoint, with three guarantees more.
 
-        - A folder of the same step from an earlier attempt (cut off by a kill, or a later checkpoint than the one
-          this run resumed from) is removed first: a checkpoint never mixes the files of two attempts.
+        - A folder of the same step from an earlier attempt is removed first: a checkpoint never mixes two attempts.
         - A failed write (a full disk, a file-size limit) removes the half-written folder and raises
-          `CheckpointError`, which names the folder and the cause. The checkpoints before it are intact: Trainer
-          deletes old ones (`--save_total_limit`) only after a new one is complete.
-        - Under DDP the ranks agree on the outcome: each rank writes its part (rank 0 the weights, optimizer and
-          state, every rank its RNG state), then all of them exchange what failed, so that a full disk on one rank
-          stops every rank at this checkpoint with the same `CheckpointError` instead of leaving the others
-          waiting in the next step's collective. An incomplete folder is removed only once no rank writes to it.
+          `CheckpointError`, naming the folder and the cause; the checkpoints before it are intact.
+        - Under DDP the ranks exchange what failed after writing their parts, so a failure on one rank stops every
+          rank here with the same `CheckpointError` instead of a hang in the next collective.
 
-        Trainer writes into the final folder, `trainer_state.json` last, and `checkpoints.incomplete_reason` tells a
-        cut-off folder from a complete one. A temporary folder renamed into place would not need that, but Trainer
-        refers to the folder by its final path while it writes it (best-model bookkeeping, Hub uploads of
-        checkpoints), so that would mean rewriting Trainer's method.
+        Trainer writes into the final folder (it refers to it by that path while writing, so a temporary folder
+        renamed into place would mean rewriting its method); `incomplete_reason` tells a cut-off folder apart.
         """
         folder = Path(self._get_output_dir(trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         if self.args.should_save and folder.exists():
@@ -242,8 +233,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
     @contextmanager
     def _writing_on_this_machine(self) -> Iterator[None]:
         """Lets another machine's main process write the weights of its own copy of a checkpoint
-        (`save_on_each_node`): transformers' `save_pretrained` writes on global rank 0 alone once torch.distributed
-        is up (the model's `should_save_on_this_rank`), which left those copies without weights or config."""
+        (`save_on_each_node`): transformers' `save_pretrained` writes on global rank 0 alone under torch.distributed."""
         model = self.accelerator.unwrap_model(self.model)
         if not (hasattr(model, "should_save_on_this_rank") and self.args.should_save and self.args.process_index):
             yield
@@ -255,9 +245,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
             del model.should_save_on_this_rank
 
     def _best_model_barrier_follows(self) -> bool:
-        """Whether Trainer's `_save_checkpoint` has every rank wait in a barrier after the weights (it does while
-        it tracks a best checkpoint under DDP): a rank whose weights failed must wait there too before the ranks
-        exchange their outcome, or each would wait in a different collective."""
+        """Whether Trainer's `_save_checkpoint` has every rank wait in a barrier after the weights (while it tracks a
+        best checkpoint under DDP): a rank whose weights failed must wait there too, or the collectives would differ."""
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         return bool(
             distributed and self.state.best_global_step and self.args.save_strategy in ("steps", "epoch", "best")
@@ -266,12 +255,10 @@ class VaswaniTrainer(Seq2SeqTrainer):
     def leave_process_group(self) -> None:
         """End this process's part in distributed training: wait for every rank, then close the process group.
 
-        Call it on every rank once training is over. A rank that exits with the group still open can abort in
-        gloo's teardown: a gloo worker thread frees the last collective's tensors after the interpreter started
-        finalizing, which raises SIGABRT ("terminate called without an active exception"), and the launcher then
-        kills the other ranks, rank 0 included, while it may still be writing the model. `destroy_process_group`
-        alone does not stop gloo's threads while the DDP wrapper still holds the group, so the wrapper goes first.
-        Afterwards rank 0 goes on as a single process with `self.model` (unwrapped). No-op without a group.
+        Call it on every rank once training is over: a rank that exits with the group open can abort (SIGABRT) in
+        gloo's teardown, and the launcher then kills the other ranks, rank 0 included, maybe while it writes the
+        model. The DDP wrapper goes first, as it holds the group. Afterwards rank 0 goes on as a single process with
+        `self.model`. No-op without a group.
         """
         if not torch.distributed.is_available() or not torch.distributed.is_initialized():
             return
