@@ -4,15 +4,11 @@ Every corpus comes out in the Hub's translation convention, splits "train", "val
 `{"translation": {"en": ..., "de": ...}}`, so the rest of the pipeline never cares where it came from.
 
 - `"ding"` (the default): sentence pairs extracted at run time from Debian's `trans-de-en` package (the Ding
-  dictionary, GPL-2+). The package is fetched with `apt-get download`, unpacked with `dpkg-deb -x` and the result
-  cached; the extracted text is never part of this repository. Split by dictionary entry, never by pair.
-  `"ding+phrases"`: the same splits, plus the dictionary's multi-word phrases (`to resign from a union`) of the
-  training entries in the training split: five times the data for a model that has memorised the sentences.
+  dictionary, GPL-2+; fetched with `apt-get download`, never part of this repository), split by dictionary entry.
+  `"ding+phrases"`: the same splits, plus the training entries' multi-word phrases in the training split.
 - A local file: JSONL rows `{"translation": {...}}`, a TSV whose header names the languages, or a path prefix `P`
   with two aligned plain-text files `P.<src>` and `P.<tgt>`. Split deterministically by line.
-- A directory saved with `DatasetDict.save_to_disk`.
-- Anything else goes to `datasets.load_dataset(name, config)`: a Hub id such as `wmt14` `de-en`, or a local
-  dataset folder.
+- A directory saved with `DatasetDict.save_to_disk`; anything else goes to `datasets.load_dataset(name, config)`.
 
 Bad data raises `DataError` naming the file, the line and the problem; nothing is dropped without a logged count.
 """
@@ -206,11 +202,9 @@ _EXTRACTION_VERSION = 1
 def _cached_extraction(name: str, extract) -> list[dict]:
     """Rows `{"entry", "de", "en"}` of `extract(dictionary lines)`, cached as `<cache>/ding/<name>.jsonl`.
 
-    Each file is written under a name of its own, flushed to disk and moved into place (`os.replace`): no reader
-    sees it half-written, and several processes (DDP ranks) may write it at once. Beside it, `<name>.done.json`,
-    written the same way once the rows are in place, records their count and SHA-256 and what they were made from
-    (the dictionary's size and time, `_EXTRACTION_VERSION`, `extract` and its options): rows without that record,
-    cut short, damaged, or made from another dictionary or extraction are extracted again.
+    Each file is written under a name of its own and moved into place, so several processes may write it at once.
+    Beside it, `<name>.done.json` records the rows' count, SHA-256 and what they were made from (the dictionary,
+    `_EXTRACTION_VERSION`, `extract` and its options): rows without a matching record are extracted again.
     """
     directory = cache_dir() / "ding"
     path, done = directory / f"{name}.jsonl", directory / f"{name}.done.json"
@@ -273,10 +267,9 @@ def load_ding(
 ) -> datasets.DatasetDict:
     """The built-in en-de corpus (about 19,200 sentence pairs), split by dictionary entry; cached after extraction.
 
-    `extra="phrases"` (`--dataset ding+phrases`) adds the multi-word phrase pairs of the training entries (about
-    84,000 of 88,500, `extract_ding_phrases`) to the training split only: validation and test stay the same
-    sentences, and no phrase comes from a held-out entry. `upsample_primary=N` then puts each training sentence in
-    the split N times against each phrase once (fairseq's `--upsample-primary`): the test split is sentences.
+    `extra="phrases"` (`--dataset ding+phrases`) adds the training entries' multi-word phrase pairs
+    (`extract_ding_phrases`) to the training split only; validation and test stay the same sentences.
+    `upsample_primary=N` puts each training sentence in the split N times (fairseq's `--upsample-primary`).
     """
     if extra is not None and extra not in _EXTRA_MIN_WORDS:
         raise DataError(f"extra must be one of {sorted(_EXTRA_MIN_WORDS)} or None, got {extra!r}")
@@ -355,9 +348,8 @@ def load_corpus(
 
 
 def load_run_corpus(data_args) -> datasets.DatasetDict:
-    """`load_corpus` with a run's `DataArguments` (`--dataset`, `--dataset_config`, the languages,
-    `--upsample_primary`). The split never depends on `--seed`: every run of a corpus is scored on the same test
-    pairs."""
+    """`load_corpus` with a run's `DataArguments`. The split never depends on `--seed`: every run of a corpus is
+    scored on the same test pairs."""
     return load_corpus(
         data_args.dataset,
         data_args.dataset_config,

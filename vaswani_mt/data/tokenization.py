@@ -93,9 +93,9 @@ def build_tokenizer(
     vocab_size: int = 37000,
     sample: int = 0,
 ):
-    """The run's tokenizer: a given one (`tokenizer`, else the one saved with `model_name_or_path`), the run's own
-    from an earlier attempt (`output_dir/tokenizer`, so that a resumed run keeps its vocabulary), or a new joint BPE
-    learned on the train split of `corpus` (§5.1), on a random `sample` of its pairs when 0 < sample < its size."""
+    """The run's tokenizer: a given one (`tokenizer`, else `model_name_or_path`'s), the run's own from an earlier
+    attempt (`output_dir/tokenizer`), or a new joint BPE learned on the train split of `corpus` (§5.1), on a random
+    `sample` of its pairs when 0 < sample < its size."""
     saved = Path(output_dir) / "tokenizer"
     if tokenizer:
         return AutoTokenizer.from_pretrained(tokenizer)
@@ -145,14 +145,11 @@ def tokenize_corpus(
     num_proc: int | None = None,
 ) -> dict:
     """Adds input_ids / labels (both ending in EOS) and their lengths with `datasets.map` (in `num_proc`
-    processes; cached next to a corpus read from disk, so a rerun reuses it); drops over-long training pairs, with
-    a count.
+    processes, cached next to a corpus read from disk); drops over-long training pairs, with a count.
 
-    The cache is keyed by datasets' fingerprint of the corpus, the tokenizer's content (`tokenizer_content`: not the
-    object, so that every process and machine, and a rerun that loads the saved tokenizer, finds the same cache), the
-    languages and the maximum lengths, so a changed tokenizer, corpus or limit never reads an old result; cache
-    files that are not whole are removed first and recomputed
-    (`remove_damaged_cache_files`). The rows themselves were checked when the corpus was loaded."""
+    The cache is keyed by the corpus's fingerprint, the tokenizer's content (`tokenizer_content`, the same in every
+    process and after a reload), the languages and the maximum lengths, so a change never reads an old result;
+    damaged cache files are removed first (`remove_damaged_cache_files`)."""
     src, tgt = source_lang, target_lang
     max_source, max_target = max_source_length, max_target_length
 

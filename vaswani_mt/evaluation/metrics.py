@@ -1,10 +1,8 @@
 """BLEU: sacreBLEU through `evaluate`, the paper's own scoring (tokenized BLEU with compound splitting) beside it,
-the perplexity of references under teacher forcing, and a model's test BLEU (translated by
-`vaswani_mt.inference.translate` with the paper's search, §6.1).
+the perplexity of references under teacher forcing, and a model's test BLEU with the paper's search (§6.1).
 
-`evaluate.load("sacrebleu")` fetches its script from the Hugging Face Hub, which is not reachable offline, so the
-metric is defined here as an `evaluate.Metric` around the sacreBLEU library: the same computation and the same
-signature string, with no download.
+The sacreBLEU metric is an `evaluate.Metric` defined here, as `evaluate.load("sacrebleu")` downloads its script from
+the Hub: the same computation and signature, offline.
 """
 
 from __future__ import annotations
@@ -76,8 +74,7 @@ def compound_split(text: str, lang: str = "de") -> str:
     """One line as tensor2tensor's `get_ende_bleu.sh` gives it to `multi-bleu.perl`: Moses `tokenizer.perl -l LANG`
     with its default escaping (`&` -> `&amp;`, `"` -> `&quot;`, `'` -> `&apos;`, `<`, `>`, `|`, `[`, `]`), then
     every `X-Y` compound as `X ##AT##-##AT## Y`. sacremoses ports tokenizer.perl as it was before November 2018 (a
-    sentence-final `Art.` or `5.` stays whole; the perl script splits it since), as in 2017: sacremoses 0.2.0 gave
-    the lines of tokenizer.perl of December 2016 exactly, on 4,000 sentences of the built-in corpus and 12 hard ones."""
+    sentence-final `Art.` or `5.` stays whole), so as in 2017: it gives tokenizer.perl's lines of December 2016."""
     tokenized = _moses_tokenizer(lang).tokenize(text, escape=True, return_str=True)
     return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", tokenized)
 
@@ -85,11 +82,9 @@ def compound_split(text: str, lang: str = "de") -> str:
 def compound_split_bleu(predictions: Sequence[str], references: Sequence[str], lang: str = "de") -> dict:
     """The paper's BLEU (tensor2tensor's `get_ende_bleu.sh`): both sides through `compound_split`, then
     `multi-bleu.perl`'s corpus BLEU over whitespace tokens (case-sensitive, n = 1-4, no smoothing), computed by
-    sacreBLEU with `tokenize="none"`. Not comparable with sacreBLEU (on newstest2014 0.7-1.5 above it).
-
-    The script as it stood when the paper appeared (tensor2tensor, June 2017); the unicode punctuation step added to
-    it in April 2018 is not applied. Returns `score`, `label`, `signature` (method and versions), `bp`,
-    `precisions`, `sys_len`, `ref_len` and the split lines (`hypotheses`, `references`).
+    sacreBLEU with `tokenize="none"`; not comparable with sacreBLEU, which reads lower. The script as it stood when
+    the paper appeared (June 2017, without the unicode punctuation step added in 2018). Returns `score`, `label`,
+    `signature`, `bp`, `precisions`, `sys_len`, `ref_len` and the split lines (`hypotheses`, `references`).
     """
     import sacremoses
 

@@ -1,7 +1,6 @@
-"""The model card: `model_card.md` (top level of the repository, shipped in the package) is the Jinja template of its
-markdown body; training builds the YAML metadata as huggingface_hub's `ModelCardData` (model-index from `EvalResult`s)
-and renders both with the run's measured values (`card_values`, `render_model_card`) into the model folder's
-README.md; publishing checks it (`check_card`) and retargets it to the Hub repository (`card_for_hub`).
+"""The model card: the Jinja template `model_card.md` rendered with a run's values and huggingface_hub's
+`ModelCardData` (`render_model_card`) into the model folder's README.md; checked (`check_card`) and retargeted to a
+Hub repository (`card_for_hub`) when published.
 """
 
 from __future__ import annotations
@@ -121,11 +120,9 @@ def card_values(
 ) -> dict:
     """The values `model_card.md` is rendered with (`render_model_card`), for a trained model.
 
-    `corpus`: the training data's licence, name and notes (`vaswani_mt.data.corpus.describe_corpus`); `examples`:
-    test sources for the widget and "How to use"; `training`: preset, train_pairs, test_pairs, lr_scale, warmup,
-    max_tokens, steps, train_minutes, hardware and precision of the run, and `best` (results.json's, under early
-    stopping); `test`: its test scores (`evaluate_bleu`), empty if none; a score not measured reads "not evaluated"
-    and is left out of the model-index.
+    `corpus`: `describe_corpus`'s licence, name and notes; `examples`: test sources for the widget and "How to use";
+    `training`: the run's preset, pairs, schedule, steps, minutes, hardware, precision and `best` (under early
+    stopping); `test`: its test scores, empty if none (a score not measured is left out of the model-index).
     """
     config = model.config
     src, tgt = source_lang, target_lang

@@ -1,14 +1,8 @@
 """Publishing on the Hugging Face Hub: the exact folder the Hub gets, checked before any upload.
 
-- `build_hub_folder` writes what a Hub repository receives: safetensors weights, the remote code with its
-  `auto_map` and translation pipeline, the tokenizer, the generation config and the card retargeted to the repository
-  id; or, with `native="marian"`, the exact `MarianMTModel` conversion, which loads without remote code.
-- `check_hub_folder` proves it before any upload: the folder holds no pickle and no code but the model's own files
-  (`check_hub_files`), the card's YAML holds every field the Hub reads, and the folder loads through the Auto
-  classes (and the pipeline) in a fresh process where vaswani_mt is not importable, giving the tokens the model
-  gives here.
-- `upload_folder` sends it with `huggingface_hub`; its errors (no token, no network, refused token) are reported
-  plainly and the folder stays on disk.
+`build_hub_folder` writes what a Hub repository receives; `check_hub_folder` proves it loads, in a fresh process
+without vaswani_mt, to the tokens the model gives here; `upload_folder` sends it, reporting failures plainly and
+keeping the folder on disk.
 """
 
 from __future__ import annotations
@@ -105,10 +99,9 @@ def check_hub_files(folder: str | os.PathLike, native: str = "vaswani") -> list[
 
 
 def check_hub_folder(folder: str | os.PathLike, model, tokenizer, native: str = "vaswani", new_tokens: int = 16):
-    """Validates a folder from `build_hub_folder`: its files (`check_hub_files`), its card (`check_card`), and in a
-    fresh process without vaswani_mt, offline, loading through the Auto classes with `trust_remote_code` (and the
-    translation pipeline), which must give the greedy tokens `model` gives here for the card's widget examples.
-    Returns the report."""
+    """Validates a folder from `build_hub_folder`: its files (`check_hub_files`), its card (`check_card`), and, in a
+    fresh offline process without vaswani_mt, the Auto classes and pipeline giving the greedy tokens `model` gives
+    here for the card's widget examples. Returns the report."""
     import torch
 
     folder = Path(folder)
