@@ -111,11 +111,9 @@ def _ratio_ok(de: str, en: str) -> bool:
 
 
 def _sub_entries(lines: Iterable[str]) -> Iterable[tuple[int, str, str]]:
-    """(line number, German, English) for every sub-entry variant, `{...}` and `[...]` annotations removed.
-
-    A line reads `de1 | de2 ... :: en1 | en2 ...`; sub-entries pair by position and `;` separates variants, which
-    pair by position too. Lines whose two sides have different numbers of sub-entries are skipped.
-    """
+    """(line number, German, English) for every sub-entry variant, `{...}` and `[...]` annotations removed: a line
+    reads `de1 | de2 ... :: en1 | en2 ...`, sub-entries and their `;`-separated variants pair by position (lines
+    whose sides have different numbers of sub-entries are skipped)."""
     for lineno, line in enumerate(lines, 1):
         if line.startswith("#") or "::" not in line:
             continue
@@ -129,11 +127,8 @@ def _sub_entries(lines: Iterable[str]) -> Iterable[tuple[int, str, str]]:
 
 
 def extract_ding_pairs(lines: Iterable[str]) -> list[tuple[int, str, str]]:
-    """(line number, German, English) for the sub-entries of the dictionary that are whole sentences on both sides.
-
-    Kept: >= 3 words, capitalised, ending in . ! or ?, after removing `{...}` and `[...]` annotations, word-count
-    ratio <= 2, each German sentence once.
-    """
+    """(line number, German, English) for the sub-entries that are whole sentences on both sides: >= 3 words,
+    capitalised, ending in . ! or ?, word-count ratio <= 2, each German sentence once."""
     pairs, seen = [], set()
     for lineno, de, en in _sub_entries(lines):
         if not (_is_sentence(de) and _is_sentence(en)) or de in seen or not _ratio_ok(de, en):
@@ -144,12 +139,9 @@ def extract_ding_pairs(lines: Iterable[str]) -> list[tuple[int, str, str]]:
 
 
 def extract_ding_phrases(lines: Iterable[str], min_words: int = 2) -> list[tuple[int, str, str]]:
-    """(line number, German, English) for the multi-word sub-entries that are not sentences: phrases such as
-    `aus einer Gewerkschaft austreten` :: `to resign from a union`, extra training data for `ding+phrases`.
-
-    Kept: at least `min_words` words on each side after also removing `(...)` explanations and `/ABBR/`
-    abbreviations, word-count ratio <= 2, neither side a sentence (those are `extract_ding_pairs`'), each pair once.
-    """
+    """(line number, German, English) for the multi-word sub-entries that are not sentences (`to resign from a
+    union`), the extra data of `ding+phrases`: at least `min_words` words on each side without `(...)` and `/ABBR/`,
+    word-count ratio <= 2, neither side a sentence, each pair once."""
     pairs, seen = [], set()
     for lineno, de, en in _sub_entries(lines):
         de, en = (re.sub(r"\s+", " ", _EXPLANATION.sub("", text)).strip() for text in (de, en))

@@ -30,9 +30,8 @@ def model_card_template() -> str:
     return resources.files("vaswani_mt.hub").joinpath("model_card.md").read_text(encoding="utf-8")
 
 
-# The transformers versions the remote code runs under: pyproject.toml's requirement (tests/hub/test_hub.py checks that
-# they agree; README, "Use it", says which versions the suite passed under), printed on the card for users who
-# load the model without installing vaswani_mt.
+# The transformers versions the remote code runs under, printed on the card: pyproject.toml's requirement
+# (tests/hub/test_hub.py checks that they agree).
 TRANSFORMERS_REQUIREMENT = "transformers>=5.20,<6"
 
 
@@ -227,11 +226,8 @@ def card_metadata(values: dict) -> ModelCardData:
 
 def render_model_card(values: dict, template: str | None = None) -> str:
     """The model card for `values` (`card_values`): the Jinja `template` (default: `model_card.md`) filled, with
-    `card_metadata` as YAML where it names `{{ card_data }}` (its top). A value the template or the metadata needs
-    and `values` lacks is an error, not a blank.
-
-    `usage` defaults to `usage_section(values["repo_id"], values["examples"][0])`.
-    """
+    `card_metadata` as YAML at `{{ card_data }}`; `usage` defaults to `usage_section`. A value the template or the
+    metadata needs and `values` lacks is an error, not a blank."""
     template = model_card_template() if template is None else template
     values = dict(values)
     if "usage" not in values and "repo_id" in values and values.get("examples"):

@@ -27,10 +27,10 @@ def build_hub_folder(
     """Writes the exact folder a Hub repository receives for the vaswani_mt model in `model` (a folder written by
     training, with its README.md card) and returns `(output, model, tokenizer)` (the loaded model, for checks).
 
-    `native="vaswani"`: safetensors, config.json with `auto_map` and `custom_pipelines`, the code files
-    (configuration, modeling, its fast paths, pipeline), tokenizer, generation config, README.md.
-    `native="marian"`: the exact `MarianMTModel` conversion with the tokenizer and its own card. An `output` folder
-    that is not empty is an error unless `overwrite`, which replaces it whole (`system.written_whole`).
+    `native="vaswani"`: safetensors, config.json with `auto_map` and `custom_pipelines`, the remote code files,
+    tokenizer, generation config, README.md; `native="marian"`: the exact `MarianMTModel` conversion, which loads
+    without remote code, with its own card. A non-empty `output` is an error unless `overwrite`, which replaces it
+    whole (`system.written_whole`).
     """
     from vaswani_mt.export.marian import save_marian
     from vaswani_mt.inference.loading import load_for_inference

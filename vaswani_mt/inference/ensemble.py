@@ -1,15 +1,10 @@
-"""Ensembles of vaswani_mt models (`--model A --model B`, fairseq's `--path a:b`, Marian's `--models`): at every
-decoding step the next-token distribution is the mean of the members' probabilities (fairseq's default),
-`log p(y | Y<t, X) = log (1/M) sum_m p_m(y | Y<t, X)`, searched with the paper's beam search (§6.1) as one model is.
+"""Ensembles of vaswani_mt models (`--model A --model B`, fairseq's `--path a:b`): at every decoding step the
+next-token distribution is the mean of the members' probabilities, `log (1/M) sum_m p_m(y | Y<t, X)`, searched with
+the paper's beam search (§6.1) as one model is.
 
 `VaswaniEnsemble` has the same `VaswaniGenerationMixin` as `VaswaniForConditionalGeneration`, so `generate()` drives
-it like one model with the same search code. Its encoder output is the members' concatenated along the feature axis
-(split back in `forward`); its logits are the log of the mean of the members' softmaxes, already log-probabilities,
-so scores and n-best lists are the ensemble's log P(Y|X); its cache is one per member (`EnsembleCache`).
-
-The generation config is the first model's; the config a copy of it with the members' smallest
-`max_position_embeddings`. The members must share one vocabulary (tokenizer, `vocab_size`, special token ids), else
-they are refused in one line naming both. Attention weights and hidden states are per member, so they are refused.
+it like one model. Its encoder output is the members' concatenated along the feature axis; its logits are already
+log-probabilities, so scores and n-best lists are the ensemble's log P(Y|X). The members must share one vocabulary.
 """
 
 from __future__ import annotations
@@ -88,9 +83,9 @@ class _EnsembleEncoder(nn.Module):
 
 
 class VaswaniEnsemble(PreTrainedModel, VaswaniGenerationMixin):
-    """Several `VaswaniForConditionalGeneration` models decoding as one: the next-token distribution is the mean of
-    their probabilities, searched with the paper's beam search (§6.1) and the first model's generation config. Build
-    it with `ensemble(models)` (which checks that the vocabularies agree) or `load_ensemble(folders)`."""
+    """Several `VaswaniForConditionalGeneration` models decoding as one, with the first model's generation config
+    and the members' smallest `max_position_embeddings`. Build it with `ensemble(models)` or `load_ensemble(folders)`,
+    which check that the vocabularies agree."""
 
     config_class = VaswaniConfig
     main_input_name = "input_ids"
@@ -175,8 +170,7 @@ class VaswaniEnsemble(PreTrainedModel, VaswaniGenerationMixin):
         return output if return_dict is not False else output.to_tuple()
 
     def reorder_beam_cache(self, cache: EnsembleCache, beam_idx: torch.Tensor) -> None:
-        """Beam search's reordering after each step, for every member's cache: the single model's own reordering
-        (`VaswaniGenerationMixin.reorder_beam_cache`, self-attention only)."""
+        """`VaswaniGenerationMixin.reorder_beam_cache` for every member's cache."""
         for member_cache in cache.caches:
             super().reorder_beam_cache(member_cache, beam_idx)
 
@@ -225,11 +219,9 @@ def ensemble(models: Sequence[VaswaniForConditionalGeneration], names: Sequence[
 
 
 def load_ensemble(folders: Sequence[str], device: str | None = None):
-    """The models saved in `folders` (folders or Hub ids, as `load_for_inference` takes them) as one ensemble, and
-    the tokenizer they share, on `device` (default: GPU if there is one). One folder gives that model itself.
-
-    A folder that is not a servable model raises `ModelFolderError` (`load_for_inference`); so do two models whose
-    vocabularies differ (tokenizer vocabulary, special token ids, or `vocab_size`), in one line naming both folders.
+    """The models saved in `folders` (folders or Hub ids) as one ensemble, and the tokenizer they share, on `device`
+    (default: GPU if there is one). One folder gives that model itself. A folder that is not a servable model, or two
+    whose vocabularies differ, raises `ModelFolderError` in one line naming the folders.
     """
     folders = [str(folder) for folder in folders]
     if not folders:

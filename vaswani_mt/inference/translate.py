@@ -39,9 +39,8 @@ logger = logging.getLogger(__name__)
 
 
 class Hypothesis(NamedTuple):
-    """One translation of an n-best list: its `text`; `log_prob`, log P(Y|X), the sum of its tokens' log-probabilities
-    (EOS included); and `score`, what the search ranks by: `log_prob / ((5 + |Y|) / 6)^alpha` (§6.1's GNMT penalty,
-    `generate()`'s `sequences_scores` in a beam search; the same formula for greedy search and sampling)."""
+    """One translation of an n-best list: its `text`, `log_prob` (log P(Y|X), EOS included) and `score`, what the
+    search ranks by: `log_prob / ((5 + |Y|) / 6)^alpha` (§6.1's GNMT penalty), for any search."""
 
     text: str
     log_prob: float
@@ -87,8 +86,8 @@ class _SeededSampler(LogitsProcessor):
         scores = self.warpers(input_ids, scores)
         uniform = torch.stack([torch.rand(scores.shape[-1], generator=g, dtype=torch.float64) for g in self.generators])
         noisy = scores + (-torch.log(-torch.log(uniform))).to(scores.device, scores.dtype)
-        # Tokens left out get the lowest finite score, not -inf: at a sentence's last step PerSentenceMaxLength, which
-        # runs after this, keeps only EOS's score, and EOS must then win even where top-k or top-p left it out.
+        # Tokens left out get the lowest finite score, not -inf: at a sentence's last step PerSentenceMaxLength keeps
+        # only EOS's score, and EOS must then win even where top-k or top-p left it out.
         return noisy.nan_to_num(neginf=torch.finfo(noisy.dtype).min)
 
 
@@ -283,13 +282,11 @@ def translate(
 ) -> list[str]:
     """Translates `sentences` in batches of similar length (order preserved) with `model.generate`.
 
-    Without `generate_kwargs` this is the paper's search (§6.1). Any text gets exactly one single-line translation:
-    empty lines stay empty; a source longer than `max_source_tokens` (default: `config.max_position_embeddings`) is
-    cut with a warning (`pipeline_vaswani.encode_source`).
+    Without `generate_kwargs` this is the paper's search (§6.1). Any text gets exactly one single-line translation;
+    empty lines stay empty; a source longer than `max_source_tokens` is cut with a warning.
 
-    `max_tokens`: token-budget batches (fairseq's `--max-tokens`): at most `max_tokens` source tokens per batch
-    counting padding, and at most `batch_size` rows unless it is None; a longer sentence goes alone, with a warning.
-    The translations are the same tokens either way. `sampling`: a sample per sentence instead of a search.
+    `max_tokens`: token-budget batches (fairseq's `--max-tokens`, padding counted; at most `batch_size` rows unless
+    None), the same translations as fixed-size ones. `sampling`: a sample per sentence instead of a search.
 
     Controls (`controls.py`): `constraints`, per sentence the terms its translation must contain (in the order given
     with `constraint_order="ordered"`); `target_prefixes`, per sentence the text its translation starts with ("" for
@@ -331,11 +328,9 @@ def translate_nbest(
     sampling: Sampling | None = None,
     **options,
 ) -> list[list[Hypothesis]]:
-    """`translate` keeping the `nbest` best hypotheses of each sentence's search (`nbest` <= the beam size), best
-    first, each with its log-probability and search score (`Hypothesis`); `[0].text` is what `translate` gives. An
-    empty sentence gets `nbest` empty hypotheses of log-probability 0 and score 0. With `sampling`, `nbest` is 1.
-    `options`: `translate`'s controls (with constraints every one of the `nbest` hypotheses contains them) and
-    `generate()` keywords."""
+    """`translate` keeping the `nbest` best `Hypothesis`es of each sentence's search (`nbest` <= the beam size, 1
+    with `sampling`), best first; `[0].text` is what `translate` gives; an empty sentence gets `nbest` empty ones
+    scored 0. `options`: `translate`'s controls and `generate()` keywords."""
     names = ("constraints", "constraint_order", "target_prefixes", "block", "disable_unk", "report")
     controls, generate_kwargs = _controls(tokenizer, sentences, {k: v for k, v in options.items() if k not in names},
                                           **{k: v for k, v in options.items() if k in names})  # fmt: skip
@@ -438,9 +433,8 @@ def _next_chunk(lines: Iterator[str], size: int, ready: Callable[[], bool] | Non
 
 
 class _PipeReader:
-    """`readline` over a pipe, a socket or a terminal's file descriptor that can also tell, without blocking,
-    whether a line is there (`ready`): what `translate_stream` needs to answer each line a program writes and waits
-    on, while still batching lines that arrive together."""
+    """`readline` over a pipe, socket or terminal that can also tell, without blocking, whether a line is there
+    (`ready`), so that `translate_stream` answers each line a program writes and waits on."""
 
     def __init__(self, fd: int):
         self.fd, self.buffer, self.ended = fd, bytearray(), False
@@ -469,10 +463,9 @@ MAX_LINE_BYTES = 1 << 20
 
 
 def read_text_lines(stream: BinaryIO, name: str = "<stdin>", max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[str]:
-    """The lines of a byte stream as text, lazily, one per "\n" (a final line without one counts; "\r\n" ends a
-    line too; a UTF-8 byte-order mark at the start is dropped). Never fails on content: bytes that are not UTF-8
-    become U+FFFD and a line longer than `max_line_bytes` is cut there, each with a warning naming `name` and the
-    line; other Unicode line breaks (U+2028, form feed, ...) are text inside the line."""
+    """The lines of a byte stream as text, lazily, one per "\n" or "\r\n" (a leading UTF-8 BOM dropped; other
+    Unicode line breaks are text). Never fails on content: bytes that are not UTF-8 become U+FFFD and a line longer
+    than `max_line_bytes` is cut there, each with a warning naming `name` and the line."""
     decoder = codecs.getincrementaldecoder("utf-8")
     for number in itertools.count(1):
         line = stream.readline(max_line_bytes)

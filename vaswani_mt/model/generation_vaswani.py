@@ -53,9 +53,8 @@ def sentence_limits(max_len_a: float | None, max_len_b: int, source_lengths: tor
 class PerSentenceMaxLength(LogitsProcessor):
     """§6.1 "maximum output length = input length + 50": each sentence stops at its own `a * |X| + b` tokens.
 
-    transformers' `max_length`/`max_new_tokens` is one limit for the whole batch. At a sentence's last allowed step
-    only EOS stays possible; its score is left as the model's own log-probability, so beam scores remain true
-    `log P(Y|X)`.
+    (transformers' `max_length` is one limit for the whole batch.) At a sentence's last allowed step only EOS stays
+    possible, its score left as the model's, so beam scores remain true `log P(Y|X)`.
     """
 
     def __init__(self, max_lengths: torch.Tensor, eos_token_id: int):
@@ -92,9 +91,8 @@ def _cache_of(outputs):
 
 
 def _new_cache(model, config: GenerationConfig, max_length: int, source_length: int):
-    """The KV cache the search starts with: None (the decoder makes a dynamic one at the first step), or with
-    `cache_implementation="static"` transformers' preallocated one (self-attention up to `max_length` tokens,
-    encoder-decoder attention over the source), which torch.compile'd decoding needs."""
+    """The KV cache the search starts with: None (the decoder makes a dynamic one), or with
+    `cache_implementation="static"` a preallocated `StaticCache`, which torch.compile'd decoding needs."""
     if getattr(config, "cache_implementation", None) in (None, "dynamic"):
         return None
     if config.cache_implementation != "static":
@@ -420,9 +418,8 @@ def _window(sequences: torch.Tensor, cur_len: int, size: int) -> torch.Tensor:
 
 
 class VaswaniGenerationMixin(GenerationMixin):
-    """transformers' `GenerationMixin` with the paper's search (§6.1) from `generate()`: beam size 4, the GNMT
-    length penalty with alpha = 0.6, a maximum output length of each sentence's own input length + 50, and early
-    termination when no running hypothesis can still beat the finished ones (`beam_search`)."""
+    """transformers' `GenerationMixin` with the paper's search (§6.1) from `generate()`: beam 4, GNMT alpha 0.6,
+    each sentence's input length + 50, early termination when no running hypothesis can win (`beam_search`)."""
 
     def _use_paper_search(self) -> None:
         """Sets the model's generation config to `PAPER_SEARCH`, terminating early only when the bound allows it."""
@@ -461,8 +458,7 @@ class VaswaniGenerationMixin(GenerationMixin):
             mask = kwargs.get("attention_mask")
             source_lengths = mask.sum(-1) if mask is not None else input_ids.ne(self.config.pad_token_id).sum(-1)
             limits = sentence_limits(max_len_a, max_len_b, source_lengths)
-            # The batch's longest limit bounds the search; `max_length=None` clears any `max_length` of the
-            # generation configs in this call only, so `max_new_tokens` is the one length limit and nothing clashes.
+            # The batch's longest limit bounds the search; `max_length=None` (this call only) leaves it the one limit.
             kwargs["max_new_tokens"] = int(limits.max())
             kwargs["max_length"] = None
             eos = gen_config.eos_token_id if gen_config.eos_token_id is not None else self.config.eos_token_id

@@ -34,10 +34,9 @@ from .generation_vaswani import VaswaniGenerationMixin
 
 logger = logging.get_logger(__name__)
 
-# transformers 5.24 renamed the KV cache (`forward`'s argument, the output field, `create_causal_mask`'s argument)
-# from `past_key_values` to `cache`. `forward` takes `cache` and writes the name the installed version reads, so the
-# model runs under 5.20-5.23 and 5.24+; `past_key_values=` is renamed, with in-tree models' FutureWarning from 5.24
-# and silently before it (where `generate()` passes that name; a version already reached means no warning).
+# transformers 5.24 renamed the KV cache from `past_key_values` to `cache`: `forward` takes `cache` and writes the
+# name the installed version reads (5.20+); `past_key_values=` is renamed, with in-tree models' FutureWarning from
+# 5.24, silently before it, where `generate()` still passes that name.
 _CACHE_RENAMED = "cache" in Seq2SeqLMOutput.__dataclass_fields__
 _CACHE_OUTPUT_FIELD = "cache" if _CACHE_RENAMED else "past_key_values"
 _CACHE_MASK_ARG = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
@@ -62,8 +61,8 @@ _CUSTOM_PIPELINES = {
 def sinusoidal_position_encoding(positions: torch.Tensor, d_model: int, dtype: torch.dtype) -> torch.Tensor:
     """§3.5: `PE(pos, 2i) = sin(pos / 10000^(2i/d_model))`, `PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))`.
 
-    Sines and cosines are interleaved as in the paper's formula. Computed on the fly in float64 (it is tiny),
-    so it is exact after `from_pretrained`, which builds the model on the meta device.
+    Sines and cosines interleaved as in the formula; computed in float64, not stored, so it is exact after
+    `from_pretrained` (which builds the model on the meta device).
     """
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device=positions.device)
     angles = positions.to(torch.float64).unsqueeze(-1) / torch.pow(10000.0, two_i / d_model)
@@ -223,8 +222,7 @@ class VaswaniEncoderLayer(GradientCheckpointingLayer):
 class VaswaniDecoderLayer(GradientCheckpointingLayer):
     """§3.1 decoder layer: masked self-attention, encoder-decoder attention, feed-forward; each wrapped post-LN.
 
-    Checkpointed like `VaswaniEncoderLayer`; the decoder then trains without a KV cache (a replayed layer would
-    write it twice).
+    Checkpointed like `VaswaniEncoderLayer`, then without a KV cache (a replayed layer would write it twice).
     """
 
     def __init__(self, config: VaswaniConfig, layer_idx: int):
@@ -272,14 +270,10 @@ class VaswaniPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["VaswaniEncoderLayer", "VaswaniDecoderLayer"]
 
     def save_pretrained(self, save_directory, *args, push_to_hub: bool = False, **kwargs):
-        """Saves as a Hub-ready folder: safetensors weights, config.json whose `auto_map` names the Auto classes,
-        generation_config.json, the code files (this one and those it imports relatively, copied by transformers'
-        `custom_object_save`) and the translation pipeline.
-
-        transformers writes a pipeline's file only where a pipeline object is saved, and the model does not import
-        it, so pipeline_vaswani.py (`_pipeline_source()`) is copied here and named in config.json's
-        `custom_pipelines`; where none is found, config.json names no pipeline. With `push_to_hub=True` the folder is
-        uploaded once complete (transformers' own upload would run before the pipeline is copied).
+        """Saves as a Hub-ready folder: weights, config.json whose `auto_map` names the Auto classes, the generation
+        config, the code files this one imports relatively and the translation pipeline, which transformers copies
+        only for a saved pipeline object (config.json names none where `_pipeline_source()` finds none). With
+        `push_to_hub=True` the folder is uploaded once complete, pipeline included.
         """
         self.config.auto_map = dict(_AUTO_MAP)
         pipeline = self._pipeline_source()
@@ -469,10 +463,8 @@ class VaswaniDecoder(_VaswaniStack):
 
 
 class VaswaniModel(VaswaniPreTrainedModel):
-    """The encoder-decoder of Figure 1, returning the decoder's last hidden states.
-
-    `shared` is the one embedding matrix of §3.4; the encoder's and decoder's `embed_tokens` are tied to it.
-    """
+    """The encoder-decoder of Figure 1, returning the decoder's last hidden states; `shared` is the one embedding
+    matrix of §3.4, to which the encoder's and decoder's `embed_tokens` are tied."""
 
     _tied_weights_keys = {
         "encoder.embed_tokens.weight": "shared.weight",
@@ -685,10 +677,8 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
     def loss(
         self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None
     ) -> torch.Tensor:
-        """§5.4 label-smoothed cross-entropy: the target distribution is `(1 - eps) * one_hot + eps / V`.
-
-        Positions labelled -100 or with the pad id are ignored.
-        """
+        """§5.4 label-smoothed cross-entropy, target distribution `(1 - eps) * one_hot + eps / V`; positions
+        labelled -100 or with the pad id are ignored."""
         labels = labels.to(logits.device).masked_fill(labels == self.config.pad_token_id, -100)
         total = nn.functional.cross_entropy(
             logits.float().view(-1, logits.shape[-1]),

@@ -112,8 +112,7 @@ def encode_source(tokenizer, text: str, limit: int, notes: list[str] | None = No
 
 
 class TranslationPipeline(Pipeline):
-    """Translates text with `model.generate()` (the paper's search by default: beam 4, GNMT alpha 0.6, input
-    length + 50).
+    """Translates text with `model.generate()` (the paper's search, §6.1, by default).
 
     Args, at construction or per call: `max_source_tokens` (longer sources are cut, with a warning),
     `clean_up_tokenization_spaces`, `batch_size`, and any `generate()` keyword (`num_beams`, `max_new_tokens`,

@@ -1,6 +1,5 @@
-"""Trainer callbacks of the recipe: checkpoints on the clock and a time budget (§6.1), a clean stop with a checkpoint
-on SIGINT/SIGTERM (preemption), a checkpoint at each evaluation when the best one is chosen (early stopping), the
-token sampler's epoch, a progress bar in minutes of the budget, and the training curves as a picture."""
+"""Trainer callbacks of the recipe: checkpoints on the clock and a time budget (§6.1), a clean stop on SIGINT/SIGTERM,
+a checkpoint at each evaluation, the token sampler's epoch, a progress bar in minutes and the training curves."""
 
 from __future__ import annotations
 

@@ -161,8 +161,7 @@ def list_checkpoints(
     processes: int | None = None,
 ) -> list[Path]:
     """`checkpoint-N` folders in `directory`, oldest first (only N <= `up_to_step` when given); incomplete ones
-    (`incomplete_reason`; with `resumable=False` only the weights and trainer_state.json count; `processes`: every
-    rank's RNG state) are skipped with a warning that says what is wrong."""
+    (`incomplete_reason`) are skipped with a warning that says what is wrong."""
     found = []
     for path in Path(directory).iterdir() if Path(directory).is_dir() else []:
         match = _CHECKPOINT.match(path.name)
@@ -183,8 +182,8 @@ def last_checkpoint(directory: str | os.PathLike, resumable: bool = True, proces
 
 
 def log_history(run: str | os.PathLike) -> list[dict]:
-    """A training run's logged rows (`trainer_state.json`'s `log_history`): the run's own final state where it wrote
-    one, else its last complete checkpoint's (runs of `scripts/train.py` save their state with each checkpoint)."""
+    """A training run's logged rows (`trainer_state.json`'s `log_history`): the run's final state where it wrote
+    one, else its last complete checkpoint's."""
     state = Path(run) / "trainer_state.json"
     if not state.is_file():
         checkpoint = last_checkpoint(run, resumable=False)
@@ -251,11 +250,9 @@ def average_checkpoints(
 
 
 def describe_write_failure(folder: Path, error: Exception, rank: int | None = None, writes_all: bool = True) -> str:
-    """What stopped a checkpoint's write, in one line: the file it stopped in, the cause (torch.save's internal zip
-    writer assertion said in words), the free space, and the file-size limit (`ulimit -f`) when there is one.
-
-    The file is the newest of those this process writes: under DDP (`rank` given) its own `rng_state_<rank>.pth`,
-    and with `writes_all` (the rank that saves) every file but the other ranks' RNG states."""
+    """What stopped a checkpoint's write, in one line: the file it stopped in (the newest this process writes: under
+    DDP, `rank` given, its own RNG state, and with `writes_all` the rest), the cause, the free space and the
+    file-size limit (`ulimit -f`) when there is one."""
     text = " ".join(str(error).split())
     if isinstance(error, OSError) and error.strerror:
         cause = error.strerror

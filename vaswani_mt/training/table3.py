@@ -156,9 +156,8 @@ def _option_value(value) -> str:
 
 
 def scale_settings(scale_argv: Sequence[str]) -> dict:
-    """What training with `scale_argv` (a config file and overrides) would use here, `--auto_bf16`'s float32
-    overrides included: `d_model` and `max_steps` (what rows are scaled by), `tokenizer` (None: trained) and
-    `eval_batch_size`."""
+    """What training with `scale_argv` would use here (float32 overrides included): `d_model` and `max_steps` (what
+    rows are scaled by), `tokenizer` (None: trained) and `eval_batch_size`."""
     from vaswani_mt.model.configuration_vaswani import PRESETS, VaswaniConfig
 
     from .arguments import parse_args
@@ -197,9 +196,8 @@ def resolve_scale(scale: str | Path) -> Path:
 
 
 def train_row(argv: Sequence[str], launcher: str | None = None) -> None:
-    """Trains one row with the training command's options `argv`: in this process (`run_training`), or, with a
-    `launcher` such as `accelerate launch --multi_gpu --num_processes 8`, as `<launcher> -m vaswani_mt.cli.train
-    argv` (the launcher must take `-m MODULE`, as `accelerate launch` and `torchrun` do)."""
+    """Trains one row with the training options `argv`: in this process, or as `<launcher> -m vaswani_mt.cli.train
+    argv` with a `launcher` that takes `-m MODULE` (`accelerate launch --multi_gpu ...`, `torchrun`)."""
     if launcher:
         command = [*shlex.split(launcher), "-m", TRAIN_MODULE, *argv]
         logger.info("running %s", shlex.join(command))

@@ -105,8 +105,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
             pin_memory=self.args.dataloader_pin_memory and torch.cuda.is_available(),
         )
         loader = self.accelerator.prepare(loader)
-        # The sampler already gives each rank its own batches; accelerate's BatchSamplerShard would split them
-        # again (transformers does the same for its BatchRebalanceSampler).
+        # The sampler already gives each rank its own batches: accelerate's BatchSamplerShard must not split them.
         shard = getattr(loader, "batch_sampler", None)
         if shard is not None and getattr(shard, "batch_sampler", None) is sampler:
             shard.num_processes, shard.process_index = 1, 0
@@ -206,8 +205,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
         return bool(self.args.save_on_each_node and not self.args.save_only_model and machines().count > 1)
 
     def _write_rng_states(self, folder: Path, states: list[bytes | None]) -> str | None:
-        """This machine's copy of the other machines' RNG states (its main process writes them, each under a name of
-        its own first, then moved into place); what failed, or None."""
+        """Writes the other machines' RNG states into this machine's copy (main process, atomically); what failed,
+        or None."""
         if not self.args.should_save:
             return None
         try:
@@ -255,10 +254,9 @@ class VaswaniTrainer(Seq2SeqTrainer):
     def leave_process_group(self) -> None:
         """End this process's part in distributed training: wait for every rank, then close the process group.
 
-        Call it on every rank once training is over: a rank that exits with the group open can abort (SIGABRT) in
-        gloo's teardown, and the launcher then kills the other ranks, rank 0 included, maybe while it writes the
-        model. The DDP wrapper goes first, as it holds the group. Afterwards rank 0 goes on as a single process with
-        `self.model`. No-op without a group.
+        Call it on every rank once training is over: a rank that exits with the group open can abort in gloo's
+        teardown, and the launcher then kills the others, maybe while rank 0 writes the model. Afterwards rank 0 goes
+        on as a single process with `self.model`. No-op without a group.
         """
         if not torch.distributed.is_available() or not torch.distributed.is_initialized():
             return
