@@ -63,25 +63,21 @@ class VaswaniConfig(PreTrainedConfig):
         position_encoding (`str`, defaults to `"sinusoidal"`):
             `"sinusoidal"` (§3.5) or `"learned"` (Table 3 row E).
         max_position_embeddings (`int`, defaults to 1024):
-            Number of positions of the learned encoding. Sinusoids have no limit; the value is kept as the
-            longest input the model is meant to see.
+            Positions of the learned encoding; with sinusoids, the longest input the model is meant to see.
         layer_norm_eps (`float`, defaults to 1e-6):
             Epsilon of every LayerNorm (tensor2tensor's value).
         attention_bias (`bool`, defaults to `False`):
-            Whether the Q, K, V and output projections have biases. The paper writes plain matrices and
-            tensor2tensor uses none.
+            Whether the Q, K, V and output projections have biases (the paper writes plain matrices).
         init_std (`float`, *optional*):
-            If set, every weight is initialised from N(0, init_std). If `None` (default), embeddings are drawn
-            from N(0, d_model^-0.5) (tensor2tensor and fairseq, because they are scaled by sqrt(d_model)) and
-            linear weights are Xavier-uniform.
+            If set, every weight is initialised from N(0, init_std); if `None`, embeddings from N(0, d_model^-0.5)
+            (as tensor2tensor and fairseq, since they are scaled by sqrt(d_model)) and linear weights Xavier-uniform.
         label_smoothing (`float`, defaults to 0.1):
             `epsilon_ls` of the training loss (§5.4).
         pad_token_id, bos_token_id, eos_token_id, decoder_start_token_id (`int`):
             Special tokens, in fairseq's order: `<s>`=0, `<pad>`=1, `</s>`=2 (`<unk>`=3 lives in the tokenizer).
             The decoder starts from `<s>`.
         tie_word_embeddings (`bool`, defaults to `True`):
-            The source embedding, the target embedding and the pre-softmax projection are one matrix (§3.4). It
-            must stay `True`: the sharing is part of the architecture.
+            The source and target embeddings and the pre-softmax projection are one matrix (§3.4); must be `True`.
     """
 
     model_type = "vaswani_mt"

@@ -5,9 +5,8 @@
 - `projected_label_smoothed_cross_entropy`: the pre-softmax projection and the label-smoothed cross-entropy in one
   pass over chunks of rows, without keeping the logits.
 
-The private torch functions they use (MKL's packed GEMM, `torch._log_softmax(out=)`) are feature-checked once, with
-the public operation as fallback. tests/model/test_fast_paths.py checks that each computes what the plain operation
-does. Self-contained (torch only), so that `save_pretrained` copies it as Hub remote code.
+Private torch functions are feature-checked once, with the public operation as fallback. Self-contained (torch
+only), so that `save_pretrained` copies it as Hub remote code.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Keeping freed memory inside the process, so that a training step does not page-fault its large buffers.
 
-glibc's `malloc` serves every block above its mmap threshold (at most 32 MiB) with a fresh `mmap`, gives it back to
-the kernel at `free` and trims the top of its heap, so a training step, which allocates the same large temporaries
-(the loss's logits chunk, the feed-forward activations) at every step, maps and zero-fills them again each time.
-`retain_freed_memory()` makes malloc reuse them instead, which makes the step faster (benchmarks/RESULTS.md, the
-allocator): the same fix as preloading jemalloc or tcmalloc, without a library or an environment variable.
-The cost: the process keeps its peak heap until it ends. Nothing is computed differently.
+glibc's `malloc` serves every large block with a fresh `mmap`, returned at `free`, so a training step maps and
+zero-fills the same large temporaries (the loss's logits chunk, the activations) again at every step.
+`retain_freed_memory()` makes malloc reuse them, a faster step (benchmarks/RESULTS.md, the allocator) at the cost of
+keeping the peak heap: the fix of preloading jemalloc or tcmalloc, without a library or an environment variable.
 """
 
 from __future__ import annotations
