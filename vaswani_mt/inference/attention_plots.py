@@ -1,10 +1,9 @@
 """Attention pictures like the paper's appendix figures: encoder self-attention, decoder self-attention and
 encoder-decoder attention, per layer and head, from the model's `output_attentions`.
 
-The sentence is translated first (the model's search, or the options given), then the source and its translation
-go through the model once more with teacher forcing and `output_attentions=True`, which needs the eager attention
-implementation (`load_for_inference(..., attn_implementation="eager")`; the model is switched to it otherwise).
-Rows of a decoder picture are the target tokens being predicted; columns are the tokens attended to.
+The sentence is translated first, then goes through the model once more with teacher forcing and
+`output_attentions=True` (eager attention; the model is switched to it otherwise). Rows of a decoder picture are the
+target tokens being predicted; columns are the tokens attended to.
 """
 
 from __future__ import annotations

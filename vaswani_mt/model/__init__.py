@@ -1,13 +1,8 @@
 """The model, exactly as it ships to the Hub: every file here but this one is copied into a saved folder as remote
-code, and imports only torch, transformers (with its huggingface_hub, for `@strict`) and its siblings (relatively),
-so that a folder loads in a process without vaswani_mt.
+code and imports only torch, transformers (with huggingface_hub) and its siblings, so it loads without vaswani_mt.
 
-- configuration_vaswani.py: `VaswaniConfig` and the presets (base and big of Table 3, and CPU-sized ones);
-- modeling_vaswani.py: the paper's encoder-decoder (§3), its label-smoothed loss (§5.4);
-- generation_vaswani.py: the paper's beam search (§6.1), our own, from `generate()`;
-- constraints_vaswani.py: terminology constraints for it (dynamic beam allocation);
-- fast_paths_vaswani.py: faster computations of the same numbers (dropout masks, packed GEMM, fused loss);
-- pipeline_vaswani.py: the translation pipeline (`pipeline("translation", model=folder, trust_remote_code=True)`).
+configuration (Table 3's presets), modeling (§3, §5.4), generation (§6.1's beam search), constraints (terminology),
+fast_paths (the same numbers, faster) and pipeline (`pipeline("translation", ...)`), each `*_vaswani.py`.
 """
 
 from pathlib import Path

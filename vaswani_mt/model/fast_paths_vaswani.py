@@ -58,11 +58,10 @@ _PACKED_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _project(linear: nn.Linear, states: torch.Tensor) -> torch.Tensor:
     """`linear(states)`, in CPU float32 inference through a copy of the weight packed once for MKL's GEMM.
 
-    Decoding multiplies a few rows (batch x beams) by every weight at each step, and an ordinary GEMM packs the
-    weight at every call, which for a few rows costs more than the arithmetic (benchmarks/RESULTS.md, speed). The
-    packed copy is rebuilt when the weight (its version counter) or the number of rows changes. Results equal
-    `linear(states)` to float32 round-off, not always bit for bit. Training, autograd, torch.compile, other dtypes
-    and devices, and wrapped or hooked layers take `linear(states)`.
+    An ordinary GEMM packs the weight at every call, which for decoding's few rows costs more than the arithmetic
+    (benchmarks/RESULTS.md, speed). The copy is rebuilt when the weight or the number of rows changes. Equal to
+    `linear(states)` to float32 round-off; training, torch.compile, other dtypes and devices, and hooked layers take
+    `linear(states)`.
     """
     rows = states.numel() // states.shape[-1] if states.numel() else 0
     if not (

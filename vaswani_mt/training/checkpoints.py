@@ -76,9 +76,8 @@ def incomplete_reason(
 ) -> str | None:
     """Why `checkpoint` cannot be used, or None when it is complete.
 
-    Trainer writes `trainer_state.json` last, but an earlier file can still be cut short (a full disk, a crash
-    before the page cache reached the disk), so every safetensors header must describe exactly its file's size and
-    every `.pt`/`.pth` must end with its zip directory; all checked without loading a tensor.
+    Trainer writes `trainer_state.json` last, but an earlier file can still be cut short (a full disk, a crash), so
+    safetensors headers must match their files' sizes and `.pt`/`.pth` files end with their zip directory.
 
     `resumable=False` asks only for what averaging and evaluation read: the weights and `trainer_state.json`.
     `processes`: how many processes will resume from it; a checkpoint written by several needs each rank's

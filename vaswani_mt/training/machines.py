@@ -1,10 +1,9 @@
 """Several machines (accelerate's multi-node path, torchrun underneath, Slurm): where each rank runs, whether the
 machines share the output folder, that they were started alike, the tokenizer from rank 0, and a lost machine named.
 
-torchrun numbers processes machine by machine, so global rank r runs on machine `r // processes per machine`. With
-one folder every machine sees, global rank 0 writes each checkpoint and the tokenizer; with a folder per machine,
-each machine's main process writes a whole copy of each checkpoint, every rank's RNG state included
-(`save_on_each_node`, set by `settle_storage`), so that any one machine's folder resumes the whole run.
+Global rank r runs on machine `r // processes per machine`. With one shared folder, global rank 0 writes each
+checkpoint; with a folder per machine (`save_on_each_node`, set by `settle_storage`), each machine writes a whole
+copy, every rank's RNG state included, so that any one machine's folder resumes the whole run.
 """
 
 from __future__ import annotations
