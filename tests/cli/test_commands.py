@@ -139,3 +139,20 @@ def test_overwrite_replaces_the_output_whole_and_a_failed_run_leaves_it_as_it_wa
     assert sorted(p.name for p in output.iterdir()) == before  # the averaged model, whole
     assert json.loads((output / "config.json").read_text())["model_type"] == "vaswani_mt"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "run"]  # no half-written sibling left
+
+
+def test_evaluate_reports_unreadable_misaligned_or_empty_files_in_one_line(fitted_folder, tmp_path):
+    (tmp_path / "two.en").write_text("Hello.\nThe house.\n")
+    (tmp_path / "one.de").write_text("Hallo.\n")
+    (tmp_path / "empty.en").write_text("")
+    (tmp_path / "empty.de").write_text("")
+    model = ["--model", str(fitted_folder), "--reference_file"]
+    cases = [
+        ([*model, str(tmp_path / "one.de"), "--input", str(tmp_path / "nope.en")], "nope.en: cannot be read"),
+        ([*model, str(tmp_path / "one.de"), "--input", str(tmp_path / "two.en")], "two.en has 2 lines but"),
+        ([*model, str(tmp_path / "empty.de"), "--input", str(tmp_path / "empty.en")], "empty.en: no sentences"),
+        (["--hypotheses", str(tmp_path / "empty.en"), "--references", str(tmp_path / "empty.de")], "no sentences"),
+    ]
+    for argv, message in cases:
+        code = _exit_message(evaluate.main, argv)
+        assert isinstance(code, str) and code.startswith("error: ") and message in code and "\n" not in code, code

@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> None:
                 f"error: {args.hypotheses} has {len(hypotheses)} lines but {args.references} has {len(references)}: "
                 "the files are not aligned"
             )
+        if not hypotheses:
+            sys.exit(f"error: {args.hypotheses}: no sentences to score")
         if args.max_samples:
             hypotheses, references = hypotheses[: args.max_samples], references[: args.max_samples]
         from vaswani_mt.evaluation.metrics import score_translations
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--input and --reference_file go together")
     check_before_loading(args)
     quiet_library_bars()
-    from vaswani_mt.data.corpus import BUILTIN_CORPUS, load_corpus, read_parallel_text, source_target
+    from vaswani_mt.data.corpus import BUILTIN_CORPUS, DataError, load_corpus, read_parallel_text, source_target
     from vaswani_mt.evaluation.metrics import evaluate_bleu, score_translations
     from vaswani_mt.inference.controls import ControlReport, split_constrained_line
     from vaswani_mt.inference.ensemble import load_ensemble
@@ -101,11 +103,18 @@ def main(argv: list[str] | None = None) -> None:
     except ModelFolderError as error:
         sys.exit(f"error: {error}")
     kwargs = decoding_options(args, model.generation_config, tokenizer)  # a bad combination of options too
-    if args.source_file:
-        sources, references = map(list, zip(*read_parallel_text(args.source_file, args.reference_file), strict=True))
-    else:
-        corpus = load_corpus(args.dataset or BUILTIN_CORPUS, args.dataset_config, args.source_lang, args.target_lang)
-        sources, references = source_target(corpus[args.split], args.source_lang, args.target_lang)
+    try:  # a missing or unreadable file, bad bytes, files of different lengths: one line naming it
+        if args.source_file:
+            pairs = read_parallel_text(args.source_file, args.reference_file)
+            sources, references = [p[0] for p in pairs], [p[1] for p in pairs]
+        else:
+            dataset = args.dataset or BUILTIN_CORPUS
+            corpus = load_corpus(dataset, args.dataset_config, args.source_lang, args.target_lang)
+            sources, references = source_target(corpus[args.split], args.source_lang, args.target_lang)
+    except DataError as error:
+        sys.exit(f"error: {error}")
+    if not sources:
+        sys.exit(f"error: {args.source_file or args.split}: no sentences to score")
     if args.max_samples:
         sources, references = sources[: args.max_samples], references[: args.max_samples]
     order = kwargs.pop("constraints", None)
