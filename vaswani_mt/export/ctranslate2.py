@@ -13,6 +13,9 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+import torch
+
+from vaswani_mt.model.generation_vaswani import sentence_limits
 from vaswani_mt.model.pipeline_vaswani import encode_source, single_line
 
 # The generation_config.json keys of the model's search (§6.1), and their names among translate_batch's options.
@@ -90,7 +93,7 @@ def _translate_batch(translator, sources: list[list[str]], search: Mapping | Non
     options = {**search, **options}
     if b is None or "max_decoding_length" in options:
         return translator.translate_batch(sources, **options)
-    limits = [max(int(float(a or 0) * len(tokens) + b), 1) - 1 for tokens in sources]  # generation.sentence_limits
+    limits = (sentence_limits(a, b, torch.tensor([len(tokens) for tokens in sources])) - 1).tolist()
     results: list = [None] * len(sources)
     for limit in sorted(set(limits)):
         group = [i for i, own in enumerate(limits) if own == limit]
