@@ -167,3 +167,20 @@ def test_the_scripts_take_tab_lines_prefix_and_block_files(fitted_folder, fitted
     _, code = _run(evaluate_cli, [*model, *files], monkeypatch)
     assert code is None and (tmp_path / "out").read_text().splitlines() == translate(*fitted, ENGLISH,
                                                                                      constraints=terms)  # fmt: skip
+
+
+def test_prefixes_without_terms_under_constraints_are_translated_and_every_line_is_met(fitted, plain):
+    """A batch whose lines carry prefixes but no terms ran the search without constraints, which then set no
+    `constraints_met`: translate() raised AttributeError. Lines without terms count as met (vacuously)."""
+    model, tokenizer = fitted
+    prefixes = [plain[0].split()[0], "", "", "", "", ""]
+    report = ControlReport()
+    out = translate(model, tokenizer, ENGLISH, constraints=[[]] * len(ENGLISH), constraint_order="ordered",
+                    target_prefixes=prefixes, report=report, **SHORT)  # fmt: skip
+    assert out == translate(model, tokenizer, ENGLISH, target_prefixes=prefixes, **SHORT)
+    assert report.unmet == {} and report.failed == {}
+    terms = [["Buch"], [], [], [], [], []]
+    batch = tokenizer(ENGLISH, return_tensors="pt", padding=True)
+    output = model.generate(**batch, constraints=[[tokenizer(t, add_special_tokens=False)["input_ids"] for t in row]
+                                                  for row in terms], return_dict_in_generate=True, **SHORT)  # fmt: skip
+    assert output.constraints_met[1:].all()  # the sentences without a constraint: met, vacuously

@@ -188,8 +188,9 @@ def beam_search(
     or with `return_dict_in_generate` a `GenerateBeamEncoderDecoderOutput`.
 
     `constraints` (`constraints_vaswani.LexicalConstraints`): phrases each output must contain (dynamic beam
-    allocation); the output then has `constraints_met` ((batch * num_return_sequences, C) booleans), and sentences
-    without constraints get exactly what they get without them. `target_prefix` ((batch, Lp), -1 after a row's
+    allocation); the output then has `constraints_met` ((batch * num_return_sequences, C) booleans, True where a
+    sentence has no constraint: vacuously met), and sentences without constraints get exactly what they get without
+    them. `target_prefix` ((batch, Lp), -1 after a row's
     prefix; a row of -1 is no prefix): tokens each output starts with, their log-probabilities counted."""
     num_beams, alpha = config.num_beams, float(config.length_penalty)
     batch, device = input_ids.shape[0], input_ids.device
@@ -364,7 +365,8 @@ def beam_search(
     sequences, origins = sequences[:, : prompt_len + generated], origins[:, :generated]
     constraints_met = None
     if constraints is not None:
-        constraints_met = finished_met[:, :returned].reshape(batch * returned, -1)
+        # A slot without a constraint (a sentence with fewer, or none) is met: vacuously true.
+        constraints_met = (finished_met | ~constraints.valid[:, None])[:, :returned].reshape(batch * returned, -1)
         unmet = constraints.rows & ~constraints.satisfied(finished_met)[:, 0]
         if unmet.any() and not dict_out:
             logger.warning(
@@ -492,8 +494,14 @@ class VaswaniGenerationMixin(GenerationMixin):
             raise ValueError(f"generate() with {config.num_beams} beams does not take {', '.join(unknown)}")
         batch, device = input_ids.shape[0], input_ids.device
         constraints, prefix = search_controls(controls, batch, limits, config.max_length, device)
-        return beam_search(self, input_ids, attention_mask, config, logits_processor, stopping_criteria,
-                           encoder_outputs=encoder_outputs, constraints=constraints, target_prefix=prefix)  # fmt: skip
+        output = beam_search(self, input_ids, attention_mask, config, logits_processor, stopping_criteria,
+                             encoder_outputs=encoder_outputs, constraints=constraints,
+                             target_prefix=prefix)  # fmt: skip
+        if controls.get("constraints") is not None and constraints is None and config.return_dict_in_generate:
+            # No sentence of the batch has a constraint (the search ran without them): every one is met, vacuously.
+            output.constraints_met = torch.ones(batch * config.num_return_sequences, 1, dtype=torch.bool,
+                                                device=device)  # fmt: skip
+        return output
 
     def _vaswani_search_config(self, generation_config: GenerationConfig, kwargs: dict):
         """The generation config of this call (a copy, with the call's options) and the keywords left for the model;
