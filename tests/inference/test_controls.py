@@ -10,7 +10,8 @@ from vaswani_mt.cli import evaluate as evaluate_cli
 from vaswani_mt.cli import translate as translate_cli
 from vaswani_mt.inference.controls import ControlReport
 from vaswani_mt.inference.ensemble import ensemble
-from vaswani_mt.inference.translate import translate, translate_nbest, translate_stream
+from vaswani_mt.inference.streams import translate_stream
+from vaswani_mt.inference.translate import translate, translate_nbest
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -84,11 +85,29 @@ def test_bad_lines_get_one_error_and_the_others_are_translated(fitted, plain, ca
 def test_a_constraint_that_cannot_be_met_is_reported_and_warned(fitted, caplog):
     model, tokenizer = fitted
     report = ControlReport()
-    # "Buch" is also blocked: it can never appear, so the search ends at the limit with the best it has.
-    out = translate(model, tokenizer, ENGLISH[:2], constraints=[["Buch"], []], block=["Buch"], report=report, **SHORT)
-    assert "Buch" not in out[0] and out[0]
-    assert report.unmet == {1: ["Buch"]}
-    assert "line 1: 'Buch' not met within the length limit" in caplog.text
+    # No token may repeat (no_repeat_ngram_size=1), so "Buch Buch" can never appear: the search ends at the limit
+    # with the best it has.
+    out = translate(model, tokenizer, ENGLISH[:2], constraints=[["Buch Buch"], []], no_repeat_ngram_size=1,
+                    report=report, **SHORT)  # fmt: skip
+    assert "Buch Buch" not in out[0] and out[0]
+    assert report.unmet == {1: ["Buch Buch"]}
+    assert "line 1: 'Buch Buch' not met within the length limit" in caplog.text
+
+
+def test_controls_that_contradict_the_blocked_phrases_are_refused_for_their_line(fitted, plain):
+    """A term that is (or holds) a blocked phrase, or a prefix that holds one, can never be honoured: the line is
+    refused in one line naming it (a prefix holding one gave an empty line and no word), the others translated."""
+    model, tokenizer = fitted
+    report = ControlReport()
+    out = translate(model, tokenizer, ENGLISH[:3], constraints=[["Buch"], [], []],
+                    target_prefixes=["", "Die Straße ist", ""], block=["Buch", "Straße"], report=report,
+                    **SHORT)  # fmt: skip
+    assert out[0] == "" and out[1] == "" and out[2] == translate(model, tokenizer, ENGLISH[2:3], block=["Buch", "Straße"],
+                                                                 **SHORT)[0]  # fmt: skip
+    assert report.failed == {1: "constraint 1: 'Buch' holds the blocked phrase 'Buch'",
+                             2: "the target prefix 'Die Straße ist' holds the blocked phrase 'Straße'"}  # fmt: skip
+    unk = translate(model, tokenizer, ENGLISH[:1], target_prefixes=["Die"], block=["Die"], report=report, **SHORT)
+    assert unk == [""] and "holds the blocked phrase 'Die'" in report.failed[1]
 
 
 def test_target_prefixes_start_the_translation_and_an_empty_one_changes_nothing(fitted, plain):

@@ -13,13 +13,13 @@ from conftest import ENGLISH, make_model
 from vaswani_mt.cli import evaluate as evaluate_cli
 from vaswani_mt.cli import translate as translate_cli
 from vaswani_mt.inference.batching import token_budget_batches
+from vaswani_mt.inference.streams import translate_stream
 from vaswani_mt.inference.translate import (
     Sampling,
     format_nbest,
     translate,
     translate_chunks,
     translate_nbest,
-    translate_stream,
 )
 from vaswani_mt.model.generation_vaswani import gnmt_length_penalty
 

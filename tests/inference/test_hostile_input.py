@@ -36,7 +36,8 @@ from hypothesis import strategies as st
 
 from vaswani_mt.app.demo import translate_for_demo
 from vaswani_mt.inference.loading import load_for_inference
-from vaswani_mt.inference.translate import translate, translate_stream
+from vaswani_mt.inference.streams import translate_stream
+from vaswani_mt.inference.translate import translate
 from vaswani_mt.model.pipeline_vaswani import TranslationPipeline, encode_source
 
 ROOT = Path(__file__).resolve().parents[2]

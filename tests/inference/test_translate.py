@@ -7,7 +7,8 @@ import io
 import pytest
 from conftest import ENGLISH, FAST, HOSTILE, make_model
 
-from vaswani_mt.inference.translate import read_text_lines, translate, translate_stream
+from vaswani_mt.inference.streams import read_text_lines, translate_stream
+from vaswani_mt.inference.translate import translate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
     from vaswani_mt.inference.controls import ControlReport
     from vaswani_mt.inference.ensemble import load_ensemble
     from vaswani_mt.inference.loading import ModelFolderError
-    from vaswani_mt.inference.translate import read_text_lines, translate_stream
+    from vaswani_mt.inference.streams import read_text_lines, translate_stream
 
     try:
         model, tokenizer = load_ensemble(args.model)  # one folder: that model (load_for_inference)

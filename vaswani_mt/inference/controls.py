@@ -36,6 +36,16 @@ def split_constrained_line(line: str) -> tuple[str, list[str]]:
     return source, terms
 
 
+def warn_no_tabs(lines: int) -> None:
+    """The warning for constrained input of `lines` lines none of which has a tab: nothing was constrained (the
+    same in every command; `--constraints` given to plain text is a mistake worth a word, not an error)."""
+    if lines:
+        logger.warning(
+            "constraints: none of the %d input lines has a tab (source<TAB>term<TAB>...): nothing was constrained",
+            lines,
+        )
+
+
 def block_kwargs(tokenizer, block: Sequence[str] = (), disable_unk: bool = False, where: str = "") -> dict:
     """`generate()` arguments that keep `block`'s phrases (each as tokenized at the start and inside a sentence) and,
     with `disable_unk`, `<unk>` out of every output. ValueError naming the phrase (after `where`) for one that is
@@ -62,6 +72,7 @@ class LineControls:
     prefixes: Sequence[str] | None = None
     order: str = "unordered"
     report: ControlReport | None = None
+    tabbed: int = 0  # lines of constrained input read with a tab (none: `warn_no_tabs`)
 
     def __post_init__(self):
         if self.order not in ORDERS:
@@ -78,37 +89,53 @@ class LineControls:
 
     def prepare(self, model, tokenizer, encoded: dict[int, list[int]], first_line: int, kwargs: dict) -> dict:
         """Token ids of each line's constraints and prefix, `{i: (forms, prefix_ids)}` for the lines in `encoded`
-        (source ids by index) that have any; a line whose controls are bad is dropped from `encoded`, reported and
-        logged as an error."""
+        (source ids by index) that have any; a line whose controls are bad or contradict the blocked phrases and
+        `<unk>` of `kwargs` is dropped from `encoded`, reported and logged as an error."""
         prepared = {}
+        banned = [list(form) for form in kwargs.get("bad_words_ids") or []]
+        banned += [[token] for token in kwargs.get("suppress_tokens") or []]
         for i in list(encoded):
             terms = self.terms[i] if self.terms is not None else []
             prefix = self.prefixes[i] if self.prefixes is not None else ""
             if not terms and not prefix:
                 continue
             try:
-                prepared[i] = self._line(tokenizer, terms, prefix, self._room(model, len(encoded[i]), kwargs))
+                prepared[i] = self._line(tokenizer, terms, prefix, self._room(model, len(encoded[i]), kwargs), banned)
             except ValueError as error:
+                self._fail(first_line + i, str(error))
                 del encoded[i]
-                logger.error("line %d: %s: not translated", first_line + i, error)
-                if self.report is not None:
-                    self.report.failed[first_line + i] = str(error)
         return prepared
 
+    def _fail(self, line: int, message: str) -> None:
+        logger.error("line %d: %s: not translated", line, message)
+        if self.report is not None:
+            self.report.failed[line] = message
+
     @staticmethod
-    def _line(tokenizer, terms: Sequence[str], prefix: str, room: int) -> tuple[list, list[int]]:
+    def _line(tokenizer, terms: Sequence[str], prefix: str, room: int, banned: list[list[int]]) -> tuple[list, list]:
+        """A line's term forms and prefix ids, or ValueError naming what is wrong: a term or prefix that cannot be
+        tokenized, is (or holds) a blocked phrase, or does not fit the length limit."""
         forms = []
         for number, term in enumerate(terms, 1):
             try:
-                forms.append(phrase_forms(tokenizer, term))
+                alternatives = phrase_forms(tokenizer, term)
             except ValueError as error:
                 raise ValueError(f"constraint {number}: {error}") from None
+            blocked = [_banned_in(form, banned) for form in alternatives]
+            if all(blocked):  # every form of the term holds a banned phrase: the search can never meet it
+                raise ValueError(f"constraint {number}: {term!r} holds the blocked phrase "
+                                 f"{tokenizer.decode(blocked[0]).strip()!r}")  # fmt: skip
+            forms.append(alternatives)
         prefix_ids: list[int] = []
         if prefix.strip():  # tokenized as a sentence's start: the first of its forms
             try:
                 prefix_ids = phrase_forms(tokenizer, prefix)[0]
             except ValueError as error:
                 raise ValueError(f"the target prefix: {error}") from None
+            blocked_in_prefix = _banned_in(prefix_ids, banned)
+            if blocked_in_prefix:  # forced tokens the search may not take: nothing could be translated
+                raise ValueError(f"the target prefix {prefix.strip()!r} holds the blocked phrase "
+                                 f"{tokenizer.decode(blocked_in_prefix).strip()!r}")  # fmt: skip
         need = len(prefix_ids) + sum(min(len(f) for f in alternatives) for alternatives in forms)
         if need > room:
             what = [f"a target prefix of {len(prefix_ids)}"] if prefix_ids else []
@@ -142,12 +169,19 @@ class LineControls:
             kwargs["target_prefix"] = [prepared[i][1] if i in prepared else [] for i in chunk]
         return kwargs
 
-    def record(self, chunk: Sequence[int], met, first_line: int) -> None:
+    def record(self, chunk: Sequence[int], met, first_line: int, results: Sequence) -> None:
         """Reports and warns the lines of `chunk` whose translation misses a constraint (`met`: the search's
-        `constraints_met`, a row per line)."""
+        `constraints_met`, a row per line), and reports as failed a line with a prefix whose translation (in
+        `results`, by index: a text or an n-best list) came out empty: no hypothesis could take its controls."""
+        for i in chunk:
+            text = results[i] if isinstance(results[i], str) else results[i][0].text
+            if self.prefixes is not None and self.prefixes[i].strip() and not text:
+                self._fail(first_line + i, "no translation can start with its target prefix under these controls")
         if met is None or self.terms is None:
             return
         for row, i in enumerate(chunk):
+            if first_line + i in (self.report.failed if self.report is not None else {}):
+                continue
             missing = [term for term, ok in zip(self.terms[i], met[row].tolist(), strict=False) if not ok]
             if missing:
                 logger.warning(
@@ -158,4 +192,13 @@ class LineControls:
                     self.report.unmet[first_line + i] = missing
 
 
-__all__ = ["ControlReport", "LineControls", "block_kwargs", "split_constrained_line"]
+def _banned_in(ids: Sequence[int], banned: list[list[int]]) -> list[int] | None:
+    """The first banned token sequence (`bad_words_ids` form or suppressed token) that `ids` holds, else None."""
+    for form in banned:
+        width = len(form)
+        if any(list(ids[start : start + width]) == form for start in range(len(ids) - width + 1)):
+            return form
+    return None
+
+
+__all__ = ["ControlReport", "LineControls", "block_kwargs", "split_constrained_line", "warn_no_tabs"]

@@ -1,5 +1,5 @@
-"""Batched and streamed translation with `generate()` (the paper's search by default, §6.1): a list of sentences,
-an iterable of any length a chunk at a time, or a byte stream (a file, a pipe, standard input) line by line.
+"""Batched translation with `generate()` (the paper's search by default, §6.1): a list of sentences, or an iterable
+of any length a chunk at a time (byte streams: `streams.py`).
 
 Any text gets exactly one single-line translation, in input order (`pipeline_vaswani.encode_source`'s rules).
 Options, on streams too: n-best lists (`translate_nbest`, `format_nbest`), seeded sampling (`Sampling`) and
@@ -8,18 +8,14 @@ token-budget batches (`max_tokens`).
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import hashlib
 import itertools
 import logging
-import os
-import select
-import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO, NamedTuple
+from typing import NamedTuple
 
 import torch
 from transformers import (
@@ -31,7 +27,13 @@ from transformers import (
 )
 
 from vaswani_mt.inference.batching import token_budget_batches
-from vaswani_mt.inference.controls import ControlReport, LineControls, block_kwargs, split_constrained_line
+from vaswani_mt.inference.controls import (
+    ControlReport,
+    LineControls,
+    block_kwargs,
+    split_constrained_line,
+    warn_no_tabs,
+)
 from vaswani_mt.model.generation_vaswani import gnmt_length_penalty
 from vaswani_mt.model.pipeline_vaswani import default_max_source_tokens, encode_source, single_line
 
@@ -170,70 +172,97 @@ def format_nbest(line_id: int, hypotheses: Sequence[Hypothesis]) -> str:
     return "".join(f"{line_id} ||| {h.text} ||| F0= {h.log_prob:.6f} ||| {h.score:.6f}\n" for h in hypotheses)
 
 
-def _translate_batches(
-    model, tokenizer, sentences: Sequence[str], batch_size: int | None, limit: int, generate_kwargs: dict,
-    first_line: int = 1, on_batch=None, nbest: int | None = None, max_tokens: int | None = None,
-    sampling: Sampling | None = None, controls: LineControls | None = None,
-) -> list:  # fmt: skip
+@dataclass(frozen=True)
+class _Decoding:
+    """How `_translate_batches` translates, in one object: rows per batch (`batch_size`, None: the token budget
+    alone), the longest source (`limit` tokens), `generate()`'s keywords, and the options of `translate`."""
+
+    batch_size: int | None
+    limit: int
+    generate_kwargs: dict
+    nbest: int | None = None
+    max_tokens: int | None = None
+    sampling: Sampling | None = None
+    controls: LineControls | None = None
+
+
+def _decoding(model, tokenizer, *, batch_size, max_source_tokens, generate_kwargs, nbest=None, max_tokens=None,
+              sampling=None, controls=None) -> _Decoding:  # fmt: skip
+    """The checked `_Decoding` of a call of `translate`, `translate_nbest` or `translate_chunks` (ValueError, one line,
+    for options that do not go together)."""
+    check_decoding_options(model.generation_config, nbest, max_tokens, sampling, controls, **generate_kwargs)
+    if batch_size is None and max_tokens is None:
+        raise ValueError("batch_size=None (no limit on rows) needs max_tokens")
+    limit = max_source_tokens or default_max_source_tokens(model, tokenizer)
+    return _Decoding(batch_size, limit, generate_kwargs, nbest, max_tokens, sampling, controls)
+
+
+def _batches(sentences: Sequence[str], todo: list[int], encoded: dict[int, list[int]], decoding: _Decoding,
+             first_line: int) -> list[list[int]]:  # fmt: skip
+    """The lines `todo` (indices into `sentences`, `encoded` their source ids) in batches: by `max_tokens`, or
+    longest first `batch_size` at a time, so that a batch holds sentences of similar length (little padding)."""
+    if decoding.max_tokens is None:
+        order = sorted(todo, key=lambda i: len(sentences[i]), reverse=True)
+        return [order[start : start + decoding.batch_size] for start in range(0, len(order), decoding.batch_size)]
+    lengths = [len(encoded[i]) for i in todo]
+    batches = [[todo[k] for k in batch] for batch in token_budget_batches(lengths, decoding.max_tokens,
+                                                                          decoding.batch_size)]  # fmt: skip
+    for batch in batches:
+        if len(encoded[batch[0]]) > decoding.max_tokens:
+            logger.warning(
+                "line %d: %d source tokens, more than max_tokens=%d: translated in a batch of its own",
+                first_line + batch[0], len(encoded[batch[0]]), decoding.max_tokens,
+            )  # fmt: skip
+    return batches
+
+
+def _translate_batch(model, tokenizer, ids: list[list[int]], lines: list[int], decoding: _Decoding, kwargs: dict):
+    """The translations of one batch (source `ids` of input `lines`, 0-based): texts, or with `nbest` lists of
+    `Hypothesis`; and with constraints, which of them each line's translation met (else None)."""
+    batch = tokenizer.pad({"input_ids": ids}, return_tensors="pt").to(model.device)
+    if decoding.sampling is not None:
+        kwargs = {**kwargs, **_sampling_kwargs(decoding.sampling, lines)}
+    if decoding.nbest is not None:
+        return _nbest_search(model, tokenizer, batch, decoding.nbest, kwargs)
+    met = None
+    output = model.generate(**batch, **kwargs, return_dict_in_generate="constraints" in kwargs)
+    if "constraints" in kwargs:  # which constraints each translation met
+        output, met = output.sequences, output.constraints_met
+    return [single_line(text) for text in tokenizer.batch_decode(output, skip_special_tokens=True)], met
+
+
+def _translate_batches(model, tokenizer, sentences: Sequence[str], decoding: _Decoding, first_line: int = 1,
+                       on_batch: Callable[[int], object] | None = None) -> list:  # fmt: skip
     """`translate` of `sentences` (with `nbest`: `translate_nbest`), numbered from `first_line` in warnings;
-    `on_batch(n)` after each batch of n; `controls`: the lines' constraints and target prefixes."""
+    `on_batch(n)` after each batch of n; `decoding.controls`: the lines' constraints and target prefixes."""
+    controls = decoding.controls
     blank = [i for i, sentence in enumerate(sentences) if not sentence.strip()]
     if blank:  # nothing to translate: the line stays empty, so output lines still match input lines
         logger.warning(
             "%d empty or whitespace-only lines left empty (first: line %d)", len(blank), first_line + blank[0]
         )
     # An empty line's n-best list: `nbest` empty translations of probability 1, so that lists stay aligned by line.
+    nbest = decoding.nbest
     results: list = [""] * len(sentences) if nbest is None else [[Hypothesis("", 0.0, 0.0)] * nbest for _ in sentences]
     todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
     if controls is not None:
         controls.refuse_blank(blank, first_line)
-
-    def encode(i: int) -> list[int]:
-        return encode_source(tokenizer, sentences[i], limit, where=f"line {first_line + i}: ")
-
-    encoded: dict[int, list[int]] = {}
+    where = {i: f"line {first_line + i}: " for i in todo}
+    encoded = {i: encode_source(tokenizer, sentences[i], decoding.limit, where=where[i]) for i in todo}
     prepared: dict = {}
     if controls is not None:  # each line's constraints and prefix checked against its own length limit
-        encoded = {i: encode(i) for i in todo}
-        prepared = controls.prepare(model, tokenizer, encoded, first_line, generate_kwargs)
+        prepared = controls.prepare(model, tokenizer, encoded, first_line, decoding.generate_kwargs)
         todo = [i for i in todo if i in encoded]
-    if max_tokens is None:
-        # Longest first, so that a batch holds sentences of similar length (little padding); results in input order.
-        order = sorted(todo, key=lambda i: len(sentences[i]), reverse=True)
-        batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-    else:
-        encoded = encoded or {i: encode(i) for i in todo}
-        lengths = [len(encoded[i]) for i in todo]
-        batches = [[todo[k] for k in batch] for batch in token_budget_batches(lengths, max_tokens, batch_size)]
-        for batch in batches:
-            if len(encoded[batch[0]]) > max_tokens:
-                logger.warning(
-                    "line %d: %d source tokens, more than max_tokens=%d: translated in a batch of its own",
-                    first_line + batch[0], len(encoded[batch[0]]), max_tokens,
-                )  # fmt: skip
-    for chunk in batches:
-        ids = [encoded[i] if encoded else encode(i) for i in chunk]
-        batch = tokenizer.pad({"input_ids": ids}, return_tensors="pt").to(model.device)
-        kwargs = generate_kwargs
-        if sampling is not None:
-            kwargs = {**generate_kwargs, **_sampling_kwargs(sampling, [first_line - 1 + i for i in chunk])}
+    for chunk in _batches(sentences, todo, encoded, decoding, first_line):
+        kwargs = decoding.generate_kwargs
         if controls is not None:
             kwargs = {**kwargs, **controls.batch_kwargs(chunk, prepared)}
-        met = None
-        if nbest is None:
-            if "constraints" in kwargs:  # which constraints each translation met
-                output = model.generate(**batch, **kwargs, return_dict_in_generate=True)
-                output, met = output.sequences, output.constraints_met
-            else:
-                output = model.generate(**batch, **kwargs)
-            for i, text in zip(chunk, tokenizer.batch_decode(output, skip_special_tokens=True), strict=True):
-                results[i] = single_line(text)  # one line, whoever reads it
-        else:
-            lists, met = _nbest_search(model, tokenizer, batch, nbest, kwargs)
-            for i, hypotheses in zip(chunk, lists, strict=True):
-                results[i] = hypotheses
+        lines = [first_line - 1 + i for i in chunk]
+        translations, met = _translate_batch(model, tokenizer, [encoded[i] for i in chunk], lines, decoding, kwargs)
+        for i, translation in zip(chunk, translations, strict=True):
+            results[i] = translation
         if controls is not None:
-            controls.record(chunk, met, first_line)
+            controls.record(chunk, met, first_line, results)
         if on_batch is not None:
             on_batch(len(chunk))
     return results
@@ -293,15 +322,19 @@ def translate(
     none); `block`, phrases no translation may contain; `disable_unk`: no `<unk>`. `report` (`ControlReport`) gets
     the sentences (from 1) whose constraints were not met or whose controls were bad.
     """
-    controls, generate_kwargs = _controls(tokenizer, sentences, generate_kwargs, constraints, constraint_order,
-                                          target_prefixes, block, disable_unk, report)  # fmt: skip
-    return _translate_all(model, tokenizer, sentences, batch_size, progress, max_source_tokens, None, max_tokens,
-                          sampling, generate_kwargs, controls)  # fmt: skip
+    controls, generate_kwargs = _controls(
+        tokenizer, sentences, generate_kwargs, constraints=constraints, constraint_order=constraint_order,
+        target_prefixes=target_prefixes, block=block, disable_unk=disable_unk, report=report,
+    )  # fmt: skip
+    decoding = _decoding(model, tokenizer, batch_size=batch_size, max_source_tokens=max_source_tokens,
+                         generate_kwargs=generate_kwargs, max_tokens=max_tokens, sampling=sampling,
+                         controls=controls)  # fmt: skip
+    return _translate_all(model, tokenizer, sentences, decoding, progress)
 
 
 def _controls(
-    tokenizer, sentences, generate_kwargs: dict, constraints=None, constraint_order="unordered", target_prefixes=None,
-    block=(), disable_unk=False, report=None,
+    tokenizer, sentences, generate_kwargs: dict, *, constraints=None, constraint_order="unordered",
+    target_prefixes=None, block=(), disable_unk=False, report=None,
 ) -> tuple[LineControls | None, dict]:  # fmt: skip
     """`translate`'s controls: the `LineControls` of its constraints and prefixes (None without), and
     `generate_kwargs` with its blocked phrases and `<unk>`."""
@@ -334,21 +367,17 @@ def translate_nbest(
     names = ("constraints", "constraint_order", "target_prefixes", "block", "disable_unk", "report")
     controls, generate_kwargs = _controls(tokenizer, sentences, {k: v for k, v in options.items() if k not in names},
                                           **{k: v for k, v in options.items() if k in names})  # fmt: skip
-    return _translate_all(model, tokenizer, sentences, batch_size, progress, max_source_tokens, nbest, max_tokens,
-                          sampling, generate_kwargs, controls)  # fmt: skip
+    decoding = _decoding(model, tokenizer, batch_size=batch_size, max_source_tokens=max_source_tokens,
+                         generate_kwargs=generate_kwargs, nbest=nbest, max_tokens=max_tokens, sampling=sampling,
+                         controls=controls)  # fmt: skip
+    return _translate_all(model, tokenizer, sentences, decoding, progress)
 
 
-def _translate_all(model, tokenizer, sentences, batch_size, progress, max_source_tokens, nbest, max_tokens, sampling,
-                   generate_kwargs, controls=None) -> list:  # fmt: skip
-    check_decoding_options(model.generation_config, nbest, max_tokens, sampling, controls, **generate_kwargs)
-    if batch_size is None and max_tokens is None:
-        raise ValueError("batch_size=None (no limit on rows) needs max_tokens")
-    limit = max_source_tokens or default_max_source_tokens(model, tokenizer)
+def _translate_all(model, tokenizer, sentences: Sequence[str], decoding: _Decoding, progress: bool) -> list:
+    """`_translate_batches` of all `sentences`, under a progress bar when `progress`."""
     model.eval()
     with _progress_bar(sum(1 for sentence in sentences if sentence.strip()), "sent", progress) as bar:
-        on_batch = None if bar is None else bar.update
-        return _translate_batches(model, tokenizer, sentences, batch_size, limit, generate_kwargs, 1, on_batch, nbest,
-                                  max_tokens, sampling, controls)  # fmt: skip
+        return _translate_batches(model, tokenizer, sentences, decoding, on_batch=None if bar is None else bar.update)
 
 
 @torch.no_grad()
@@ -384,16 +413,15 @@ def translate_chunks(
     them. `block`, `disable_unk`, `report` as in `translate`."""
     if (batch_size is not None and batch_size < 1) or chunk_size < 1:
         raise ValueError(f"batch_size and chunk_size must be at least 1, got {batch_size} and {chunk_size}")
-    if batch_size is None and max_tokens is None:
-        raise ValueError("batch_size=None (no limit on rows) needs max_tokens")
     generate_kwargs = {**generate_kwargs, **block_kwargs(tokenizer, block, disable_unk)}
     prefixes = iter(target_prefixes) if target_prefixes is not None else None
     controls = None
     if constraints is not None or prefixes is not None:
         controls = LineControls([] if constraints else None, [] if prefixes is not None else None,
                                 constraints or "unordered", report)  # fmt: skip
-    check_decoding_options(model.generation_config, nbest, max_tokens, sampling, controls, **generate_kwargs)
-    limit = max_source_tokens or default_max_source_tokens(model, tokenizer)
+    decoding = _decoding(model, tokenizer, batch_size=batch_size, max_source_tokens=max_source_tokens,
+                         generate_kwargs=generate_kwargs, nbest=nbest, max_tokens=max_tokens, sampling=sampling,
+                         controls=controls)  # fmt: skip
     model.eval()
     lines, done = iter(lines), 0
     with _progress_bar(None, "line", progress) as bar:
@@ -401,16 +429,18 @@ def translate_chunks(
         while chunk := _next_chunk(lines, chunk_size, ready):
             if controls is not None:
                 chunk = _chunk_controls(chunk, controls, prefixes, done + 1)
-            yield _translate_batches(model, tokenizer, chunk, batch_size, limit, generate_kwargs, done + 1, on_batch,
-                                     nbest, max_tokens, sampling, controls)  # fmt: skip
+            yield _translate_batches(model, tokenizer, chunk, decoding, first_line=done + 1, on_batch=on_batch)
             if bar is not None:
                 bar.update(sum(1 for line in chunk if not line.strip()))  # blank lines count as done too
             done += len(chunk)
+    if constraints is not None and not controls.tabbed:
+        warn_no_tabs(done)
 
 
 def _chunk_controls(chunk: list[str], controls: LineControls, prefixes: Iterator[str] | None, first: int) -> list:
     """A chunk's sources, its lines' terms (with constrained input) and prefixes put into `controls`."""
     if controls.terms is not None:
+        controls.tabbed += sum("\t" in line for line in chunk)
         chunk, controls.terms = map(list, zip(*map(split_constrained_line, chunk), strict=True))
     if prefixes is not None:
         controls.prefixes = list(itertools.islice(prefixes, len(chunk)))
@@ -432,138 +462,13 @@ def _next_chunk(lines: Iterator[str], size: int, ready: Callable[[], bool] | Non
     return chunk
 
 
-class _PipeReader:
-    """`readline` over a pipe, socket or terminal that can also tell, without blocking, whether a line is there
-    (`ready`), so that `translate_stream` answers each line a program writes and waits on."""
-
-    def __init__(self, fd: int):
-        self.fd, self.buffer, self.ended = fd, bytearray(), False
-
-    def readline(self, limit: int) -> bytes:
-        while True:
-            end = self.buffer.find(b"\n", 0, limit)
-            if end >= 0 or len(self.buffer) >= limit or self.ended:
-                size = end + 1 if end >= 0 else min(limit, len(self.buffer))
-                line = bytes(self.buffer[:size])
-                del self.buffer[:size]
-                return line
-            data = os.read(self.fd, 1 << 16)
-            self.ended = not data
-            self.buffer += data
-
-    def ready(self) -> bool:
-        if self.ended or b"\n" in self.buffer:
-            return True
-        return bool(select.select([self.fd], [], [], 0)[0])
-
-
-# Bytes read of one input line at most: more than the model can use (pipeline_vaswani._CHARS_PER_TOKEN); the rest is
-# skipped without being held, so a stream without line ends cannot fill the memory.
-MAX_LINE_BYTES = 1 << 20
-
-
-def read_text_lines(stream: BinaryIO, name: str = "<stdin>", max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[str]:
-    """The lines of a byte stream as text, lazily, one per "\n" or "\r\n" (a leading UTF-8 BOM dropped; other
-    Unicode line breaks are text). Never fails on content: bytes that are not UTF-8 become U+FFFD and a line longer
-    than `max_line_bytes` is cut there, each with a warning naming `name` and the line."""
-    decoder = codecs.getincrementaldecoder("utf-8")
-    for number in itertools.count(1):
-        line = stream.readline(max_line_bytes)
-        if not line:
-            return
-        cut = len(line) == max_line_bytes and not line.endswith(b"\n")
-        if cut:  # skip the rest of the line without keeping it
-            skipped = 0
-            while (rest := stream.readline(max_line_bytes)) and not rest.endswith(b"\n"):
-                skipped += len(rest)
-            skipped += len(rest)
-            if skipped:
-                logger.warning(
-                    "%s:%d: a line of more than %d bytes: only its first %d bytes are read", name, number,
-                    max_line_bytes, max_line_bytes,
-                )  # fmt: skip
-            else:
-                cut = False  # exactly max_line_bytes at the end of the stream: nothing was left out
-        line = line.removesuffix(b"\n").removesuffix(b"\r")
-        if number == 1:
-            line = line.removeprefix(codecs.BOM_UTF8)
-        try:
-            # A cut line may end inside a character: the incomplete end is dropped, not replaced (final=False).
-            text = decoder("strict").decode(line, final=not cut)
-        except UnicodeDecodeError as error:
-            text = decoder("replace").decode(line, final=not cut)
-            logger.warning(
-                "%s:%d: bytes that are not UTF-8 (%r at byte %d) read as U+FFFD", name, number,
-                line[error.start : error.end], error.start + 1,
-            )  # fmt: skip
-        yield text
-
-
-def translate_stream(
-    model,
-    tokenizer,
-    source: BinaryIO,
-    sink: BinaryIO,
-    name: str = "<stdin>",
-    batch_size: int | None = 32,
-    chunk_size: int | None = None,
-    progress: bool = False,
-    *,
-    nbest: int | None = None,
-    max_tokens: int | None = None,
-    sampling: Sampling | None = None,
-    constraints: str | None = None,
-    target_prefixes: Iterable[str] | None = None,
-    block: Sequence[str] = (),
-    disable_unk: bool = False,
-    report: ControlReport | None = None,
-    **generate_kwargs,
-) -> int:
-    """Translates the lines of the byte stream `source` (`read_text_lines`) into `sink`, UTF-8, one line per line in
-    input order, and returns how many. Works `chunk_size` lines at a time (default 16 batches, or 1024 lines with
-    `max_tokens`; one line from a terminal) and flushes each chunk: memory stays flat, and output flows while input
-    still arrives. From a pipe, a chunk also ends where the input pauses.
-
-    With `nbest`, each line gets `nbest` lines in Marian's n-best format (`format_nbest`), IDs from 0; the other
-    options as in `translate_chunks`."""
-    if chunk_size is None:
-        chunk_size = 1 if source.isatty() else 1024 if max_tokens is not None else 16 * (batch_size or 32)
-    ready = None
-    try:
-        fd = source.fileno()
-    except (AttributeError, OSError):  # an in-memory stream: everything is there already
-        fd = None
-    if fd is not None and not stat.S_ISREG(os.fstat(fd).st_mode):
-        # A pipe, a socket or a terminal: a chunk ends where the input pauses (see translate_chunks' `ready`).
-        source = _PipeReader(fd)
-        ready = source.ready
-    count = 0
-    lines = read_text_lines(source, name)
-    chunks = translate_chunks(model, tokenizer, lines, batch_size, chunk_size, progress, ready=ready, nbest=nbest,
-                              max_tokens=max_tokens, sampling=sampling, constraints=constraints,
-                              target_prefixes=target_prefixes, block=block, disable_unk=disable_unk, report=report,
-                              **generate_kwargs)  # fmt: skip
-    for translations in chunks:
-        if nbest is None:
-            text = "".join(f"{translation}\n" for translation in translations)
-        else:
-            text = "".join(format_nbest(count + i, hypotheses) for i, hypotheses in enumerate(translations))
-        sink.write(text.encode("utf-8"))
-        sink.flush()
-        count += len(translations)
-    return count
-
-
 __all__ = [
-    "MAX_LINE_BYTES",
     "ControlReport",
     "Hypothesis",
     "Sampling",
     "check_decoding_options",
     "format_nbest",
-    "read_text_lines",
     "translate",
     "translate_chunks",
     "translate_nbest",
-    "translate_stream",
 ]
