@@ -80,7 +80,15 @@ from .hardware import (
     resolve_precision,
     use_every_core,
 )
-from .machines import check_same_launch, from_rank_zero, is_lost_peer, lost_machine_error, machines, settle_storage
+from .machines import (
+    check_same_launch,
+    from_rank_zero,
+    is_lost_peer,
+    is_store_failure,
+    lost_machine_error,
+    machines,
+    settle_storage,
+)
 from .trainer import VaswaniTrainer
 
 logger = logging.getLogger(__name__)
@@ -102,8 +110,7 @@ def build_model(model_args: ModelArguments, tokenizer) -> VaswaniForConditionalG
                  "num_decoder_layers", "d_k", "d_v", "position_encoding"):  # fmt: skip
         if getattr(model_args, name) is not None:
             overrides[name] = getattr(model_args, name)
-    config = VaswaniConfig.from_preset(model_args.preset, **overrides)
-    config._attn_implementation = attention
+    config = VaswaniConfig.from_preset(model_args.preset, attn_implementation=attention, **overrides)
     return VaswaniForConditionalGeneration(config)
 
 
@@ -191,7 +198,8 @@ def run_training(
     build_model: Callable[[ModelArguments, PreTrainedTokenizerBase], PreTrainedModel] = build_model,
     model_card: bool = True,
 ) -> dict:
-    """The main job. Returns the test results (BLEU, signature, translations) and where the model went.
+    """The main job. Returns the test results (BLEU, signature, translations), where the model went and the step
+    training ended at.
 
     Stopped by SIGINT or SIGTERM (`PreemptionCallback`), it saves a checkpoint at the end of the step and returns
     `preempted` (the signal, the step, the checkpoint and the exit status for the command line) instead: no
@@ -207,7 +215,7 @@ def run_training(
     train_metrics = _train_or_skip(run, recipe)
     train_seconds = time.monotonic() - started
 
-    result: dict = {"train": train_metrics, "output_dir": str(run.output_dir)}
+    result: dict = {"train": train_metrics, "output_dir": str(run.output_dir), "step": run.trainer.state.global_step}
     if run.preemption.signal_name:
         # Not the end of the job: averaging, scoring and the model folder wait for the run that finishes it.
         result["preempted"] = _preempted(run, training_args)
@@ -317,7 +325,7 @@ def _load_data(
         partial(build_tokenizer, corpus, languages, output_dir, tokenizer=model_args.tokenizer,
                 model_name_or_path=model_args.model_name_or_path, vocab_size=model_args.vocab_size,
                 sample=model_args.tokenizer_sample),
-        errors=(DataError, OSError, ValueError),
+        expected=(DataError, OSError, ValueError),
     )  # fmt: skip
     # A corpus cached on disk is tokenized by one process per cache (all machines' first, or each machine's), and
     # the others read the result; one held in memory is tokenized by each process.
@@ -365,8 +373,8 @@ def _train_or_skip(run: _Run, recipe: RecipeArguments) -> dict:
             except CheckpointError:  # under DDP every rank raises it at the same checkpoint: they leave together
                 trainer.leave_process_group()
                 raise
-            except RuntimeError as error:  # a collective whose peer is gone: name the machine, leave at once
-                if not is_lost_peer(error):
+            except RuntimeError as error:  # a collective whose peer (or store) is gone: name it, leave at once
+                if not (is_lost_peer(error) or is_store_failure(error)):
                     raise
                 raise lost_machine_error(error, trainer.state.global_step) from error
     trainer.save_state()
@@ -407,7 +415,7 @@ def _score_and_publish(
     saved, the test split scored, results.json and, with `model_card`, the card (README.md) written."""
     trainer, tokenizer, corpus, output_dir = run.trainer, run.tokenizer, run.corpus, run.output_dir
     use_every_core(training_args)
-    final = _finalize_model(trainer, recipe, output_dir, trained=bool(result["train"]))
+    final = _finalize_model(trainer, recipe, output_dir, model_args.attn_implementation, trained=bool(result["train"]))
     if training_args.metric_for_best_model is not None:
         result["best"] = _best_summary(trainer, final)
     tokenizer.save_pretrained(output_dir)
@@ -498,7 +506,9 @@ def _best_summary(trainer: VaswaniTrainer, final) -> dict:
     return summary
 
 
-def _finalize_model(trainer: VaswaniTrainer, recipe: RecipeArguments, output_dir: Path, trained: bool = True):
+def _finalize_model(
+    trainer: VaswaniTrainer, recipe: RecipeArguments, output_dir: Path, attention: str, trained: bool = True
+):
     """The weights to publish: the mean of the last K checkpoints (§6.1) when there are several, else the final.
 
     Under `--metric_for_best_model` (early stopping) the window ends at the best checkpoint instead of the last:
@@ -506,14 +516,15 @@ def _finalize_model(trainer: VaswaniTrainer, recipe: RecipeArguments, output_dir
     stopped there: the later ones scored worse on the dev set), read from disk even for K = 1, so that the published
     weights equal the best checkpoint's exactly, also when a finished run is started again and does not train. That
     keeps §6.1's averaging, which the paper applies to the checkpoints of a whole run, and picks where the run ends
-    by the dev score; `--average_last 1` publishes the best checkpoint itself."""
+    by the dev score; `--average_last 1` publishes the best checkpoint itself. `attention`: the implementation the
+    model was trained with (`resolve_attention`), which the averaged one gets too."""
     model = trainer.model
     best = _best_step(trainer)
     checkpoints = list_checkpoints(output_dir, resumable=False, up_to_step=best)  # what average_checkpoints reads
     if (recipe.average_last > 1 and len(checkpoints) > 1) or ((best is not None or not trained) and checkpoints):
         averaged_dir = output_dir / "averaged"
         average_checkpoints(output_dir, recipe.average_last, averaged_dir, up_to_step=best)
-        averaged = type(model).from_pretrained(averaged_dir, attn_implementation=model.config._attn_implementation)
+        averaged = type(model).from_pretrained(averaged_dir, attn_implementation=attention)
         averaged.generation_config = model.generation_config
         averaged.averaged_from = [c.name for c in checkpoints[-recipe.average_last :]]
         shutil.rmtree(averaged_dir)
