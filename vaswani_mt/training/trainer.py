@@ -105,10 +105,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
             pin_memory=self.args.dataloader_pin_memory and torch.cuda.is_available(),
         )
         loader = self.accelerator.prepare(loader)
-        # The sampler already gives each rank its own batches: accelerate's BatchSamplerShard must not split them.
-        shard = getattr(loader, "batch_sampler", None)
-        if shard is not None and getattr(shard, "batch_sampler", None) is sampler:
-            shard.num_processes, shard.process_index = 1, 0
+        _pass_every_batch(loader, sampler)  # the sampler already gives each rank its own batches
         self.token_sampler = sampler
         return loader
 
@@ -165,8 +162,10 @@ class VaswaniTrainer(Seq2SeqTrainer):
 
         Trainer writes into the final folder (it refers to it by that path while writing, so a temporary folder
         renamed into place would mean rewriting its method); `incomplete_reason` tells a cut-off folder apart.
+        Why this overrides a private method (a callback's `on_save` comes only after a whole write): docs/internals.md.
         """
-        folder = Path(self._get_output_dir(trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        # Trainer's folder: `output_dir` itself, as no trial runs here (`hyperparameter_search` is refused)
+        folder = Path(self.args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         if self.args.should_save and folder.exists():
             shutil.rmtree(folder)
         self.accelerator.wait_for_everyone()  # under DDP every rank writes its RNG state there: after the removal
@@ -198,6 +197,11 @@ class VaswaniTrainer(Seq2SeqTrainer):
                 f"could not write checkpoint {folder}{where}: {failures[rank]}; the checkpoints before it are "
                 "intact, and the same command resumes from the last of them"
             ) from cause
+
+    def hyperparameter_search(self, *args, **kwargs):
+        """Refused: each trial would write its checkpoints to a folder of its own, which the checkpoint guarantees of
+        `_save_checkpoint` and the resume (`checkpoints.resume_point`) do not look in."""
+        raise NotImplementedError("VaswaniTrainer runs no hyperparameter search: its checkpoints go to --output_dir")
 
     def _copies_rng_states(self) -> bool:
         """Whether each machine keeps a whole copy of every checkpoint (`machines.settle_storage`): then every
@@ -232,7 +236,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
     @contextmanager
     def _writing_on_this_machine(self) -> Iterator[None]:
         """Lets another machine's main process write the weights of its own copy of a checkpoint
-        (`save_on_each_node`): transformers' `save_pretrained` writes on global rank 0 alone under torch.distributed."""
+        (`save_on_each_node`): transformers' `save_pretrained` writes on global rank 0 alone under torch.distributed,
+        whatever its `is_main_process` says, unless the model's `should_save_on_this_rank` answers otherwise."""
         model = self.accelerator.unwrap_model(self.model)
         if not (hasattr(model, "should_save_on_this_rank") and self.args.should_save and self.args.process_index):
             yield
@@ -264,6 +269,16 @@ class VaswaniTrainer(Seq2SeqTrainer):
         self.model_wrapped = self.model
         self.accelerator.free_memory()  # drops the DDP wrapper, optimizer and loaders accelerate holds; runs gc
         self.accelerator.end_training()  # destroy_process_group; gloo's threads are joined as the group goes
+
+
+def _pass_every_batch(loader: DataLoader, sampler) -> None:
+    """Under several processes accelerate's `prepare` wraps the loader's batch sampler in a `BatchSamplerShard`, which
+    deals each rank every `num_processes`-th batch. For `sampler`, already one rank's, the wrapper is made to pass
+    every batch, as transformers' Trainer does for its own rank-aware `BatchRebalanceSampler`; no accelerate option
+    (`DataLoaderConfiguration`) leaves a batch sampler unsplit (docs/internals.md)."""
+    shard = getattr(loader, "batch_sampler", None)
+    if shard is not None and getattr(shard, "batch_sampler", None) is sampler:
+        shard.num_processes, shard.process_index = 1, 0
 
 
 def _paper_lambda(index: int, d_model: int, warmup: int) -> float:
