@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,11 +23,19 @@ def old_name(parser: argparse.ArgumentParser, name: str, dest: str) -> None:
 
 
 def quiet_library_bars() -> None:
-    """No transformers progress bars ("Loading weights", "Writing model shards") on a command's stderr: they share
-    lines with our warnings. Our own bars (translating, training) stay."""
+    """No library progress bars on a command's stderr: transformers' ("Loading weights", "Writing model shards"),
+    huggingface_hub's (downloads, uploads) and datasets' ("Map", "Filter", "Saving the dataset", the corpus's
+    "tokenizing" maps); they share lines with our warnings and logs. Our own bars (translating, training) stay.
+    Every command calls it once its arguments are parsed."""
     from transformers.utils import logging as transformers_logging
 
-    transformers_logging.disable_progress_bar()
+    transformers_logging.disable_progress_bar()  # huggingface_hub's too
+    if "datasets" in sys.modules:
+        import datasets
+
+        datasets.disable_progress_bars()
+    else:  # read when datasets is imported (not here: the commands that never use it would pay for its import)
+        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
 
 def check_output(output: str, overwrite: bool, reads: list[str]) -> None:

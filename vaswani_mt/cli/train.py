@@ -21,6 +21,7 @@ import logging
 import shlex
 import sys
 
+from vaswani_mt.cli import quiet_library_bars
 from vaswani_mt.training.arguments import check_dataset_options, parse_args  # transformers' training options
 from vaswani_mt.training.machines import MachinesError, is_lost_peer, lost_machine_error, speaks_for_machine
 
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> None:
         check_dataset_options(data_args, recipe)
     except ValueError as error:  # a bad option or config file: one line that names it, no traceback
         sys.exit(f"error: {error}" if speaks_for_machine() else 1)
+    quiet_library_bars()
     from vaswani_mt.data.corpus import DataError
     from vaswani_mt.training.checkpoints import CheckpointError
     from vaswani_mt.training.job import print_summary, run_training
