@@ -1,20 +1,26 @@
 """Translation of byte streams (a file, a pipe, standard input) line by line: `read_text_lines` reads any bytes as
 text lines, `translate_stream` writes one translation per line as each chunk is done (`translate.translate_chunks`).
+Under `stopping_on_signals` (the commands), SIGINT and SIGTERM stop a translation with every line translated so far
+written, in order.
 """
 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import itertools
 import logging
 import os
 import select
+import signal
 import stat
+import threading
 from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import BinaryIO
 
 from vaswani_mt.inference.controls import ControlReport
-from vaswani_mt.inference.translate import Sampling, format_nbest, translate_chunks
+from vaswani_mt.inference.translate import Sampling, TranslationInterrupted, format_nbest, translate_chunks
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +92,87 @@ def read_text_lines(stream: BinaryIO, name: str = "<stdin>", max_line_bytes: int
         yield text
 
 
+def count_lines(path: str | Path) -> int:
+    """How many lines `read_text_lines` reads from the file at `path`, counted without decoding it (OSError where it
+    cannot be read)."""
+    lines, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            lines, last = lines + block.count(b"\n"), block[-1:]
+    return lines + (last != b"\n")  # a last line without its end counts too
+
+
+class _Signals:
+    """What `stopping_on_signals` installs: the first SIGINT or SIGTERM is held (`signum`) until the program is in an
+    `interruptible` block, where it raises `TranslationInterrupted` at once; a second one ends the process at once,
+    by that signal (as if it had not been caught)."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self.raised, self.open = False, 0
+
+    def handle(self, signum, frame):
+        if self.signum is not None:
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+            return
+        self.signum = signum
+        if self.open:
+            self.stop()
+
+    def stop(self):
+        self.raised = True
+        raise TranslationInterrupted(self.signum)
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        if self.signum is not None and not self.raised:
+            self.stop()
+        self.open += 1
+        try:
+            yield
+        finally:
+            self.open -= 1
+
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_signals: _Signals | None = None  # the handler of the `stopping_on_signals` block that runs
+
+
+@contextlib.contextmanager
+def stopping_on_signals() -> Iterator[None]:
+    """While the block runs, the first SIGINT or SIGTERM raises `TranslationInterrupted` (128 + its `signum` is the
+    shell's exit status for it: 130, 143): at once within an `interruptible` block (translating, loading), else at
+    the start of the next one or at the end of this block, so that no output is cut and no count lost. A second
+    signal ends the process at once. A signal ignored when the block starts (`nohup`, a background job) stays
+    ignored; the previous handlers come back after the block. Main thread only: elsewhere (a notebook's worker
+    thread) nothing changes."""
+    global _signals
+    if threading.current_thread() is not threading.main_thread() or _signals is not None:
+        yield
+        return
+    handler = _Signals()
+    previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    caught = [signum for signum, old in previous.items() if old is not signal.SIG_IGN]
+    _signals = handler
+    for signum in caught:
+        signal.signal(signum, handler.handle)
+    try:
+        yield
+        if handler.signum is not None and not handler.raised:  # held to the end
+            handler.stop()
+    finally:
+        for signum in caught:
+            signal.signal(signum, previous[signum])
+        _signals = None
+
+
+def interruptible() -> contextlib.AbstractContextManager:
+    """Within `stopping_on_signals`, a block that a signal stops at once: one that loses nothing when stopped
+    anywhere (translating: `TranslationInterrupted.done` keeps what is done). Elsewhere it does nothing."""
+    return _signals.interruptible() if _signals is not None else contextlib.nullcontext()
+
+
 def translate_stream(
     model,
     tokenizer,
@@ -112,7 +199,8 @@ def translate_stream(
     still arrives. From a pipe, a chunk also ends where the input pauses.
 
     With `nbest`, each line gets `nbest` lines in Marian's n-best format (`format_nbest`), IDs from 0; the other
-    options as in `translate_chunks`."""
+    options as in `translate_chunks`. On `TranslationInterrupted` (`stopping_on_signals`) it writes the translations of
+    the chunk in progress that its `done` holds, flushes, and raises it again with `written`: the lines in `sink`."""
     if chunk_size is None:
         chunk_size = 1 if source.isatty() else 1024 if max_tokens is not None else 16 * (batch_size or 32)
     ready = None
@@ -130,15 +218,35 @@ def translate_stream(
                               max_tokens=max_tokens, sampling=sampling, constraints=constraints,
                               target_prefixes=target_prefixes, block=block, disable_unk=disable_unk, report=report,
                               **generate_kwargs)  # fmt: skip
-    for translations in chunks:
-        if nbest is None:
-            text = "".join(f"{translation}\n" for translation in translations)
-        else:
-            text = "".join(format_nbest(count + i, hypotheses) for i, hypotheses in enumerate(translations))
-        sink.write(text.encode("utf-8"))
-        sink.flush()
-        count += len(translations)
-    return count
+    try:
+        while True:
+            with interruptible():  # a stop while writing waits for the write's end
+                translations = next(chunks, None)
+            if translations is None:
+                return count
+            count = _write(sink, translations, count, nbest)
+    except TranslationInterrupted as stop:
+        stop.written = _write(sink, stop.done, count, nbest)
+        raise
 
 
-__all__ = ["MAX_LINE_BYTES", "read_text_lines", "translate_stream"]
+def _write(sink: BinaryIO, translations: list, count: int, nbest: int | None) -> int:
+    """Writes and flushes the translations of lines `count + 1`, ...; returns the lines written in all."""
+    if nbest is None:
+        text = "".join(f"{translation}\n" for translation in translations)
+    else:
+        text = "".join(format_nbest(count + i, hypotheses) for i, hypotheses in enumerate(translations))
+    sink.write(text.encode("utf-8"))
+    sink.flush()
+    return count + len(translations)
+
+
+__all__ = [
+    "MAX_LINE_BYTES",
+    "TranslationInterrupted",
+    "count_lines",
+    "interruptible",
+    "read_text_lines",
+    "stopping_on_signals",
+    "translate_stream",
+]

@@ -40,6 +40,17 @@ from vaswani_mt.model.pipeline_vaswani import default_max_source_tokens, encode_
 logger = logging.getLogger(__name__)
 
 
+class TranslationInterrupted(BaseException):
+    """Stops a translation where it is, as KeyboardInterrupt does (a BaseException: no `except Exception` on the way
+    swallows it); `streams.stopping_on_signals` raises it on SIGINT or SIGTERM. Out of `translate`, `translate_nbest`
+    or a chunk of `translate_chunks`, `done` holds the translations of the lines before the first one not translated
+    yet, in input order (batches run in length order: the lines translated after that one are dropped)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum, self.done = signum, []
+
+
 class Hypothesis(NamedTuple):
     """One translation of an n-best list: its `text`, `log_prob` (log P(Y|X), EOS included) and `score`, what the
     search ranks by: `log_prob / ((5 + |Y|) / 6)^alpha` (§6.1's GNMT penalty), for any search."""
@@ -253,18 +264,25 @@ def _translate_batches(model, tokenizer, sentences: Sequence[str], decoding: _De
     if controls is not None:  # each line's constraints and prefix checked against its own length limit
         prepared = controls.prepare(model, tokenizer, encoded, first_line, decoding.generate_kwargs)
         todo = [i for i in todo if i in encoded]
-    for chunk in _batches(sentences, todo, encoded, decoding, first_line):
-        kwargs = decoding.generate_kwargs
-        if controls is not None:
-            kwargs = {**kwargs, **controls.batch_kwargs(chunk, prepared)}
-        lines = [first_line - 1 + i for i in chunk]
-        translations, met = _translate_batch(model, tokenizer, [encoded[i] for i in chunk], lines, decoding, kwargs)
-        for i, translation in zip(chunk, translations, strict=True):
-            results[i] = translation
-        if controls is not None:
-            controls.record(chunk, met, first_line, results)
-        if on_batch is not None:
-            on_batch(len(chunk))
+    finished = set(range(len(sentences))) - set(todo)  # blank and refused lines: their results are final
+    try:
+        for chunk in _batches(sentences, todo, encoded, decoding, first_line):
+            kwargs = decoding.generate_kwargs
+            if controls is not None:
+                kwargs = {**kwargs, **controls.batch_kwargs(chunk, prepared)}
+            lines = [first_line - 1 + i for i in chunk]
+            translations, met = _translate_batch(model, tokenizer, [encoded[i] for i in chunk], lines, decoding,
+                                                 kwargs)  # fmt: skip
+            for i, translation in zip(chunk, translations, strict=True):
+                results[i] = translation
+            if controls is not None:
+                controls.record(chunk, met, first_line, results)
+            finished.update(chunk)
+            if on_batch is not None:
+                on_batch(len(chunk))
+    except TranslationInterrupted as stop:  # the lines before the first one not translated yet
+        stop.done = results[: next((i for i in range(len(sentences)) if i not in finished), len(sentences))]
+        raise
     return results
 
 
