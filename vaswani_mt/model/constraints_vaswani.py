@@ -16,6 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 ORDERS = ("unordered", "ordered")
 
@@ -162,6 +165,112 @@ def allocate(scores: torch.Tensor, banks: torch.Tensor, usable: torch.Tensor, be
     return torch.take_along_dim(order, chosen, dim=-1)
 
 
+# Subtracted from the ranking key of a finished hypothesis with an unmet constraint: it ranks after every one that met
+# all of theirs (GNMT scores of real hypotheses are far above -1e5), yet before the empty slots.
+_UNMET_PENALTY = 1.0e5
+
+
+class DynamicBeamAllocation:
+    """Dynamic beam allocation as `beam_search`'s choice of what goes on and what finishes: the interface of its plain
+    choice (`plain`, generation_vaswani), which sentences without constraints keep, exactly. Holds each running
+    hypothesis's constraint state (`met`, `partial`) and each finished one's (`finished_met`)."""
+
+    def __init__(self, constraints: LexicalConstraints, plain, eos: torch.Tensor):
+        self.constraints, self.plain, self.eos = constraints, plain, eos
+        self.constrained = constraints.rows[:, None]  # (B, 1)
+        self.met, self.partial = constraints.initial_state(plain.num_beams)
+        self.finished_met = self.met.clone()
+        self.candidate_met = self.candidate_satisfied = None  # the last `choose`'s candidates', for the finishing
+
+    def restrict(self, log_probs: torch.Tensor) -> torch.Tensor:
+        """(B * K, V) log-probabilities with EOS barred for hypotheses with a constraint still to meet."""
+        return _bar_eos(log_probs, ~self.constraints.satisfied(self.met).reshape(-1), self.eos)
+
+    def propose(self, totals: torch.Tensor, candidates):
+        """DBA's extra candidates, as (beams, tokens, scores), each (B, K * P + K): for every beam, the next token of
+        each phrase it may pursue and its own best token, scored by `totals` (B, K, V), log P(Y|X) of each beam's
+        continuations. -inf where one repeats an earlier candidate or its sentence has no constraint."""
+        batch, beams, vocab = totals.shape
+        phrase_tokens, pursue = self.constraints.next_tokens(self.met, self.partial)  # (B, K, P)
+        beam_of = torch.arange(beams, device=totals.device)
+        extra_beams = torch.cat((beam_of.repeat_interleave(self.constraints.P), beam_of)).expand(batch, -1)
+        best_scores, best_tokens = totals.max(-1)
+        extra_tokens = torch.cat((phrase_tokens.reshape(batch, -1), best_tokens), dim=1)
+        phrase_scores = torch.take_along_dim(totals, phrase_tokens, dim=-1).masked_fill(~pursue, -float("inf"))
+        extra_scores = torch.cat((phrase_scores.reshape(batch, -1), best_scores), dim=1)
+        every_beam = torch.cat((candidates.beams, extra_beams), dim=1)
+        every_token = torch.cat((candidates.tokens, extra_tokens), dim=1)
+        repeated = _repeated(every_beam * vocab + every_token)[:, candidates.beams.shape[1] :]
+        scores = extra_scores.masked_fill(repeated, -float("inf")).masked_fill(~self.constrained, -float("inf"))
+        return extra_beams, extra_tokens, scores
+
+    def choose(self, candidates, generated: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The candidates that go on (B, K), taken by bank (`allocate`), and those that may finish (B, N): every one
+        that ended and is alive. `generated`: the candidates' tokens after the decoder start (the column of the
+        new one)."""
+        window = _window(candidates.sequences, generated, self.constraints.L)
+        parent_met = torch.take_along_dim(self.met, candidates.beams[..., None], dim=1)
+        met, partial, banks, satisfied = self.constraints.advance(window, parent_met)
+        # Hypotheses that can no longer fit their missing constraint tokens before the limit go last.
+        feasible = self.constraints.total[:, None] - banks <= self.constraints.room[:, None] - generated
+        usable = ~candidates.ends & candidates.alive()
+        allocated = allocate(candidates.scores, banks, usable, self.plain.num_beams, feasible)
+        plain_chosen, plain_finishing = self.plain.choose(candidates, generated)
+        chosen = torch.where(self.constrained, allocated, plain_chosen)
+        finishing = torch.where(self.constrained, candidates.ends & candidates.alive(), plain_finishing)
+        self.met = torch.take_along_dim(met, chosen[..., None], dim=1)
+        self.partial = torch.take_along_dim(partial, chosen[..., None], dim=1)
+        self.candidate_met, self.candidate_satisfied = met, satisfied
+        return chosen, finishing
+
+    def rank_finished(self, scores: torch.Tensor) -> torch.Tensor:
+        """The keys that rank the candidates' finishing `scores` (B, N): a hypothesis with a constraint unmet goes
+        after all that met theirs."""
+        return scores - _UNMET_PENALTY * (~self.candidate_satisfied).to(torch.float32)
+
+    def keep_finished(self, best: torch.Tensor) -> None:
+        """Follows the finished set's merge (`best` (B, K): indices into the finished, then the candidates)."""
+        merged = torch.cat((self.finished_met, self.candidate_met), dim=1)
+        self.finished_met = torch.take_along_dim(merged, best[..., None], dim=1)
+
+    def constraints_met(self, returned: int, warn: bool) -> torch.Tensor:
+        """(B * returned, C) whether each returned hypothesis met each constraint; a slot without a constraint (a
+        sentence with fewer, or none) is met, vacuously. `warn`: log how many sentences' best did not meet all."""
+        if warn:
+            unmet = self.constraints.rows & ~self.constraints.satisfied(self.finished_met)[:, 0]
+            if unmet.any():
+                logger.warning(
+                    "%d of %d sentences could not meet their constraints within the length limit: their best "
+                    "hypotheses are returned (return_dict_in_generate=True gives constraints_met)",
+                    int(unmet.sum()), int(self.constraints.rows.sum()),
+                )  # fmt: skip
+        met = self.finished_met | ~self.constraints.valid[:, None]
+        return met[:, :returned].reshape(-1, met.shape[-1])
+
+
+def _bar_eos(log_probs: torch.Tensor, unmet: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
+    """EOS impossible for the rows (`unmet`) of hypotheses with a constraint still to meet, unless EOS is all that
+    is left to them (a sentence's length limit), where they end unmet."""
+    others = log_probs.index_fill(-1, eos, -float("inf"))
+    bar = unmet & (others.amax(-1) > -float("inf"))
+    return log_probs.index_copy(-1, eos, log_probs.index_select(-1, eos).masked_fill(bar[:, None], -float("inf")))
+
+
+def _repeated(keys: torch.Tensor) -> torch.Tensor:
+    """(B, N) whether each candidate's key (beam * vocab + token) came earlier in its row."""
+    ordered, order = torch.sort(keys, dim=-1, stable=True)
+    repeat = torch.nn.functional.pad(ordered[:, 1:] == ordered[:, :-1], (1, 0))
+    return torch.zeros_like(repeat).scatter(1, order, repeat)
+
+
+def _window(sequences: torch.Tensor, end: int, size: int) -> torch.Tensor:
+    """The last `size` tokens of each hypothesis (B, N, max_length) up to column `end`, -2 before the start."""
+    start = end + 1 - size
+    if start >= 0:
+        return sequences[:, :, start : end + 1]
+    return torch.nn.functional.pad(sequences[:, :, : end + 1], (-start, 0), value=-2)
+
+
 def search_controls(controls: dict, batch: int, limits: torch.Tensor | None, max_length: int, device):
     """The `constraints` and `target_prefix` of a `generate()` call as `beam_search` takes them (None where not
     given), checked: one entry per sentence, and room for a sentence's prefix and constraint tokens before EOS
@@ -203,4 +312,4 @@ def search_controls(controls: dict, batch: int, limits: torch.Tensor | None, max
     return lexical, tensor
 
 
-__all__ = ["ORDERS", "LexicalConstraints", "allocate", "phrase_forms", "search_controls"]
+__all__ = ["ORDERS", "DynamicBeamAllocation", "LexicalConstraints", "allocate", "phrase_forms", "search_controls"]

@@ -12,6 +12,7 @@ Self-contained (torch and transformers only), so that `save_pretrained` copies i
 from __future__ import annotations
 
 import copy
+from typing import NamedTuple
 
 import torch
 from transformers import GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList, StoppingCriteriaList
@@ -31,7 +32,7 @@ from transformers.generation import (
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import logging
 
-from .constraints_vaswani import LexicalConstraints, allocate, search_controls
+from .constraints_vaswani import DynamicBeamAllocation, LexicalConstraints, search_controls
 
 logger = logging.get_logger(__name__)
 
@@ -140,6 +141,14 @@ def _logits_processors(config: GenerationConfig, eos: torch.Tensor, device, user
     return processors
 
 
+# Scores that are not log-probabilities, finite (not -inf) so that adding one or multiplying it by 0 stays a number.
+# A hypothesis never to be chosen while a real one is left: an empty finished slot, a copy of the first beam at the
+# first step, a candidate that ended (it cannot go on) or one that may not finish.
+_DEAD = -1.0e9
+# Real scores are above it; a candidate that continues a _DEAD hypothesis is below.
+_ALIVE_ABOVE = -1.0e8
+
+
 def can_improve(
     *,
     improvable: torch.Tensor,
@@ -157,7 +166,7 @@ def can_improve(
     transformers' heuristic), still beats the worst of the finished ones; a sentence that cannot stays done."""
     best_length = longest if early_stopping == "never" and alpha > 0.0 else generated
     best_running = running_scores[:, :1] / gnmt_length_penalty(best_length, alpha)
-    worst_finished = torch.where(is_finished, torch.min(finished_scores, dim=1, keepdim=True)[0], -1.0e9)
+    worst_finished = torch.where(is_finished, torch.min(finished_scores, dim=1, keepdim=True)[0], _DEAD)
     return improvable & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
 
 
@@ -166,6 +175,235 @@ def _gather(tensor: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     while indices.dim() < tensor.dim():
         indices = indices.unsqueeze(-1)
     return torch.take_along_dim(tensor, indices, dim=1)
+
+
+class _Setup(NamedTuple):
+    """What stays fixed through one search."""
+
+    num_beams: int
+    keep: int  # the plain step's candidates: enough that `num_beams` go on however many end with an EOS
+    eos: torch.Tensor
+    max_length: int  # tokens with the decoder start
+    alpha: float
+    early_stopping: bool | str
+    stopping_criteria: StoppingCriteriaList | None
+
+
+class _Beams(NamedTuple):
+    """The running hypotheses, (B, K, ...): token ids from the decoder start (pad after), log P(Y|X), and for each
+    generated token the flat beam it came from (`beam_indices`, -1 after)."""
+
+    sequences: torch.Tensor
+    scores: torch.Tensor
+    origins: torch.Tensor
+
+
+class _Candidates(NamedTuple):
+    """A step's candidates, (B, N, ...): running hypotheses one token longer. `beams`: the running beam each
+    continues; `tokens`: its new token; `ends`: whether it ends there (EOS, the length limit, a stopping criterion)."""
+
+    sequences: torch.Tensor
+    scores: torch.Tensor
+    origins: torch.Tensor
+    beams: torch.Tensor
+    tokens: torch.Tensor
+    ends: torch.Tensor
+
+    def going_on(self) -> torch.Tensor:
+        """Their scores as running hypotheses: one that ended cannot go on."""
+        return self.scores + self.ends.to(torch.float32) * _DEAD
+
+    def alive(self) -> torch.Tensor:
+        """Whether each continues a live hypothesis with a token it may take."""
+        return self.scores > _ALIVE_ABOVE
+
+    def take(self, chosen: torch.Tensor) -> _Beams:
+        """The running hypotheses that the `chosen` (B, K) candidates become."""
+        return _Beams(_gather(self.sequences, chosen), _gather(self.going_on(), chosen), _gather(self.origins, chosen))
+
+
+class _Finished(NamedTuple):
+    """The best finished hypotheses, (B, K, ...): sequences, GNMT scores (§6.1), the keys that rank them (the scores,
+    or under constraints unmet ones last), origins as `_Beams`', and `done`: a hypothesis, not an empty slot."""
+
+    sequences: torch.Tensor
+    scores: torch.Tensor
+    keys: torch.Tensor
+    origins: torch.Tensor
+    done: torch.Tensor
+
+
+def _start(batch: int, config: GenerationConfig, eos: torch.Tensor, device) -> tuple[_Beams, _Finished]:
+    """The running hypotheses before the first step (the decoder start token alone) and no finished one."""
+    num_beams, max_length = config.num_beams, config.max_length
+    pad = config.pad_token_id if config.pad_token_id is not None else int(eos[0])
+    sequences = torch.full((batch, num_beams, max_length), pad, dtype=torch.long, device=device)
+    sequences[:, :, 0] = config.decoder_start_token_id
+    scores = torch.zeros(batch, num_beams, device=device)
+    scores[:, 1:] = _DEAD  # only the first beam's tokens count at the first step: no k copies of one token
+    origins = torch.full((batch, num_beams, max_length - 1), -1, dtype=torch.int32, device=device)
+    empty = torch.full((batch, num_beams), _DEAD, device=device)
+    done = torch.zeros(batch, num_beams, dtype=torch.bool, device=device)
+    return _Beams(sequences, scores, origins), _Finished(sequences.clone(), empty, empty.clone(), origins.clone(), done)
+
+
+class _Decoder:
+    """The model's decoder over the running hypotheses, a token a step: the KV cache (reordered as beams move),
+    torch.compile from the second step, the next token's log-probabilities, and the per-step outputs asked for."""
+
+    def __init__(self, model, config: GenerationConfig, input_ids, attention_mask, encoder_outputs, processors,
+                 target_prefix: torch.Tensor | None):  # fmt: skip
+        dict_out = config.return_dict_in_generate
+        self.want = {name: dict_out and bool(getattr(config, name)) for name in
+                     ("output_scores", "output_logits", "output_attentions", "output_hidden_states")}  # fmt: skip
+        self.extra = {name: True for name in ("output_attentions", "output_hidden_states") if self.want[name]}
+        if encoder_outputs is None:
+            encoder_outputs = model.get_encoder()(input_ids, attention_mask=attention_mask, **self.extra)
+        self.encoder_outputs = encoder_outputs
+        # Every beam of a sentence reads the same encoder states (and encoder-decoder keys and values).
+        states = encoder_outputs[0].repeat_interleave(config.num_beams, dim=0)
+        self.expanded = BaseModelOutput(last_hidden_state=states)
+        self.mask = attention_mask.repeat_interleave(config.num_beams, dim=0)
+        self.model, self.config, self.processors, self.target_prefix = model, config, processors, target_prefix
+        self.device = input_ids.device
+        self.use_cache = config.use_cache is not False
+        self.cache = _new_cache(model, config, config.max_length, self.mask.shape[1]) if self.use_cache else None
+        self.forward = model
+        self.scores, self.logits, self.self_attentions, self.cross_attentions, self.hidden = [], [], [], [], []
+
+    def next_log_probs(self, sequences: torch.Tensor, generated: int, restrict) -> torch.Tensor:
+        """(B * K, V) log P of the `generated`-th token after each running hypothesis (`sequences`, (B, K, ...)):
+        the model's, through the logits processors, the target prefix and `restrict` (the choice's)."""
+        flat = sequences[:, :, :generated].reshape(-1, generated)
+        outputs = self.forward(
+            attention_mask=self.mask, decoder_input_ids=flat[:, -1:] if self.use_cache else flat,
+            encoder_outputs=self.expanded, cache=self.cache, use_cache=self.use_cache, return_dict=True, **self.extra,
+        )  # fmt: skip
+        self.cache = _cache_of(outputs) if self.use_cache else None
+        if generated == 1 and self.cache is not None and getattr(self.config, "compile_config", None) is not None:
+            self.forward = _compiled(self.model, self.config.compile_config)  # after the first step, as transformers
+        logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32, device=self.device)
+        processed = self.processors(flat, torch.nn.functional.log_softmax(logits, dim=-1))
+        log_probs = restrict(self.prefixed(processed, generated))
+        if self.want["output_logits"]:
+            self.logits.append(logits.clone())
+        if self.want["output_scores"]:
+            self.scores.append(log_probs.clone())
+        if self.want["output_attentions"]:
+            self.self_attentions.append(outputs.decoder_attentions)
+            self.cross_attentions.append(outputs.cross_attentions)
+        if self.want["output_hidden_states"]:
+            self.hidden.append(outputs.decoder_hidden_states)
+        return log_probs
+
+    def prefixed(self, log_probs: torch.Tensor, generated: int) -> torch.Tensor:
+        """`log_probs` with every token but the target prefix's `generated`-th made impossible, in its rows."""
+        if self.target_prefix is None or generated > self.target_prefix.shape[1]:
+            return log_probs
+        forced = self.target_prefix[:, generated - 1].repeat_interleave(self.config.num_beams)
+        others = torch.arange(log_probs.shape[-1], device=self.device) != forced[:, None]
+        return log_probs.masked_fill((forced >= 0)[:, None] & others, -float("inf"))
+
+    def scores_so_far(self) -> tuple | None:
+        """The steps' scores, for stopping criteria (None unless `output_scores`, as transformers passes them)."""
+        return tuple(self.scores) if self.want["output_scores"] else None
+
+    def reorder(self, beam_idx: torch.Tensor) -> None:
+        """Moves the cache's keys and values with the beams (`beam_idx`: the flat beam each one continues)."""
+        if self.cache is not None:
+            self.model.reorder_beam_cache(self.cache, beam_idx)
+
+
+def _continuations(running: _Beams, beams: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor, generated: int,
+                   setup: _Setup, decoder: _Decoder) -> _Candidates:  # fmt: skip
+    """The candidates that continue the running `beams` (B, N) with `tokens` (B, N) as their `generated`-th token,
+    of log P(Y|X) `scores` (B, N), and whether each ends there."""
+    sequences = _gather(running.sequences, beams)
+    sequences[:, :, generated] = tokens
+    origins = _gather(running.origins, beams)
+    offsets = torch.arange(beams.shape[0], device=beams.device).view(-1, 1) * setup.num_beams
+    origins[:, :, generated - 1] = (beams + offsets).to(origins.dtype)
+    ends = torch.isin(tokens, setup.eos) | (generated + 1 >= setup.max_length)
+    if setup.stopping_criteria:
+        flat = sequences[:, :, : generated + 1].reshape(-1, generated + 1)
+        ends = ends | setup.stopping_criteria(flat, decoder.scores_so_far()).view(beams.shape)
+    return _Candidates(sequences, scores, origins, beams, tokens, ends)
+
+
+def _top_continuations(totals: torch.Tensor, running: _Beams, generated: int, setup: _Setup,
+                       decoder: _Decoder) -> _Candidates:  # fmt: skip
+    """§6.1's beam step: the best `keep` continuations of each sentence's beams by log P(Y|X) (`totals`, (B, K, V))."""
+    vocab = totals.shape[-1]
+    scores, indices = torch.topk(totals.reshape(totals.shape[0], -1), k=setup.keep)
+    return _continuations(running, indices // vocab, indices % vocab, scores, generated, setup, decoder)
+
+
+def _with_proposals(candidates: _Candidates, proposals, running: _Beams, generated: int, setup: _Setup,
+                    decoder: _Decoder) -> _Candidates:  # fmt: skip
+    """`candidates`, then those a choice proposes ((beams, tokens, scores) as `_continuations` takes them; None:
+    none)."""
+    if proposals is None:
+        return candidates
+    extra = _continuations(running, *proposals, generated, setup, decoder)
+    return _Candidates(*(torch.cat(pair, dim=1) for pair in zip(candidates, extra, strict=True)))
+
+
+class _PlainChoice:
+    """§6.1's choice of what goes on and what finishes: the `num_beams` best candidates that did not end go on, and
+    those that ended among the best `num_beams` may finish. The interface `beam_search` asks of a choice
+    (constraints_vaswani.DynamicBeamAllocation, which keeps this one for sentences without constraints, has it too)."""
+
+    def __init__(self, num_beams: int, keep: int):
+        self.num_beams, self.keep = num_beams, keep
+
+    def restrict(self, log_probs: torch.Tensor) -> torch.Tensor:
+        return log_probs
+
+    def propose(self, totals: torch.Tensor, candidates: _Candidates) -> None:
+        return None  # no candidates beyond the beam step's
+
+    def choose(self, candidates: _Candidates, generated: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, K) the candidates that go on and (B, N) those that may finish, of the beam step's (the first `keep`;
+        any after them are a proposal's)."""
+        chosen = torch.topk(candidates.going_on()[:, : self.keep], k=self.num_beams)[1]
+        best = torch.arange(candidates.ends.shape[1], device=candidates.ends.device) < self.num_beams
+        return chosen, candidates.ends & best
+
+    def rank_finished(self, scores: torch.Tensor) -> torch.Tensor:
+        return scores
+
+    def keep_finished(self, best: torch.Tensor) -> None:
+        return None
+
+    def constraints_met(self, returned: int, warn: bool) -> None:
+        return None
+
+
+def _finishing_scores(candidates: _Candidates, finishing: torch.Tensor, finished: _Finished,
+                      improvable: torch.Tensor, generated: int, setup: _Setup) -> torch.Tensor:  # fmt: skip
+    """§6.1's GNMT scores of the candidates, `log P(Y|X) / lp(|Y|)` with |Y| = `generated` (EOS included), _DEAD
+    added for those that may not finish: not `finishing`, of a sentence that cannot improve, or (early_stopping=True)
+    of a sentence whose finished slots are all taken."""
+    normalised = candidates.scores / gnmt_length_penalty(generated, setup.alpha)
+    full = torch.all(finished.done, dim=-1, keepdim=True) & (setup.early_stopping is True)
+    return normalised + full.to(torch.float32) * _DEAD + (~improvable).to(torch.float32) * _DEAD + (~finishing) * _DEAD
+
+
+def _merge_finished(finished: _Finished, candidates: _Candidates, scores: torch.Tensor, keys: torch.Tensor,
+                    finishing: torch.Tensor, num_beams: int) -> tuple[_Finished, torch.Tensor]:  # fmt: skip
+    """The best `num_beams` by key of the finished hypotheses and the candidates (`scores`, `keys`: their finishing
+    scores and ranks), and where each came from (indices into the finished, then the candidates)."""
+    merged_keys = torch.cat((finished.keys, keys), dim=1)
+    best = torch.topk(merged_keys, k=num_beams)[1]
+
+    def merged(ours: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
+        return _gather(torch.cat((ours, theirs), dim=1), best)
+
+    return _Finished(
+        sequences=merged(finished.sequences, candidates.sequences), scores=merged(finished.scores, scores),
+        keys=_gather(merged_keys, best), origins=merged(finished.origins, candidates.origins),
+        done=merged(finished.done, finishing),
+    ), best  # fmt: skip
 
 
 @torch.no_grad()
@@ -190,233 +428,74 @@ def beam_search(
     `constraints` (`constraints_vaswani.LexicalConstraints`): phrases each output must contain (dynamic beam
     allocation); the output then has `constraints_met` ((batch * num_return_sequences, C) booleans, True where a
     sentence has no constraint: vacuously met), and sentences without constraints get exactly what they get without
-    them. `target_prefix` ((batch, Lp), -1 after a row's
-    prefix; a row of -1 is no prefix): tokens each output starts with, their log-probabilities counted."""
-    num_beams, alpha = config.num_beams, float(config.length_penalty)
-    batch, device = input_ids.shape[0], input_ids.device
+    them. `target_prefix` ((batch, Lp), -1 after a row's prefix; a row of -1 is no prefix): tokens each output starts
+    with, their log-probabilities counted."""
+    batch, device, num_beams = input_ids.shape[0], input_ids.device, config.num_beams
     eos = torch.tensor([config.eos_token_id] if isinstance(config.eos_token_id, int) else config.eos_token_id,
                        device=device)  # fmt: skip
-    keep = max(2, 1 + eos.numel()) * num_beams
-    max_length = config.max_length
-    dict_out = config.return_dict_in_generate
-    want = {name: dict_out and bool(getattr(config, name)) for name in
-            ("output_scores", "output_logits", "output_attentions", "output_hidden_states")}  # fmt: skip
-    extra = {name: True for name in ("output_attentions", "output_hidden_states") if want[name]}
-    if encoder_outputs is None:
-        encoder_outputs = model.get_encoder()(input_ids, attention_mask=attention_mask, **extra)
-    # Every beam of a sentence reads the same encoder states (and encoder-decoder keys and values).
-    expanded = BaseModelOutput(last_hidden_state=encoder_outputs[0].repeat_interleave(num_beams, dim=0))
-    mask = attention_mask.repeat_interleave(num_beams, dim=0)
+    setup = _Setup(num_beams=num_beams, keep=max(2, 1 + eos.numel()) * num_beams, eos=eos,
+                   max_length=config.max_length, alpha=float(config.length_penalty),
+                   early_stopping=config.early_stopping, stopping_criteria=stopping_criteria)  # fmt: skip
     processors = _logits_processors(config, eos, device, logits_processor)
-    pad = config.pad_token_id if config.pad_token_id is not None else int(eos[0])
-
-    cur_len = prompt_len = 1
-    running = torch.full((batch, num_beams, max_length), pad, dtype=torch.long, device=device)
-    running[:, :, 0] = config.decoder_start_token_id
-    finished = running.clone()
-    running_scores = torch.zeros(batch, num_beams, device=device)
-    running_scores[:, 1:] = -1e9  # only the first beam's tokens count at the first step: no k copies of one token
-    finished_scores = torch.full((batch, num_beams), -1e9, device=device)
-    is_finished = torch.zeros(batch, num_beams, dtype=torch.bool, device=device)
+    decoder = _Decoder(model, config, input_ids, attention_mask, encoder_outputs, processors, target_prefix)
+    plain = _PlainChoice(num_beams, setup.keep)
+    choice = plain if constraints is None else DynamicBeamAllocation(constraints, plain, eos)
+    running, finished = _start(batch, config, eos, device)
     improvable = torch.ones(batch, 1, dtype=torch.bool, device=device)
-    hits = torch.zeros(batch, num_beams, dtype=torch.bool, device=device)
-    running_origins = torch.full((batch, num_beams, max_length - prompt_len), -1, dtype=torch.int32, device=device)
-    finished_origins = running_origins.clone()
-    top_mask = torch.arange(keep, device=device) < num_beams
-    offsets = torch.arange(batch, device=device).view(-1, 1) * num_beams
-    scores, raw, self_attentions, cross_attentions, hidden = [], [], [], [], []
-    use_cache = config.use_cache is not False
-    if constraints is not None:
-        running_met, running_partial = constraints.initial_state(num_beams)
-        finished_met = running_met.clone()
-        constrained = constraints.rows[:, None]
-        beam_of = torch.arange(num_beams, device=device)
-    finished_keys = finished_scores.clone()  # what ranks finished hypotheses: met constraints first, then score
-    cache = _new_cache(model, config, max_length, mask.shape[1]) if use_cache else None
-    step = model
-
+    generated = 1  # the token this step chooses: the first after the decoder start, then the second, ...
     while True:
-        flat = running[:, :, :cur_len].reshape(batch * num_beams, cur_len)
-        outputs = step(
-            attention_mask=mask, decoder_input_ids=flat[:, -1:] if use_cache else flat, encoder_outputs=expanded,
-            cache=cache, use_cache=use_cache, return_dict=True, **extra,
-        )  # fmt: skip
-        cache = _cache_of(outputs) if use_cache else None
-        if cur_len == prompt_len and cache is not None and getattr(config, "compile_config", None) is not None:
-            step = _compiled(model, config.compile_config)  # after the first step, as transformers compiles
-        logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32, device=device)
-        log_probs = processors(flat, torch.nn.functional.log_softmax(logits, dim=-1))
-        if target_prefix is not None and cur_len - prompt_len < target_prefix.shape[1]:
-            forced = target_prefix[:, cur_len - prompt_len].repeat_interleave(num_beams)
-            others = torch.arange(log_probs.shape[-1], device=device) != forced[:, None]
-            log_probs = log_probs.masked_fill((forced >= 0)[:, None] & others, -float("inf"))
-        if constraints is not None:
-            log_probs = _bar_eos(log_probs, ~constraints.satisfied(running_met).reshape(-1), eos)
-        if want["output_logits"]:
-            raw.append(logits.clone())
-        if want["output_scores"]:
-            scores.append(log_probs.clone())
-        if want["output_attentions"]:
-            self_attentions.append(outputs.decoder_attentions)
-            cross_attentions.append(outputs.cross_attentions)
-        if want["output_hidden_states"]:
-            hidden.append(outputs.decoder_hidden_states)
-        del outputs
-
-        # The best `keep` continuations of all beams of each sentence, by log P(Y|X) so far.
-        log_probs = log_probs.view(batch, num_beams, -1) + running_scores[:, :, None]
-        vocab = log_probs.shape[-1]
-        top_scores, top_indices = torch.topk(log_probs.reshape(batch, -1), k=keep)
-        from_beam = top_indices // vocab
-        top_sequences = _gather(running, from_beam)
-        top_sequences[:, :, cur_len] = top_indices % vocab
-        top_origins = _gather(running_origins, from_beam)
-        top_origins[:, :, cur_len - prompt_len] = (from_beam + offsets).to(top_origins.dtype)
-
-        hits = torch.isin(top_sequences[:, :, cur_len], eos) | (cur_len + 1 >= max_length)
-        if stopping_criteria:
-            flat_top = top_sequences[:, :, : cur_len + 1].reshape(batch * keep, -1)
-            hits |= stopping_criteria(flat_top, tuple(scores) if want["output_scores"] else None).view(batch, keep)
-
-        # The `num_beams` best that go on: those that did not just end.
-        going_on = top_scores + hits.to(torch.float32) * -1.0e9
-        chosen = torch.topk(going_on, k=num_beams)[1]
-        ended = hits & top_mask[None, :]  # those that just ended among the top `num_beams`
-        if constraints is not None:
-            # More candidates (each beam's next constraint tokens and its own best token), taken by bank
-            # (constraints_vaswani.allocate); sentences without constraints keep exactly the choice above.
-            nxt, pursue = constraints.next_tokens(running_met, running_partial)
-            nxt = nxt.reshape(batch, -1)
-            extra_beams = torch.cat((beam_of.repeat_interleave(constraints.P), beam_of)).expand(batch, -1)
-            best_scores, best_tokens = log_probs.max(-1)
-            extra_tokens = torch.cat((nxt, best_tokens), dim=1)
-            nxt_scores = torch.take_along_dim(log_probs, nxt.view(batch, num_beams, -1), dim=-1)
-            extra_scores = torch.cat(
-                (nxt_scores.masked_fill(~pursue, -float("inf")).reshape(batch, -1), best_scores), 1
-            )
-            tokens = torch.cat((top_indices % vocab, extra_tokens), dim=1)
-            from_beam = torch.cat((from_beam, extra_beams), dim=1)
-            all_scores = _without_repeats(torch.cat((top_scores, extra_scores), dim=1), from_beam * vocab + tokens)
-            top_scores = torch.cat((top_scores, all_scores[:, keep:].masked_fill(~constrained, -float("inf"))), 1)
-            top_sequences = _gather(running, from_beam)
-            top_sequences[:, :, cur_len] = tokens
-            top_origins = _gather(running_origins, from_beam)
-            top_origins[:, :, cur_len - prompt_len] = (from_beam + offsets).to(top_origins.dtype)
-            extra_hits = torch.isin(tokens[:, keep:], eos) | (cur_len + 1 >= max_length)
-            if stopping_criteria:
-                flat_extra = top_sequences[:, keep:, : cur_len + 1].reshape(-1, cur_len + 1)
-                extra_hits |= stopping_criteria(flat_extra, tuple(scores) if want["output_scores"] else None).view(
-                    batch, -1)  # fmt: skip
-            hits = torch.cat((hits, extra_hits), dim=1)
-            met, partial, banks, satisfied = constraints.advance(
-                _window(top_sequences, cur_len, constraints.L), _gather(running_met, from_beam)
-            )  # fmt: skip
-            usable = ~hits & (top_scores > -1.0e8)
-            # Hypotheses that can no longer fit their missing constraint tokens before the limit go last.
-            left = constraints.room[:, None] - (cur_len + 1 - prompt_len)
-            feasible = constraints.total[:, None] - banks <= left
-            chosen = torch.where(constrained, allocate(top_scores, banks, usable, num_beams, feasible), chosen)
-            going_on = top_scores + hits.to(torch.float32) * -1.0e9
-            ended = torch.where(constrained, hits & (top_scores > -1.0e8),
-                                torch.nn.functional.pad(ended, (0, hits.shape[1] - keep)))  # fmt: skip
-            running_met, running_partial = _gather(met, chosen), _gather(partial, chosen)
-        running, running_scores, running_origins = (
-            _gather(top_sequences, chosen), _gather(going_on, chosen), _gather(top_origins, chosen)
-        )  # fmt: skip
-
-        # Those that just ended, scored with the GNMT penalty, against the finished ones.
-        candidate = top_scores / gnmt_length_penalty(cur_len + 1 - prompt_len, alpha)
-        candidate = (
-            candidate
-            + (torch.all(is_finished, dim=-1, keepdim=True) & (config.early_stopping is True)).to(torch.float32)
-            * -1.0e9
-        )
-        candidate = candidate + (~improvable).to(torch.float32) * -1.0e9
-        candidate = candidate + (~ended) * -1.0e9
-        merged_scores = torch.cat((finished_scores, candidate), dim=1)
-        # With constraints, a hypothesis that ended with one unmet ranks after all that met theirs.
-        key = candidate if constraints is None else candidate - 1.0e5 * (~satisfied).to(torch.float32)
-        merged_keys = torch.cat((finished_keys, key), dim=1)
-        best = torch.topk(merged_keys, k=num_beams)[1]
-        finished = _gather(torch.cat((finished, top_sequences), dim=1), best)
-        finished_scores, finished_keys = _gather(merged_scores, best), _gather(merged_keys, best)
-        if constraints is not None:
-            finished_met = _gather(torch.cat((finished_met, met), dim=1), best)
-        finished_origins = _gather(torch.cat((finished_origins, top_origins), dim=1), best)
-        is_finished = _gather(torch.cat((is_finished, ended), dim=1), best)
-
-        if cache is not None:
-            model.reorder_beam_cache(cache, running_origins[..., cur_len - prompt_len].reshape(-1))
-        cur_len += 1
-
+        log_probs = decoder.next_log_probs(running.sequences, generated, choice.restrict)
+        totals = log_probs.view(batch, num_beams, -1) + running.scores[:, :, None]  # log P(Y|X) of each continuation
+        top = _top_continuations(totals, running, generated, setup, decoder)
+        candidates = _with_proposals(top, choice.propose(totals, top), running, generated, setup, decoder)
+        chosen, finishing = choice.choose(candidates, generated)
+        finishing_scores = _finishing_scores(candidates, finishing, finished, improvable, generated, setup)
+        keys = choice.rank_finished(finishing_scores)
+        finished, best = _merge_finished(finished, candidates, finishing_scores, keys, finishing, num_beams)
+        choice.keep_finished(best)
+        running = candidates.take(chosen)
+        decoder.reorder(running.origins[..., generated - 1].reshape(-1))
         improvable = can_improve(
-            improvable=improvable, running_scores=running_scores.amax(-1, keepdim=True), finished_scores=finished_keys,
-            is_finished=is_finished, generated=cur_len - prompt_len, longest=max_length - prompt_len,
-            early_stopping=config.early_stopping, alpha=alpha,
+            improvable=improvable, running_scores=running.scores.amax(-1, keepdim=True), finished_scores=finished.keys,
+            is_finished=finished.done, generated=generated, longest=config.max_length - 1,
+            early_stopping=config.early_stopping, alpha=setup.alpha,
         )  # fmt: skip
-        if not (improvable.any() and not (is_finished.all() and config.early_stopping is True) and not hits.all()):
+        if not improvable.any() or (finished.done.all() and config.early_stopping is True) or candidates.ends.all():
             break
+        generated += 1
+    return _output(finished, decoder, choice, config)
 
-    returned = config.num_return_sequences
-    sequences = finished[:, :returned].reshape(batch * returned, -1)
-    sequence_scores = finished_scores[:, :returned].reshape(batch * returned)
-    origins = finished_origins[:, :returned].reshape(batch * returned, -1)
-    generated = int((origins + 1).bool().sum(dim=1).max())
-    sequences, origins = sequences[:, : prompt_len + generated], origins[:, :generated]
-    constraints_met = None
-    if constraints is not None:
-        # A slot without a constraint (a sentence with fewer, or none) is met: vacuously true.
-        constraints_met = (finished_met | ~constraints.valid[:, None])[:, :returned].reshape(batch * returned, -1)
-        unmet = constraints.rows & ~constraints.satisfied(finished_met)[:, 0]
-        if unmet.any() and not dict_out:
-            logger.warning(
-                "%d of %d sentences could not meet their constraints within the length limit: their best hypotheses "
-                "are returned (return_dict_in_generate=True gives constraints_met)", int(unmet.sum()),
-                int(constraints.rows.sum()),
-            )  # fmt: skip
+
+def _output(finished: _Finished, decoder: _Decoder, choice, config: GenerationConfig):
+    """What transformers' `generate()` returns for beam search: each sentence's best `num_return_sequences`, cut
+    after the longest, or with `return_dict_in_generate` a `GenerateBeamEncoderDecoderOutput` (under constraints
+    with `constraints_met`, an attribute, not a field: to_tuple() stays transformers')."""
+    batch, returned, dict_out = finished.scores.shape[0], config.num_return_sequences, config.return_dict_in_generate
+    origins = finished.origins[:, :returned].reshape(batch * returned, -1)
+    longest = int((origins + 1).bool().sum(dim=1).max())  # generated tokens of the longest returned hypothesis
+    sequences = finished.sequences[:, :returned].reshape(batch * returned, -1)[:, : 1 + longest]
+    constraints_met = choice.constraints_met(returned, warn=not dict_out)
     if not dict_out:
         return sequences
+    want, encoder_outputs = decoder.want, decoder.encoder_outputs
     fields = {
         "sequences": sequences,
-        "sequences_scores": sequence_scores if config.output_scores else None,
-        "scores": tuple(scores) if want["output_scores"] else None,
-        "logits": tuple(raw) if want["output_logits"] else None,
-        "beam_indices": origins,
+        "sequences_scores": finished.scores[:, :returned].reshape(batch * returned) if config.output_scores else None,
+        "scores": decoder.scores_so_far(),
+        "logits": tuple(decoder.logits) if want["output_logits"] else None,
+        "beam_indices": origins[:, :longest],
         "encoder_attentions": encoder_outputs.get("attentions") if want["output_attentions"] else None,
         "encoder_hidden_states": encoder_outputs.get("hidden_states") if want["output_hidden_states"] else None,
-        "decoder_attentions": tuple(self_attentions) if want["output_attentions"] else None,
-        "cross_attentions": tuple(cross_attentions) if want["output_attentions"] else None,
-        "decoder_hidden_states": tuple(hidden) if want["output_hidden_states"] else None,
+        "decoder_attentions": tuple(decoder.self_attentions) if want["output_attentions"] else None,
+        "cross_attentions": tuple(decoder.cross_attentions) if want["output_attentions"] else None,
+        "decoder_hidden_states": tuple(decoder.hidden) if want["output_hidden_states"] else None,
     }
     names = GenerateBeamEncoderDecoderOutput.__dataclass_fields__
-    fields.update({name: cache for name in ("cache", "past_key_values") if name in names})
+    fields.update({name: decoder.cache for name in ("cache", "past_key_values") if name in names})
     output = GenerateBeamEncoderDecoderOutput(**fields)
     if constraints_met is not None:
-        output.constraints_met = constraints_met  # an attribute, not a field: to_tuple() stays transformers'
+        output.constraints_met = constraints_met
     return output
-
-
-def _bar_eos(log_probs: torch.Tensor, unmet: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
-    """EOS impossible for the rows (`unmet`) of hypotheses with a constraint still to meet, unless EOS is all that
-    is left to them (a sentence's length limit), where they end unmet."""
-    others = log_probs.index_fill(-1, eos, -float("inf"))
-    bar = unmet & (others.amax(-1) > -float("inf"))
-    return log_probs.index_copy(-1, eos, log_probs.index_select(-1, eos).masked_fill(bar[:, None], -float("inf")))
-
-
-def _without_repeats(scores: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """`scores` (B, N) with each candidate whose key (beam * vocab + token) came earlier in its row made -inf."""
-    ordered, order = torch.sort(keys, dim=-1, stable=True)
-    repeat = torch.nn.functional.pad(ordered[:, 1:] == ordered[:, :-1], (1, 0))
-    return scores.masked_fill(torch.zeros_like(repeat).scatter(1, order, repeat), -float("inf"))
-
-
-def _window(sequences: torch.Tensor, cur_len: int, size: int) -> torch.Tensor:
-    """The last `size` tokens of each hypothesis (B, N, max_length) up to position `cur_len`, -2 before the start."""
-    start = cur_len + 1 - size
-    if start >= 0:
-        return sequences[:, :, start : cur_len + 1]
-    return torch.nn.functional.pad(sequences[:, :, : cur_len + 1], (-start, 0), value=-2)
 
 
 class VaswaniGenerationMixin(GenerationMixin):
