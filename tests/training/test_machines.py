@@ -32,6 +32,7 @@ from conftest import (
     is_zombie,
     kill_launch,
     launch_workers,
+    make_model,
     reference_command,
 )
 from safetensors.torch import load_file
@@ -111,6 +112,8 @@ def assert_resume_exactly(corpus: Path, folders: list[Path], tmp_path: Path, ref
     resumed = launch_both("resume", corpus, folders, tmp_path, envs)
     assert [launch.returncode for launch in resumed] == [0, 0], resumed[0].stderr[-3000:]
     assert_same_training(folders[0], reference)
+    for launch in resumed:  # the tied embedding matrix is saved once, as model.shared.weight: nothing is missing
+        assert "There were missing keys in the checkpoint" not in launch.stderr
     return resumed
 
 
@@ -172,6 +175,25 @@ def test_gloos_words_for_a_lost_peer_are_recognised():
     closed = "[/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:15253. This is typically caused"
     assert is_lost_peer(RuntimeError(closed)) and is_lost_peer(RuntimeError("Read error: Connection reset by peer"))
     assert not is_lost_peer(RuntimeError("CUDA out of memory")) and not is_lost_peer(ValueError(closed))
+
+
+def test_a_resumed_run_does_not_warn_that_the_tied_embedding_matrix_is_missing(tmp_path, caplog, restore_rng):
+    """A checkpoint holds the tied matrix once (model.shared.weight); Trainer's resume ties the other three names
+    to it again instead of warning that they are missing, which read like damaged weights."""
+    from transformers import Seq2SeqTrainingArguments
+
+    from vaswani_mt.training.trainer import VaswaniTrainer
+
+    model = make_model()
+    model.save_pretrained(tmp_path)
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    trainer = VaswaniTrainer(model=make_model(seed=1), args=args, max_tokens_per_batch=None, lr_schedule="trainer")
+    with caplog.at_level("WARNING"):
+        trainer._load_from_checkpoint(str(tmp_path))  # what train(resume_from_checkpoint=...) calls
+    assert [r.message for r in caplog.records if "missing keys" in r.message] == []
+    loaded = trainer.model
+    assert torch.equal(loaded.model.shared.weight, model.model.shared.weight)
+    assert loaded.lm_head.weight is loaded.model.shared.weight is loaded.model.encoder.embed_tokens.weight
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -577,6 +577,9 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
         "model.encoder.embed_tokens.weight": "model.shared.weight",
         "model.decoder.embed_tokens.weight": "model.shared.weight",
     }
+    # The tied copies are never saved (only model.shared.weight is): Trainer's resume then ties them again
+    # instead of warning that they are missing.
+    _keys_to_ignore_on_save = set(_tied_weights_keys)
 
     def __init__(self, config: VaswaniConfig):
         super().__init__(config)
