@@ -3,12 +3,15 @@
 folder, they train to the weights of one machine with two processes, bit for bit; with a folder and a datasets cache
 each, each machine keeps a whole copy of every checkpoint. A lost machine ends the other within seconds with one line
 that names it, SIGTERM to both (Slurm's preemption) saves one checkpoint, and a machine started with other options
-or another corpus is refused before any step. The Slurm script runs as written, with stand-in `srun` and `scontrol`.
+or another corpus is refused before any step, each machine saying so in one line. The Slurm script runs as written,
+with stand-in `srun` and `scontrol`. Without a launcher, two processes with torchrun's variables stand for two
+machines (tests/ddp_machines_worker.py): rank 0's failures reach both, a failed store is named as such.
 
-CI runs the Slurm script on a shared folder and two machines with folders of their own; `pytest -m slow` adds a lost
-machine (folders per machine, and a shared one), a folder missing or behind, the refusals, SIGTERM to both
-launchers, and the Slurm script's preemption."""
+CI runs the Slurm script on a shared folder, two machines with folders of their own, a refusal, and the launcher-less
+cases; `pytest -m slow` adds a lost machine (folders per machine, and a shared one), a launcher lost alone, a folder
+missing or behind, another corpus, a broken tokenizer, SIGTERM to both launchers, and the Slurm script's preemption."""
 
+import contextlib
 import os
 import re
 import shutil
@@ -39,10 +42,18 @@ from safetensors.torch import load_file
 
 from vaswani_mt.data.corpus import load_corpus
 from vaswani_mt.training.checkpoints import is_complete, list_checkpoints
-from vaswani_mt.training.machines import Machines, corpus_digest, is_lost_peer, machines, speaks_for_machine
+from vaswani_mt.training.machines import (
+    Machines,
+    corpus_digest,
+    is_lost_peer,
+    is_store_failure,
+    machines,
+    speaks_for_machine,
+)
 
 BOUND = 15  # seconds from a fault to machine 0's exit; under the launcher's 30 s between SIGTERM and SIGKILL
 SLURM = ROOT / "scripts" / "slurm" / "train_multinode.sbatch"
+WORKER = ROOT / "tests" / "ddp_machines_worker.py"
 
 
 def machine_command(rank: int, port: int, corpus: Path, output: Path, *extra: str) -> list[str]:
@@ -127,6 +138,18 @@ def errors(launch: Launch) -> list[str]:
     return [line for line in launch.stderr.splitlines() if line.startswith("error:")]
 
 
+def assert_ends_in_one_line(launch: Launch, said: str) -> None:
+    """The machine's one `error:` line starting with `said`, its worker's status 1 (not an abort), and no traceback
+    but the launcher's own (torchrun's ChildFailedError, which accelerate lets through for any status but 0)."""
+    said_once = len(errors(launch)) == 1 and errors(launch)[0].startswith(said)
+    assert launch.returncode != 0 and said_once, launch.stderr[-3000:]
+    launcher = f'Traceback (most recent call last):\n  File "{Path(sys.executable).parent}'
+    workers_part = launch.stderr.split(launcher)[0]
+    assert "Traceback" not in workers_part, workers_part[-3000:]
+    assert "terminate called" not in launch.stderr and "SIGABRT" not in launch.stderr, launch.stderr[-3000:]
+    assert re.search(r"exitcode\s*: 1 \(pid", launch.stderr), launch.stderr[-3000:]
+
+
 def steps_logged(launch: Launch) -> int:
     return len(re.findall(r"'loss': ", launch.stderr))
 
@@ -175,6 +198,8 @@ def test_gloos_words_for_a_lost_peer_are_recognised():
     closed = "[/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:15253. This is typically caused"
     assert is_lost_peer(RuntimeError(closed)) and is_lost_peer(RuntimeError("Read error: Connection reset by peer"))
     assert not is_lost_peer(RuntimeError("CUDA out of memory")) and not is_lost_peer(ValueError(closed))
+    store = torch.distributed.DistNetworkError("Broken pipe")  # what a TCPStore client says once its server is gone
+    assert is_store_failure(store) and not is_lost_peer(store) and not is_store_failure(RuntimeError(closed))
 
 
 def test_a_resumed_run_does_not_warn_that_the_tied_embedding_matrix_is_missing(tmp_path, caplog, restore_rng):
@@ -194,6 +219,119 @@ def test_a_resumed_run_does_not_warn_that_the_tied_embedding_matrix_is_missing(t
     loaded = trainer.model
     assert torch.equal(loaded.model.shared.weight, model.model.shared.weight)
     assert loaded.lm_head.weight is loaded.model.shared.weight is loaded.model.encoder.embed_tokens.weight
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Two processes as two machines, without a launcher (tests/ddp_machines_worker.py)
+
+
+def start_machines(*argv: str, env: dict | None = None) -> tuple[list[subprocess.Popen], int]:
+    """The worker on two "machines" of one process each (torchrun's variables, a new port); and the port."""
+    port = free_port()
+    processes = []
+    for rank in (0, 1):
+        variables = {"RANK": str(rank), "GROUP_RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+                     "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+        processes.append(subprocess.Popen([sys.executable, str(WORKER), *argv], env={**REFERENCE_ENV, **variables,
+                         **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
+    return processes, port
+
+
+@pytest.fixture(scope="module")
+def rank0_fails(tmp_path_factory) -> tuple[list[tuple[int, str, str]], Path]:
+    """Both machines through two storage probes and a tokenizer build that raises a KeyError on rank 0: each
+    process's status, stdout and stderr, and the probes' folder."""
+    folder = tmp_path_factory.mktemp("probes")
+    processes, _ = start_machines("rank0", str(folder))
+    ended = []
+    for process in processes:
+        try:
+            stdout, stderr = process.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # a rank left waiting for rank 0: the fault this guards against
+            for other in processes:
+                other.kill()
+            raise
+        ended.append((process.returncode, stdout, stderr))
+    return ended, folder
+
+
+def test_any_exception_in_rank_0s_tokenizer_build_ends_every_machine_with_one_line(rank0_fails):
+    """A KeyError (what a tokenizer.json without its added tokens raises), not one of the kinds rank 0 expects:
+    before, rank 0 printed its traceback and the other machine said machine 0 was lost."""
+    said = "error: rank 0 could not build the tokenizer: KeyError: 'added_tokens'"
+    for returncode, _, stderr in rank0_fails[0]:
+        assert returncode == 1 and [line for line in stderr.splitlines() if "error" in line.lower()] == [said], stderr
+        assert "Traceback" not in stderr and "terminate called" not in stderr
+
+
+def test_each_launch_probes_the_storage_with_a_file_of_a_new_name(rank0_fails):
+    """A name looked up once only: an NFS client's cached entry of an earlier launch's probe cannot answer for it."""
+    ended, folder = rank0_fails
+    names = [line.split()[1] for line in ended[1][1].splitlines() if line.startswith("probe ")]
+    assert len(names) == 2 and names[0] != names[1], names
+    assert all(re.fullmatch(r"\.vaswani-storage-probe-[0-9a-f]{32}", name) for name in names), names
+    assert list(folder.iterdir()) == []  # rank 0 removes each probe
+
+
+def test_a_failed_store_is_named_as_the_store_not_as_a_lost_machine(tmp_path):
+    """The rendezvous store is gone (here held by this test, as torchrun's agent holds it on machine 0) when
+    machine 1 is lost: machine 0 cannot ask which ranks are alive, and says that the store failed (it said that
+    machine 0 was lost, or 'another process'), within seconds."""
+    port = free_port()
+    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    processes, _ = start_machines("store", env={"MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True"})
+    watchdog = threading.Timer(120, lambda: [process.kill() for process in processes])
+    watchdog.start()
+    try:
+        for process in processes:
+            assert process.stdout.readline() == "ready\n", process.communicate(timeout=60)[1][-3000:]
+        del store  # its server stops: the store has failed
+        processes[1].kill()
+        lost_at = time.monotonic()
+        _, stderr = processes[0].communicate(timeout=60)
+        seconds = time.monotonic() - lost_at
+    finally:
+        watchdog.cancel()
+        for process in processes:
+            process.kill()
+    said = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert processes[0].returncode == 1 and len(said) == 1 and seconds < BOUND, (seconds, stderr[-3000:])
+    assert said[0].startswith(f"error: the rendezvous store at 127.0.0.1:{port} failed (")
+    assert re.search(r"\) after a collective failed at step \d+ \(", said[0]), said
+    assert "so the lost process cannot be named" in said[0] and "was lost" not in said[0]
+
+
+_LAUNCHER = r"""
+import os, subprocess, sys
+wait = "from vaswani_mt.training.machines import end_with_launcher; end_with_launcher(); import os, time; "
+wait += "os.write(1, b'ready\\n'); time.sleep(120)"  # one write: the children share the pipe
+for run_id in ("run-1", None):  # a torchrun worker, and a process of no launcher
+    env = {**os.environ, "TORCHELASTIC_RUN_ID": run_id} if run_id else dict(os.environ)
+    print("pid", subprocess.Popen([sys.executable, "-c", wait], env=env, start_new_session=True).pid, flush=True)
+os.wait()
+"""
+
+
+def test_a_worker_whose_launcher_is_killed_ends_with_it():
+    """SIGKILL to a launcher (the OOM killer, a lost shell): its torchrun worker is killed with it, so that the other
+    machines see a lost machine at once; a process started without a launcher stays."""
+    launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER], env=REFERENCE_ENV, stdout=subprocess.PIPE,
+                                text=True)  # fmt: skip
+    said = [launcher.stdout.readline() for _ in range(4)]  # each child's pid, and `ready` from each
+    pids = [int(line.split()[1]) for line in said if line.startswith("pid ")]
+    try:
+        assert len(pids) == 2 and said.count("ready\n") == 2, said
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 5
+        while not is_zombie(pids[0]) and psutil.pid_exists(pids[0]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert is_zombie(pids[0]) or not psutil.pid_exists(pids[0]), "the torchrun worker outlived its launcher"
+        assert psutil.pid_exists(pids[1]) and not is_zombie(pids[1])
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -277,6 +415,7 @@ def test_the_slurm_script_runs_two_machines_that_share_a_folder_as_one_machine_w
     for checkpoint in list_checkpoints(output):
         assert {p.name for p in checkpoint.glob("rng_state_*.pth")} == {"rng_state_0.pth", "rng_state_1.pth"}
     assert run.stderr.count("averaged checkpoint-2, checkpoint-4") == 1  # rank 0 alone publishes
+    assert run.stderr.count("finished at step 10: ") == 2  # each machine's outcome
     assert (output / "model.safetensors").is_file() and not (tmp_path / "requeued").exists()
 
 
@@ -287,11 +426,13 @@ def test_the_slurm_script_runs_two_machines_that_share_a_folder_as_one_machine_w
 def test_machines_with_folders_of_their_own_each_keep_a_whole_copy_of_every_checkpoint(ddp_reference, corpus, tmp_path):
     """A folder and a datasets cache per machine: found by the run, each machine's first process writes a whole copy
     of each checkpoint (the other machine's RNG state included), with one machine's two processes' weights; the model
-    is published on machine 0 alone."""
+    is published on machine 0 alone. Each machine's log ends with its outcome (machine 1's printed none)."""
     folders = [tmp_path / f"machine{rank}" for rank in (0, 1)]
     envs = [{**REFERENCE_ENV, "HF_DATASETS_CACHE": str(tmp_path / f"cache{rank}")} for rank in (0, 1)]
     run = launch_both("run", corpus, folders, tmp_path, envs)
     assert [launch.returncode for launch in run] == [0, 0], run[0].stderr[-3000:]
+    assert run[0].lines("finished at ") == [f"finished at step 10: the model is in {folders[0]}"]
+    assert run[1].lines("finished at ") == ["finished at step 10: machine 0 publishes the model"]
     for launch in run:
         assert "the output folder is not shared between the machines: each keeps a whole copy" in launch.stderr
     assert_same_training(folders[0], ddp_reference)
@@ -349,22 +490,38 @@ def test_a_machine_whose_folder_is_missing_or_behind_is_named_on_every_machine(d
         assert steps_logged(launch) == 0
 
 
-@pytest.mark.slow  # 16 s
-def test_a_machine_started_with_other_options_or_another_corpus_is_refused_before_any_step(corpus, tmp_path):
+def assert_refused(name: str, corpus: Path, tmp_path: Path, extra: list[str], said: str) -> None:
+    """Machine 1 started with `extra` more: refused before any step, in one line on each machine, whose worker
+    exits with status 1 (machine 0's aborted at times, with the process group left open: SIGABRT)."""
+    output = tmp_path / "run"
+    for launch in launch_both(name, corpus, [output, output], tmp_path, extra=([], extra)):
+        assert steps_logged(launch) == 0, launch.stderr[-3000:]
+        assert_ends_in_one_line(launch, said)
+    assert list(output.glob("checkpoint-*")) == []
+
+
+def test_a_machine_started_with_other_options_is_refused_before_any_step_in_one_line(corpus, tmp_path):
+    said = "error: machine 1 was started with --warmup_steps 8.0, machine 0 with 4.0: every machine must run the same"
+    assert_refused("options", corpus, tmp_path, ["--warmup_steps", "8"], said)
+
+
+@pytest.mark.slow  # 16 s; CI: other options
+def test_a_machine_with_another_corpus_is_refused_before_any_step_in_one_line(corpus, tmp_path):
     other = tmp_path / "other.jsonl"
     other.write_text("".join(corpus.read_text(encoding="utf-8").splitlines(keepends=True)[:-1]), encoding="utf-8")
+    said = "error: machine 1 has another corpus than machine 0: its train split holds 230 pairs, sha256 "
+    assert_refused("corpus", corpus, tmp_path, ["--dataset", str(other)], said)
+
+
+@pytest.mark.slow  # 16 s; CI: any exception in rank 0's build (without a launcher, above)
+def test_a_broken_tokenizer_on_machine_0_ends_both_machines_in_one_line(corpus, tmp_path):
+    """The run's saved tokenizer damaged (its tokenizer.json without added tokens): transformers raises a KeyError
+    on rank 0, which both machines report (before, machine 1 said that machine 0 was lost)."""
     output = tmp_path / "run"
-    for name, extra, said in (
-        ("options", ["--warmup_steps", "8"], "error: machine 1 was started with --warmup_steps 8.0, machine 0 with "
-                                             "4.0: every machine must run the same command"),
-        ("corpus", ["--dataset", str(other)], "error: machine 1 has another corpus than machine 0: its train split "
-                                              "holds 230 pairs, sha256 "),
-    ):  # fmt: skip
-        launches = launch_both(name, corpus, [output, output], tmp_path, extra=([], extra))
-        for launch in launches:
-            assert launch.returncode != 0 and steps_logged(launch) == 0, launch.stderr[-3000:]
-            assert len(errors(launch)) == 1 and errors(launch)[0].startswith(said), errors(launch)
-        assert list(output.glob("checkpoint-*")) == []
+    (output / "tokenizer").mkdir(parents=True)
+    (output / "tokenizer" / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "BPE"}}')
+    for launch in launch_both("tokenizer", corpus, [output, output], tmp_path):
+        assert_ends_in_one_line(launch, "error: rank 0 could not build the tokenizer: KeyError: 'added_tokens'")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -378,6 +535,21 @@ def test_a_lost_machine_on_a_shared_folder_resumes_to_the_uninterrupted_run(ddp_
     assert lost[0].returncode != 0 and lost[0].seconds < BOUND and lost[0].left == [], lost[0].stderr[-3000:]
     assert len(errors(lost[0])) == 1 and errors(lost[0])[0].startswith("error: machine 1 (rank 1) was lost at step")
     assert_resume_exactly(corpus, folders, tmp_path, ddp_reference)
+
+
+@pytest.mark.slow  # 25 s; CI: a worker killed with its launcher (without a launch, above)
+def test_a_launcher_lost_alone_takes_its_worker_and_the_other_machine_ends_within_seconds(corpus, tmp_path):
+    """Machine 1's launcher killed, its worker left running: the worker is killed with it, and machine 0 names
+    machine 1 lost within seconds (before, both trained on and machine 0's launcher waited 5 minutes at exit for
+    machine 1's, in torchrun's exit barrier)."""
+
+    def kill_launcher_1(launchers):
+        launchers[1].kill()
+
+    output = tmp_path / "run"
+    lost = launch_both("launcher", corpus, [output, output], tmp_path, after=3, fault=kill_launcher_1)
+    assert lost[0].seconds < BOUND and lost[0].left == [] and lost[1].left == [], (lost[0].seconds, lost[1].left)
+    assert_ends_in_one_line(lost[0], "error: machine 1 (rank 1) was lost at step ")
 
 
 @pytest.mark.slow  # 20 s

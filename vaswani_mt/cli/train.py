@@ -13,26 +13,42 @@ Started again with the same command, a run resumes from its last complete checkp
 (preemption) ends the current step, saves a checkpoint and exits with status 128 + the signal's number (130, 143),
 not 0: the job is not finished, and the same command resumes it. A second signal stops at once.
 
-Under a launcher the ranks end together, and each machine's first process alone prints the `error:` line or where the
-run stopped (rank 0 on one machine).
+Under a launcher the ranks end together, and each machine's first process alone prints the run's outcome in one line
+on stderr: `finished at step N`, where the run stopped, or the `error:` (rank 0 on one machine). A worker whose
+launcher dies is killed with it (`end_with_launcher`).
 """
 
 import logging
+import os
 import shlex
 import sys
+from typing import NoReturn
 
 from vaswani_mt.cli import quiet_library_bars
 from vaswani_mt.training.arguments import check_dataset_options, parse_args  # transformers' training options
-from vaswani_mt.training.machines import MachinesError, is_lost_peer, lost_machine_error, speaks_for_machine
+from vaswani_mt.training.machines import (
+    MachinesError,
+    end_with_launcher,
+    exit_run,
+    is_lost_peer,
+    is_store_failure,
+    lost_machine_error,
+    speaks_for_machine,
+)
+
+
+def _fail(error: BaseException) -> NoReturn:
+    exit_run(f"error: {error}" if speaks_for_machine() else None, 1)
 
 
 def main(argv: list[str] | None = None) -> None:
+    end_with_launcher()
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     try:
         model_args, data_args, recipe, training_args = parse_args(argv)
         check_dataset_options(data_args, recipe)
     except ValueError as error:  # a bad option or config file: one line that names it, no traceback
-        sys.exit(f"error: {error}" if speaks_for_machine() else 1)
+        _fail(error)
     quiet_library_bars()
     from vaswani_mt.data.corpus import DataError
     from vaswani_mt.training.checkpoints import CheckpointError
@@ -42,19 +58,22 @@ def main(argv: list[str] | None = None) -> None:
     try:
         result = run_training(model_args, data_args, recipe, training_args, command=command)
     except (CheckpointError, DataError, MachinesError) as error:  # bad data (file:line), a full disk, a lost machine
-        sys.exit(f"error: {error}" if speaks_for_machine() else 1)
-    except RuntimeError as error:  # a peer lost outside the training steps: while starting, or after the last step
-        if not is_lost_peer(error):
+        _fail(error)
+    except RuntimeError as error:  # a peer or the store lost outside the training steps: starting, or after the end
+        if not (is_lost_peer(error) or is_store_failure(error)):
             raise
-        sys.exit(f"error: {lost_machine_error(error)}" if speaks_for_machine() else 1)
+        _fail(lost_machine_error(error))
     if "preempted" in result:
         stop = result["preempted"]
-        if speaks_for_machine():
-            print(f"stopped by {stop['signal']} at step {stop['step']}; {stop['checkpoint']} saved: run the same "
-                  "command to resume", file=sys.stderr)  # fmt: skip
-        sys.exit(stop["exit_code"])
+        said = (f"stopped by {stop['signal']} at step {stop['step']}; {stop['checkpoint']} saved: run the same "
+                "command to resume")  # fmt: skip
+        exit_run(said if speaks_for_machine() else None, stop["exit_code"])
     if "test" in result or "examples" in result:
         print_summary(result)
+    if speaks_for_machine():  # rank 0 publishes the model once training is over, the other machines exit
+        where = f"the model is in {result['output_dir']}" if os.environ.get("RANK", "0") == "0" else (
+            "machine 0 publishes the model")  # fmt: skip
+        print(f"finished at step {result['step']}: {where}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -80,7 +80,15 @@ from .hardware import (
     resolve_precision,
     use_every_core,
 )
-from .machines import check_same_launch, from_rank_zero, is_lost_peer, lost_machine_error, machines, settle_storage
+from .machines import (
+    check_same_launch,
+    from_rank_zero,
+    is_lost_peer,
+    is_store_failure,
+    lost_machine_error,
+    machines,
+    settle_storage,
+)
 from .trainer import VaswaniTrainer
 
 logger = logging.getLogger(__name__)
@@ -190,7 +198,8 @@ def run_training(
     build_model: Callable[[ModelArguments, PreTrainedTokenizerBase], PreTrainedModel] = build_model,
     model_card: bool = True,
 ) -> dict:
-    """The main job. Returns the test results (BLEU, signature, translations) and where the model went.
+    """The main job. Returns the test results (BLEU, signature, translations), where the model went and the step
+    training ended at.
 
     Stopped by SIGINT or SIGTERM (`PreemptionCallback`), it saves a checkpoint at the end of the step and returns
     `preempted` (the signal, the step, the checkpoint and the exit status for the command line) instead: no
@@ -206,7 +215,7 @@ def run_training(
     train_metrics = _train_or_skip(run, recipe)
     train_seconds = time.monotonic() - started
 
-    result: dict = {"train": train_metrics, "output_dir": str(run.output_dir)}
+    result: dict = {"train": train_metrics, "output_dir": str(run.output_dir), "step": run.trainer.state.global_step}
     if run.preemption.signal_name:
         # Not the end of the job: averaging, scoring and the model folder wait for the run that finishes it.
         result["preempted"] = _preempted(run, training_args)
@@ -316,7 +325,7 @@ def _load_data(
         partial(build_tokenizer, corpus, languages, output_dir, tokenizer=model_args.tokenizer,
                 model_name_or_path=model_args.model_name_or_path, vocab_size=model_args.vocab_size,
                 sample=model_args.tokenizer_sample),
-        errors=(DataError, OSError, ValueError),
+        expected=(DataError, OSError, ValueError),
     )  # fmt: skip
     # A corpus cached on disk is tokenized by one process per cache (all machines' first, or each machine's), and
     # the others read the result; one held in memory is tokenized by each process.
@@ -364,8 +373,8 @@ def _train_or_skip(run: _Run, recipe: RecipeArguments) -> dict:
             except CheckpointError:  # under DDP every rank raises it at the same checkpoint: they leave together
                 trainer.leave_process_group()
                 raise
-            except RuntimeError as error:  # a collective whose peer is gone: name the machine, leave at once
-                if not is_lost_peer(error):
+            except RuntimeError as error:  # a collective whose peer (or store) is gone: name it, leave at once
+                if not (is_lost_peer(error) or is_store_failure(error)):
                     raise
                 raise lost_machine_error(error, trainer.state.global_step) from error
     trainer.save_state()

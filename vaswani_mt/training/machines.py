@@ -1,5 +1,6 @@
 """Several machines (accelerate's multi-node path, torchrun underneath, Slurm): where each rank runs, whether the
-machines share the output folder, that they were started alike, the tokenizer from rank 0, and a lost machine named.
+machines share the output folder, that they were started alike, the tokenizer from rank 0, a lost machine or a failed
+store named, and how a worker ends (with its launcher, and in one line).
 
 Global rank r runs on machine `r // processes per machine`. With one shared folder, global rank 0 writes each
 checkpoint; with a folder per machine (`save_on_each_node`, set by `settle_storage`), each machine writes a whole
@@ -8,10 +9,13 @@ copy, every rank's RNG state included, so that any one machine's folder resumes 
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import io
 import logging
 import os
+import signal
+import sys
 import tempfile
 import time
 import uuid
@@ -19,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import NoReturn
 
 import torch.distributed as dist
 
@@ -32,7 +37,7 @@ _PER_MACHINE_OPTIONS = frozenset(
         *("dataset", "tokenizer", "model_name_or_path", "config"),
     }
 )
-_PROBE = ".vaswani-storage-probe"
+_PROBE = ".vaswani-storage-probe-"  # + a token of this launch: a name never looked up before (no stale NFS entry)
 
 
 class MachinesError(RuntimeError):
@@ -133,14 +138,15 @@ def settle_storage(where: Machines, training_args, output_dir: Path) -> bool:
         return True
     from accelerate.utils import gather_object
 
-    probe = output_dir / _PROBE
-    token = [None]
-    if dist.get_rank() == 0:
-        token = [uuid.uuid4().hex]
-        probe.write_text(token[0])
-    dist.broadcast_object_list(token, src=0)
+    def write_probe() -> str:
+        token = uuid.uuid4().hex
+        (output_dir / f"{_PROBE}{token}").write_text(token)
+        return token
+
+    token = _on_rank_zero(write_probe, f"write in the output folder {output_dir}")
+    probe = output_dir / f"{_PROBE}{token}"
     try:
-        sees = probe.read_text() == token[0]
+        sees = probe.read_text() == token
     except OSError:
         sees = False
     seen = {machine: sees for machine, sees in gather_object([(where.index, sees)])}
@@ -164,54 +170,92 @@ def settle_storage(where: Machines, training_args, output_dir: Path) -> bool:
     return shared
 
 
-def from_rank_zero(build: Callable[[], object], *, errors: tuple[type[BaseException], ...] = ()):
+def from_rank_zero(build: Callable[[], object], *, expected: tuple[type[BaseException], ...] = ()):
     """A tokenizer built once, by global rank 0 (`build()`), and sent to every other rank as its saved files, so
-    every rank gets the same vocabulary. An error of `errors` in rank 0's build is raised on every rank."""
+    every rank gets the same vocabulary. Any exception in rank 0's build is `MachinesError` on every rank, in one
+    line; its type is named unless it is one of `expected` (whose messages say what is wrong by themselves)."""
     if not _distributed():
         return build()
     from transformers import AutoTokenizer
 
-    message: list = [None]
     built = None
-    if dist.get_rank() == 0:
-        try:
-            built = build()
-            with tempfile.TemporaryDirectory() as folder:
-                built.save_pretrained(folder)
-                message = [("ok", {p.name: p.read_bytes() for p in Path(folder).iterdir() if p.is_file()})]
-        except errors as error:
-            message = [("error", error)]
-    dist.broadcast_object_list(message, src=0)
-    outcome, value = message[0]
-    if outcome == "error":
-        raise value
+
+    def build_and_pack() -> dict[str, bytes]:
+        nonlocal built
+        built = build()
+        with tempfile.TemporaryDirectory() as folder:
+            built.save_pretrained(folder)
+            return {p.name: p.read_bytes() for p in Path(folder).iterdir() if p.is_file()}
+
+    files = _on_rank_zero(build_and_pack, "build the tokenizer", expected)
     if built is not None:
         return built
     with tempfile.TemporaryDirectory() as folder:
-        for name, data in value.items():
+        for name, data in files.items():
             Path(folder, name).write_bytes(data)
         return AutoTokenizer.from_pretrained(folder)
 
 
+def _on_rank_zero(work: Callable[[], object], doing: str, expected: tuple[type[BaseException], ...] = ()):
+    """`work()` run by global rank 0 alone, its value sent to every rank. An exception in it is sent instead and
+    raised on every rank as `MachinesError("rank 0 could not <doing>: ...")`: raised on rank 0 alone, it would leave
+    the others waiting in the broadcast, or have them report machine 0 lost."""
+    message: list = [None]
+    failure = None
+    if dist.get_rank() == 0:
+        try:
+            message = [("ok", work())]
+        except Exception as error:
+            failure = error
+            said = " ".join(str(error).split())
+            said = said if isinstance(error, expected) and said else f"{type(error).__name__}: {said}".rstrip(": ")
+            message = [("error", said)]
+            logger.debug("rank 0 could not %s", doing, exc_info=True)
+    dist.broadcast_object_list(message, src=0)
+    outcome, value = message[0]
+    if outcome == "error":
+        raise MachinesError(f"rank 0 could not {doing}: {value}") from failure
+    return value
+
+
 # ---------------------------------------------------------------------------------------------------------------
-# A lost machine
+# A lost machine, a failed store
 
 # What gloo (and NCCL) say when a peer process is gone: its sockets closed, or the collective timed out on it.
 _LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out waiting",
               "remote process exited", "Connection refused")  # fmt: skip
 
 
+def is_store_failure(error: BaseException) -> bool:
+    """A failure of the rendezvous store (torchrun's TCPStore, kept by machine 0's launcher), which c10d raises as
+    its own errors; gloo's lost peer is a plain RuntimeError."""
+    return isinstance(error, (dist.DistStoreError, dist.DistNetworkError))
+
+
 def is_lost_peer(error: BaseException) -> bool:
-    return isinstance(error, RuntimeError) and any(text in str(error) for text in _LOST_PEER)
+    return isinstance(error, RuntimeError) and not is_store_failure(error) and any(t in str(error) for t in _LOST_PEER)
+
+
+def _first_sentence(error: BaseException) -> str:
+    cause = " ".join(str(error).split())
+    return cause.split("] ", 1)[-1].split(". ", 1)[0].rstrip(".")  # after gloo's source location, its first sentence
 
 
 def lost_machine_error(
     error: BaseException, step: int | None = None, wait_seconds: float | None = None
 ) -> MachinesError:
-    """The one line for a collective that failed because a peer is gone: which machine (or rank) was lost, found by
-    asking every live rank to sign in to the rendezvous store within `wait_seconds`; no store: machine 0 is lost."""
+    """The one line for a collective that failed because a peer is gone (`is_lost_peer`): which machine (or rank)
+    was lost, found by asking every live rank to sign in to the rendezvous store within `wait_seconds`. Where the
+    store itself failed (`error` is the store's, or the store does not answer), the line says so: it then cannot
+    tell which machine is gone."""
     where, rank = machines(), int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    store_at = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    again = "start every machine's command again" if where.count > 1 else "run the same command again"
+    when = f"at step {step}" if step is not None else "outside the training steps"
+    intact = f"the checkpoints before it are intact: {again} to resume"
+    if is_store_failure(error):
+        return MachinesError(f"the rendezvous store at {store_at} failed {when} ({_first_sentence(error)}); {intact}")
     if wait_seconds is None:  # the processes of one machine see a lost peer within milliseconds of each other
         wait_seconds = 3.0 if where.count > 1 else 1.0
     try:
@@ -223,11 +267,12 @@ def lost_machine_error(
         while time.monotonic() < deadline and not store.check(keys):
             time.sleep(0.1)
         lost_ranks = [r for r in range(world) if not store.check([keys[r]])]
-    except Exception:  # no store: machine 0's launcher, which holds it, is gone
-        lost_ranks = [r for r in range(world) if where.of_rank(r) == 0]
+    except Exception as store_error:  # no store: its keeper (machine 0's launcher) or the network to it failed
+        return MachinesError(
+            f"the rendezvous store at {store_at} failed ({_first_sentence(store_error)}) after a collective failed "
+            f"{when} ({_first_sentence(error)}), so the lost process cannot be named; {intact}"
+        )
     lost_ranks = [r for r in lost_ranks if r != rank]
-    cause = " ".join(str(error).split())
-    cause = cause.split("] ", 1)[-1].split(". ", 1)[0]  # after gloo's source location, its first sentence
     ranks = f"rank{'s' if len(lost_ranks) > 1 else ''} {', '.join(map(str, lost_ranks))}"
     if not lost_ranks:
         who = "another process"
@@ -235,9 +280,44 @@ def lost_machine_error(
         who = f"{where.name({where.of_rank(r) for r in lost_ranks})} ({ranks})"
     else:
         who = ranks
-    again = "start every machine's command again" if where.count > 1 else "run the same command again"
-    when = f"at step {step}" if step is not None else "outside the training steps"
-    return MachinesError(f"{who} was lost {when} ({cause}); the checkpoints before it are intact: {again} to resume")
+    return MachinesError(f"{who} was lost {when} ({_first_sentence(error)}); {intact}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# How a worker ends
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def end_with_launcher() -> None:
+    """Under torchrun (accelerate launch; TORCHELASTIC_RUN_ID set), this worker is killed when its launcher dies
+    (Linux: PR_SET_PDEATHSIG). A worker whose launcher died would train on, and the other machines' launchers would
+    wait minutes at exit for the dead one (torchrun's exit barrier); killed, it is a lost machine, named by the
+    others within seconds. A launcher that is signalled stops its workers itself. Call it first thing: a launcher
+    that dies before the call goes unnoticed (the parent's id then tells nothing: a container's launcher is pid 1)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        logger.warning("this process will outlive its launcher: prctl failed (%s)", os.strerror(ctypes.get_errno()))
+
+
+def exit_run(line: str | None, code: int = 1) -> NoReturn:
+    """Ends the process with status `code`, printing `line` (`error: ...`) on stderr if given. Under a process group
+    it leaves through `os._exit` once the streams are flushed: a group left open at interpreter exit can abort in
+    gloo's teardown (SIGABRT, "terminate called without an active exception"), and closing it can wait on a lost
+    peer. Without one it raises SystemExit, the line as its code for status 1 (what an in-process caller reads)."""
+    grouped = dist.is_available() and dist.is_initialized()
+    if line is not None and code == 1 and not grouped:
+        sys.exit(line)
+    if line is not None:
+        print(line, file=sys.stderr)
+    if not grouped:
+        sys.exit(code)
+    logging.shutdown()  # flushes the log handlers, which os._exit would not
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 __all__ = [
@@ -245,8 +325,11 @@ __all__ = [
     "MachinesError",
     "check_same_launch",
     "corpus_digest",
+    "end_with_launcher",
+    "exit_run",
     "from_rank_zero",
     "is_lost_peer",
+    "is_store_failure",
     "lost_machine_error",
     "machines",
     "settle_storage",
