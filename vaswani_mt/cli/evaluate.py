@@ -9,6 +9,9 @@ python scripts/evaluate_model.py --hypotheses out.de --references test.de  # sco
 python scripts/evaluate_model.py --model DIR --max_tokens 1200               # token-budget batches, same scores
 python scripts/evaluate_model.py --model DIR --nbest 4 --nbest_file test.nbest  # also the 4-best lists
 python scripts/evaluate_model.py --model DIR --input terms.tsv --reference_file terms.de --constraints unordered
+
+SIGINT (Ctrl-C) or SIGTERM while translating writes the lines translated so far to --output (and --nbest_file), in
+order, says so in one line and exits with status 130 or 143, without scores; a second signal ends it at once.
 """
 
 import argparse
@@ -17,7 +20,13 @@ import sys
 from pathlib import Path
 
 from vaswani_mt.cli import old_name, quiet_library_bars
-from vaswani_mt.cli.translate import add_decoding_options, check_before_loading, decoding_options, report_controls
+from vaswani_mt.cli.translate import (
+    add_decoding_options,
+    check_before_loading,
+    decoding_options,
+    exit_interrupted,
+    report_controls,
+)
 
 
 def read_lines(path: str) -> list[str]:
@@ -90,12 +99,42 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--input and --reference_file go together")
     check_before_loading(args)
     quiet_library_bars()
+    from vaswani_mt.inference.streams import TranslationInterrupted, interruptible, stopping_on_signals
+
+    outputs = " and ".join(path for path in (args.output, args.nbest_file) if path)
+    translated = 0
+    try:
+        with stopping_on_signals():
+            with interruptible():  # nothing is lost before translating
+                model, tokenizer, sources, references, kwargs = _load(args)
+            translations = _translate(args, model, tokenizer, sources, kwargs)
+            translated = len(translations)
+            with interruptible():
+                from vaswani_mt.evaluation.metrics import score_translations
+
+                result = score_translations(translations, references, args.target_lang)
+    except TranslationInterrupted as stop:  # no scores for a partial set
+        if not hasattr(stop, "written") and translated:
+            where = f"written to {outputs}" if outputs else "not kept (no --output)"
+            print(f"interrupted while scoring: all {translated} translations {where}; no scores", file=sys.stderr)
+        elif not outputs:
+            written = getattr(stop, "written", 0)
+            print(f"interrupted at line {written}: {written} lines translated, not kept (no --output); no scores",
+                  file=sys.stderr)  # fmt: skip
+        else:
+            exit_interrupted(stop, getattr(stop, "written", 0), outputs)
+        sys.exit(128 + stop.signum)
+    report(result, len(sources))
+    report_controls(kwargs["report"], len(sources))
+
+
+def _load(args: argparse.Namespace) -> tuple:
+    """The model, its tokenizer, the sources and references, and the keyword arguments of `translate`; one line,
+    `error: ...`, for a folder that cannot be served, bad options or a bad test set."""
     from vaswani_mt.data.corpus import BUILTIN_CORPUS, DataError, load_corpus, read_parallel_text, source_target
-    from vaswani_mt.evaluation.metrics import evaluate_bleu, score_translations
     from vaswani_mt.inference.controls import ControlReport, split_constrained_line
     from vaswani_mt.inference.ensemble import load_ensemble
     from vaswani_mt.inference.loading import ModelFolderError
-    from vaswani_mt.inference.translate import format_nbest, translate_nbest
 
     # The model first: a folder that cannot be served is reported before a corpus is read.
     try:
@@ -103,9 +142,11 @@ def main(argv: list[str] | None = None) -> None:
     except ModelFolderError as error:
         sys.exit(f"error: {error}")
     kwargs = decoding_options(args, model.generation_config, tokenizer)  # a bad combination of options too
+    order = kwargs.pop("constraints", None)
     try:  # a missing or unreadable file, bad bytes, files of different lengths: one line naming it
         if args.source_file:
-            pairs = read_parallel_text(args.source_file, args.reference_file)
+            # With constraints a source line is `source<TAB>term...`: read unstripped, or "\tterm" would lose its tab
+            pairs = read_parallel_text(args.source_file, args.reference_file, strip_source=not order)
             sources, references = [p[0] for p in pairs], [p[1] for p in pairs]
         else:
             dataset = args.dataset or BUILTIN_CORPUS
@@ -117,33 +158,52 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: {args.source_file or args.split}: no sentences to score")
     if args.max_samples:
         sources, references = sources[: args.max_samples], references[: args.max_samples]
-    order = kwargs.pop("constraints", None)
     if order:  # fairseq's constrained input: source<TAB>term<TAB>term
         sources, terms = map(list, zip(*map(split_constrained_line, sources), strict=True))
+        sources, terms = [s.strip() for s in sources], [[t.strip() for t in line] for line in terms]
         kwargs.update(constraints=terms, constraint_order=order)
     if args.target_prefix_file:
         prefixes = read_lines(args.target_prefix_file)
         if len(prefixes) != len(sources):
             sys.exit(f"error: {args.target_prefix_file} has {len(prefixes)} lines for {len(sources)} sources")
         kwargs["target_prefixes"] = prefixes
-    kwargs["report"] = control_report = ControlReport()
+    kwargs["report"] = ControlReport()
+    return model, tokenizer, sources, references, kwargs
+
+
+def _translate(args: argparse.Namespace, model, tokenizer, sources: list[str], kwargs: dict) -> list[str]:
+    """The translations of `sources`, written to --output (and the n-best lists to --nbest_file). Stopped by a
+    signal, it writes those of the lines translated so far, and raises `TranslationInterrupted` with `written`."""
+    from vaswani_mt.inference.streams import TranslationInterrupted, interruptible
+    from vaswani_mt.inference.translate import translate, translate_nbest
+
+    kwargs = dict(kwargs)
     nbest = kwargs.pop("nbest", None)
+    try:
+        with interruptible():
+            if nbest:
+                lists = translate_nbest(model, tokenizer, sources, nbest, args.batch_size, progress=True, **kwargs)
+            else:
+                lists = translate(model, tokenizer, sources, batch_size=args.batch_size, progress=True, **kwargs)
+    except TranslationInterrupted as stop:
+        stop.written = len(_write_translations(args, stop.done, nbest))
+        raise
+    return _write_translations(args, lists, nbest)
+
+
+def _write_translations(args: argparse.Namespace, lists: list, nbest: int | None) -> list[str]:
+    """Writes --output and --nbest_file (where given) from `lists` (translations, or with `nbest` n-best lists);
+    returns the translations (each list's best)."""
+    from vaswani_mt.inference.translate import format_nbest
+
+    translations = [hypotheses[0].text for hypotheses in lists] if nbest else lists
     if nbest:
-        lists = translate_nbest(model, tokenizer, sources, nbest, args.batch_size, progress=True, **kwargs)
         with open(args.nbest_file, "w", encoding="utf-8") as f:
             f.write("".join(format_nbest(i, hypotheses) for i, hypotheses in enumerate(lists)))
-        translations = [hypotheses[0].text for hypotheses in lists]
-        result = {**score_translations(translations, references, args.target_lang), "translations": translations}
-    else:
-        result = evaluate_bleu(
-            model, tokenizer, sources, references, target_lang=args.target_lang, batch_size=args.batch_size,
-            progress=True, **kwargs,
-        )  # fmt: skip
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
-            f.write("\n".join(result["translations"]) + "\n")
-    report(result, len(sources))
-    report_controls(control_report, len(sources))
+            f.write("".join(f"{translation}\n" for translation in translations))
+    return translations
 
 
 def report(result: dict, sentences: int) -> None:

@@ -10,7 +10,11 @@ by lines (fairseq's --max-tokens), with the same translations, faster.
 
 Controls (docs/constraints.md): --constraints {unordered,ordered} reads fairseq's `source<TAB>term<TAB>term` lines,
 each term forced into that line's translation; --target_prefix_file F forces line i's translation to start with F's
-line i; --block_file F keeps F's phrases out of every translation; --disable_unk keeps <unk> out.
+line i (with an --input file, F's length is checked before anything is translated); --block_file F keeps F's phrases
+out of every translation; --disable_unk keeps <unk> out.
+
+SIGINT (Ctrl-C) or SIGTERM writes every line translated so far, in order, says in one line where to rerun from, and
+exits with status 130 or 143; a second signal ends it at once. Status 1: bad input, or some lines not translated.
 
 echo "The house is small." | python scripts/translate.py --model outputs/run
 python scripts/translate.py --model outputs/run --input text.en > text.de
@@ -25,13 +29,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from vaswani_mt.cli import quiet_library_bars, saved_search
 from vaswani_mt.model.constraints_vaswani import ORDERS  # loaded with vaswani_mt itself
 
 if TYPE_CHECKING:
     from vaswani_mt.inference.controls import ControlReport
+    from vaswani_mt.inference.translate import TranslationInterrupted
 
 SAMPLING_OPTIONS = ("topk", "topp", "temperature", "seed")
 
@@ -185,6 +190,30 @@ def report_controls(report: ControlReport, lines: int) -> None:
                  f"(first: line {min(report.failed)}: {report.failed[min(report.failed)]})")  # fmt: skip
 
 
+def check_prefix_lines(source: str | None, prefix_file: str | None) -> None:
+    """--target_prefix_file against an --input file, before anything is translated: one line each, else one line,
+    `error: ...` (from a pipe, the prefixes are checked as they are read)."""
+    from vaswani_mt.inference.streams import count_lines
+
+    if not (source and prefix_file and os.path.isfile(source) and os.path.isfile(prefix_file)):
+        return
+    try:
+        inputs, prefixes = count_lines(source), count_lines(prefix_file)
+    except OSError:  # reported where the file is opened
+        return
+    if inputs != prefixes:
+        sys.exit(f"error: {prefix_file} has {prefixes} lines but {source} has {inputs}: give one target prefix per "
+                 "input line")  # fmt: skip
+
+
+def exit_interrupted(stop: TranslationInterrupted, written: int, output: str) -> NoReturn:
+    """The end of a command stopped by SIGINT or SIGTERM once the `written` lines translated are in `output`: one line
+    on stderr that says where to rerun from, and exit status 128 + the signal's number (130, 143)."""
+    print(f"interrupted at line {written}: {written} lines written to {output}; rerun with the input from line "
+          f"{written + 1}", file=sys.stderr)  # fmt: skip
+    sys.exit(128 + stop.signum)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -217,15 +246,29 @@ def main(argv: list[str] | None = None) -> None:
     if args.batch_size is None and args.max_tokens is None:
         args.batch_size = 32
     check_before_loading(args)
-
     quiet_library_bars()
+    from vaswani_mt.inference.streams import TranslationInterrupted, stopping_on_signals
+
+    written = 0
+    try:
+        with stopping_on_signals():
+            written = _translate_input(args)
+    except TranslationInterrupted as stop:  # the lines translated are written; from the stream, it says how many
+        exit_interrupted(stop, getattr(stop, "written", written), "<stdout>")
+
+
+def _translate_input(args: argparse.Namespace) -> int:
+    """What `main` does once the arguments are checked: translates --input (or standard input) to standard output;
+    returns how many lines."""
     from vaswani_mt.inference.controls import ControlReport
     from vaswani_mt.inference.ensemble import load_ensemble
     from vaswani_mt.inference.loading import ModelFolderError
-    from vaswani_mt.inference.streams import read_text_lines, translate_stream
+    from vaswani_mt.inference.streams import interruptible, read_text_lines, translate_stream
 
+    check_prefix_lines(args.input, args.target_prefix_file)
     try:
-        model, tokenizer = load_ensemble(args.model)  # one folder: that model (load_for_inference)
+        with interruptible():
+            model, tokenizer = load_ensemble(args.model)  # one folder: that model (load_for_inference)
     except ModelFolderError as error:
         sys.exit(f"error: {error}")
     kwargs = decoding_options(args, model.generation_config, tokenizer)
@@ -250,6 +293,7 @@ def main(argv: list[str] | None = None) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout again at exit
         sys.exit(1)
     report_controls(report, lines)
+    return lines
 
 
 if __name__ == "__main__":

@@ -87,11 +87,11 @@ def _side_problem(lang: str, text) -> str | None:
     return None
 
 
-def _check_side(path: Path, line: int, lang: str, text) -> str:
+def _check_side(path: Path, line: int, lang: str, text, strip: bool = True) -> str:
     problem = _side_problem(lang, text)
     if problem is not None:
         raise DataError(f"{path}:{line}: {problem}")
-    return text.strip()
+    return text.strip() if strip else text
 
 
 def read_jsonl(path: Path, source_lang: str, target_lang: str) -> list[tuple[str, str]]:
@@ -137,7 +137,11 @@ def read_tsv(path: Path, source_lang: str, target_lang: str) -> list[tuple[str, 
     return pairs
 
 
-def read_parallel_text(source_path: str | Path, target_path: str | Path) -> list[tuple[str, str]]:
+def read_parallel_text(
+    source_path: str | Path, target_path: str | Path, strip_source: bool = True
+) -> list[tuple[str, str]]:
+    """Pairs from `P.<src>`-style line-aligned files, each side checked and stripped; `strip_source=False` keeps
+    the source lines as they are (fairseq's constrained `source<TAB>term` lines, whose leading tab means something)."""
     source_path, target_path = Path(source_path), Path(target_path)
     sources, targets = _read_lines(source_path), _read_lines(target_path)
     if len(sources) != len(targets):
@@ -146,7 +150,7 @@ def read_parallel_text(source_path: str | Path, target_path: str | Path) -> list
             f"(line {min(len(sources), len(targets)) + 1} has no partner)"
         )
     return [
-        (_check_side(source_path, i, "source", s), _check_side(target_path, i, "target", t))
+        (_check_side(source_path, i, "source", s, strip_source), _check_side(target_path, i, "target", t))
         for i, (s, t) in enumerate(zip(sources, targets, strict=True), 1)
     ]
 
