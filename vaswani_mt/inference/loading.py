@@ -6,7 +6,8 @@ served gets the same `ModelFolderError`: one line that names the folder (as the 
 problem, before any weights are read. What it checks, in order:
 
 - the path: no such folder, a file instead of a folder, a Hub id that does not download;
-- `config.json`: missing, empty, not UTF-8, not JSON, not a JSON object, another model type, or a value that
+- `config.json`: missing, empty, not UTF-8, not JSON, not a JSON object, another model type (our Marian and
+  CTranslate2 exports named as such, with how to run them), or a value that
   `VaswaniConfig` refuses (a size that is not a positive integer, a rate outside [0, 1), ...);
 - the weights: safetensors only (a pickle file can run code when it is loaded, so a folder with only
   `pytorch_model.bin` is refused), complete (a truncated file is caught by its header), and holding exactly the
@@ -86,6 +87,18 @@ def _read_json_object(model: str, folder: Path, name: str) -> dict:
 def _read_config(model: str, folder: Path) -> VaswaniConfig:
     values = _read_json_object(model, folder, "config.json")
     model_type = values.get("model_type")
+    if model_type == "marian":  # `vaswani-mt-export --format marian` writes one
+        raise ModelFolderError(
+            f"{model} holds a 'marian' model, not a vaswani_mt one: a Marian export (vaswani-mt-export --format "
+            "marian) runs in transformers alone, with MarianMTModel.from_pretrained(folder), "
+            "AutoTokenizer.from_pretrained(folder) and generate(); or translate the vaswani_mt folder it came from"
+        )
+    if not model_type and (folder / "model.bin").is_file():  # `--format ctranslate2`: CTranslate2's own config.json
+        raise ModelFolderError(
+            f"{model} holds a CTranslate2 export (model.bin), not a vaswani_mt model: translate with "
+            "vaswani_mt.export.ctranslate2.CTranslate2Model(folder).translate(sentences) (docs/export.md), or "
+            "translate the vaswani_mt folder it came from"
+        )
     if model_type != VaswaniConfig.model_type:
         what = f"a {model_type!r} model" if model_type else "a config.json without model_type"
         raise ModelFolderError(f"{model} holds {what}, not a vaswani_mt one")

@@ -1,0 +1,49 @@
+"""An exported folder given to translate or evaluate (issue 45, item 3): one line that names it as the export it is and
+says how to run it, not "another model type" (Marian) or "a config.json without model_type" (CTranslate2)."""
+
+import pytest
+from conftest import assert_one_clear_line
+
+from vaswani_mt.cli import evaluate as evaluate_cli
+from vaswani_mt.cli import translate as translate_cli
+
+EXPECTED = {
+    "marian": ["holds a 'marian' model, not a vaswani_mt one: a Marian export (vaswani-mt-export --format marian)",
+               "MarianMTModel.from_pretrained(folder)", "or translate the vaswani_mt folder it came from"],
+    "ctranslate2": ["holds a CTranslate2 export (model.bin), not a vaswani_mt model",
+                    "vaswani_mt.export.ctranslate2.CTranslate2Model(folder).translate(sentences) (docs/export.md)"],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def exported(fitted_folder, tmp_path_factory):
+    """The fitted model exported both ways, as `vaswani-mt-export` writes them."""
+    from vaswani_mt.export.marian import export_model
+
+    root = tmp_path_factory.mktemp("exported")
+    folders = {}
+    for fmt in EXPECTED:
+        if fmt == "ctranslate2":
+            pytest.importorskip("ctranslate2")
+        folders[fmt] = str(export_model(fitted_folder, fmt, root / fmt))
+    (root / "source.en").write_text("Hello.\n")
+    return root, folders
+
+
+@pytest.mark.parametrize("fmt", list(EXPECTED))
+def test_translate_and_evaluate_name_an_export_and_how_to_run_it(exported, fmt, capfd):
+    root, folders = exported
+    source = str(root / "source.en")
+    runs = {
+        translate_cli: ["--model", folders[fmt], "--input", source],
+        evaluate_cli: ["--model", folders[fmt], "--input", source, "--reference_file", source],
+    }
+    for module, argv in runs.items():
+        with pytest.raises(SystemExit) as stop:
+            module.main(argv)
+        message = stop.value.code
+        assert isinstance(message, str), message
+        for part in EXPECTED[fmt]:
+            assert_one_clear_line(message, folders[fmt], part)
+    out, err = capfd.readouterr()
+    assert not out and "Traceback" not in err
