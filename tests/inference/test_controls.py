@@ -1,5 +1,6 @@
 """Terminology constraints, target prefixes, blocked phrases and <unk> through translate(), streams and the scripts."""
 
+import io
 import re
 
 import pytest
@@ -102,8 +103,8 @@ def test_controls_that_contradict_the_blocked_phrases_are_refused_for_their_line
     out = translate(model, tokenizer, ENGLISH[:3], constraints=[["Buch"], [], []],
                     target_prefixes=["", "Die Straße ist", ""], block=["Buch", "Straße"], report=report,
                     **SHORT)  # fmt: skip
-    assert out[0] == "" and out[1] == "" and out[2] == translate(model, tokenizer, ENGLISH[2:3], block=["Buch", "Straße"],
-                                                                 **SHORT)[0]  # fmt: skip
+    alone = translate(model, tokenizer, ENGLISH[2:3], block=["Buch", "Straße"], **SHORT)
+    assert out[0] == "" and out[1] == "" and out[2] == alone[0]
     assert report.failed == {1: "constraint 1: 'Buch' holds the blocked phrase 'Buch'",
                              2: "the target prefix 'Die Straße ist' holds the blocked phrase 'Straße'"}  # fmt: skip
     unk = translate(model, tokenizer, ENGLISH[:1], target_prefixes=["Die"], block=["Die"], report=report, **SHORT)
@@ -203,3 +204,27 @@ def test_prefixes_without_terms_under_constraints_are_translated_and_every_line_
     output = model.generate(**batch, constraints=[[tokenizer(t, add_special_tokens=False)["input_ids"] for t in row]
                                                   for row in terms], return_dict_in_generate=True, **SHORT)  # fmt: skip
     assert output.constraints_met[1:].all()  # the sentences without a constraint: met, vacuously
+
+
+def test_misuse_is_named_a_tab_without_constraints_no_tab_with_them_and_a_term_in_many_pieces(fitted, caplog):
+    """Each gets a warning naming the line and the translation goes on: a tab in a line translated without
+    constraints (a TSV given without --constraints; it warned about an <unk> for '\\t'), constrained input without a
+    tab anywhere (nothing constrained), a term whose word splits into many short pieces (a typo: "Kafee")."""
+    model, tokenizer = fitted
+    out = translate(model, tokenizer, [ENGLISH[0] + "\tApfel"], **SHORT)
+    assert out[0] and "line 1: a tab in the source text: terms after a tab are constraints only with --constraints" in (
+        caplog.text
+    )  # fmt: skip
+    assert "'\\t'" not in caplog.text  # not reported as a character outside the vocabulary
+    caplog.clear()
+    sink = io.BytesIO()
+    translate_stream(model, tokenizer, io.BytesIO("\n".join(ENGLISH[:3]).encode()), sink, constraints="unordered",
+                     **SHORT)  # fmt: skip
+    assert sink.getvalue().decode().count("\n") == 3
+    assert "constraints: none of the 3 input lines has a tab (source<TAB>term<TAB>...): nothing was constrained" in (
+        caplog.text
+    )  # fmt: skip
+    caplog.clear()
+    out = translate(model, tokenizer, ENGLISH[:2], constraints=[["Kafee"], ["Buch"]], **SHORT)
+    assert "Kafee" in out[0] and "Buch" in out[1]
+    assert "line 1: constraint 1: 'Kafee' splits into 3 short pieces" in caplog.text and "'Buch'" not in caplog.text

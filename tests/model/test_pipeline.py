@@ -88,6 +88,19 @@ def test_characters_outside_the_vocabulary_are_named(tokenizer):
     assert notes == ["2 characters outside the vocabulary became <unk> and cannot be translated: '字' '😀'"]
 
 
+def test_a_tab_and_a_term_in_many_short_pieces_are_named(model, tokenizer, caplog):
+    """A tab is most likely `source<TAB>term` given without constraints: said so, not as an <unk> character; a
+    term split into many short pieces (a typo?) is forced as given, with a warning."""
+    notes = []
+    encode_source(tokenizer, "The girl\tApfel", 1024, notes)
+    assert notes == ["a tab in the source text: terms after a tab are constraints only with --constraints "
+                     "(constraints= in Python); here the whole line is translated as text"]  # fmt: skip
+    TranslationPipeline(model=model, tokenizer=tokenizer)("The girl ate an apple.", constraints=["Kafee"], max_len_b=8)
+    assert "constraint 'Kafee' splits into 3 short pieces (▁Kaf e e): a word the model rarely saw, or a typo?" in (
+        caplog.text
+    )  # fmt: skip
+
+
 def test_blank_inputs_translate_to_empty_strings_without_generating(model, tokenizer, monkeypatch):
     translator = TranslationPipeline(model=model, tokenizer=tokenizer)
 

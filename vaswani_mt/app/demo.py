@@ -16,8 +16,10 @@ from __future__ import annotations
 import math
 import os
 import re
+from functools import partial
 
 from vaswani_mt.model.constraints_vaswani import phrase_forms
+from vaswani_mt.model.pipeline_vaswani import unusual_pieces
 
 
 def _import_gradio_quietly():
@@ -84,6 +86,7 @@ def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, alpha: f
     try:
         if terms:
             controls["constraints"] = [[phrase_forms(tokenizer, term) for term in terms]]
+            notes += [f"must contain: {note}" for note in map(partial(unusual_pieces, tokenizer), terms) if note]
     except ValueError as error:
         notes.append(f"must contain: {error}; translated without the terms")
         terms = []

@@ -17,6 +17,7 @@ import torch
 
 from vaswani_mt.model.constraints_vaswani import ORDERS, phrase_forms
 from vaswani_mt.model.generation_vaswani import sentence_limits
+from vaswani_mt.model.pipeline_vaswani import unusual_pieces
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +105,11 @@ class LineControls:
             except ValueError as error:
                 self._fail(first_line + i, str(error))
                 del encoded[i]
+                continue
+            for number, term in enumerate(terms, 1):
+                note = unusual_pieces(tokenizer, term)
+                if note is not None:
+                    logger.warning("line %d: constraint %d: %s", first_line + i, number, note)
         return prepared
 
     def _fail(self, line: int, message: str) -> None:

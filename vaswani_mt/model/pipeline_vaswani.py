@@ -46,6 +46,18 @@ def single_line(text: str) -> str:
     return _LINE_BREAKS.sub(" ", text).strip()
 
 
+def unusual_pieces(tokenizer, term: str) -> str | None:
+    """A warning, or None, for a term with a word split into 3 or more pieces of under 2.5 characters on average
+    ("Gebäde": ▁Geb ä de): a word the model rarely saw, often a typo. A forced term is forced piece by piece as
+    given, so the user is told (the term is still used)."""
+    for word in term.split():
+        pieces = tokenizer.tokenize(" " + word, add_special_tokens=False) if word else []
+        if len(pieces) >= 3 and len(word) / len(pieces) < 2.5:
+            return (f"{word!r} splits into {len(pieces)} short pieces ({' '.join(pieces)}): a word the model rarely "
+                    "saw, or a typo? Forced as given")  # fmt: skip
+    return None
+
+
 def _tokenize_prefix(tokenizer, text: str, limit: int):
     """(prefix, encoding with offsets) of the shortest prefix of `text` tried that yields more than `limit` tokens,
     or of `text` itself when it is short. A prefix ends after a space where there is one in its second half, so
@@ -83,15 +95,18 @@ def encode_source(tokenizer, text: str, limit: int, notes: list[str] | None = No
             notes.append(where + message % args)
 
     text, surrogates = _without_lone_surrogates(text)
+    if "\t" in text:  # most likely fairseq's constrained input, `source<TAB>term`, given without constraints
+        warn("a tab in the source text: terms after a tab are constraints only with --constraints (constraints= "
+             "in Python); here the whole line is translated as text")  # fmt: skip
     if surrogates:
         warn("%d surrogate code points (not Unicode characters) read as UTF-16: lone ones became U+FFFD", surrogates)
     characters = len(text)
     text, encoding = _tokenize_prefix(tokenizer, text, limit)
     ids = list(encoding["input_ids"])
     unk = tokenizer.unk_token_id
-    if unk is not None and unk in ids:
-        spans = zip(ids, encoding["offset_mapping"], strict=True)
-        unknown = sorted({text[start:end] for token, (start, end) in spans if token == unk})
+    spans = zip(ids, encoding["offset_mapping"], strict=True)
+    unknown = sorted({text[start:end] for token, (start, end) in spans if unk is not None and token == unk} - {"\t"})
+    if unknown:  # (a tab has its own warning above)
         warn(
             "%s outside the vocabulary became <unk> and cannot be translated: %s",
             "a character" if len(unknown) == 1 else f"{len(unknown)} characters",
@@ -136,6 +151,8 @@ class TranslationPipeline(Pipeline):
         if constraints is not None:
             terms = [constraints] if isinstance(constraints, str) else list(constraints)
             generate_kwargs["constraint_forms"] = [phrase_forms(self.tokenizer, term) for term in terms]
+            for note in filter(None, (unusual_pieces(self.tokenizer, term) for term in terms)):
+                logger.warning("constraint %s", note)
         postprocess = {}
         if clean_up_tokenization_spaces is not None:
             postprocess["clean_up_tokenization_spaces"] = clean_up_tokenization_spaces
@@ -196,4 +213,4 @@ class TranslationPipeline(Pipeline):
         ]
 
 
-__all__ = ["TranslationPipeline", "default_max_source_tokens", "encode_source", "single_line"]
+__all__ = ["TranslationPipeline", "default_max_source_tokens", "encode_source", "single_line", "unusual_pieces"]
