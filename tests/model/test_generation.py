@@ -10,6 +10,7 @@ import torch
 from conftest import make_model, padded_batch, uneven_pairs
 from transformers import (
     AutoModelForSeq2SeqLM,
+    GenerationConfig,
     GenerationMixin,
     PreTrainedModel,
     Seq2SeqTrainer,
@@ -43,6 +44,23 @@ def test_paper_defaults_survive_save_and_load(model, tmp_path):
     model.save_pretrained(tmp_path)
     loaded = type(model).from_pretrained(tmp_path).generation_config
     assert (loaded.num_beams, loaded.length_penalty, loaded.max_len_a, loaded.max_len_b) == (4, 0.6, 1, 50)
+
+
+def test_a_saved_folder_keeps_its_own_per_sentence_limit_and_search_however_it_is_loaded(tmp_path):
+    """max_len_a/b are not GenerationConfig fields: transformers drops such keys when it loads a generation config
+    saved as derived from the model config (the one a new model starts with), so the model's must be its own."""
+    model = make_model(seed=0)  # random weights: EOS is improbable, so every hypothesis runs to its limit
+    model.generation_config.max_len_b = 2
+    model.save_pretrained(tmp_path)
+    loaded = type(model).from_pretrained(tmp_path)
+    for config in (GenerationConfig.from_pretrained(tmp_path), loaded.generation_config):
+        search = (config.num_beams, config.length_penalty, config.early_stopping, config.max_len_a, config.max_len_b)
+        assert search == (4, 0.6, "never", 1, 2)
+    ids, mask = padded_batch(seed=0, lengths=(7, 3))
+    sequences = loaded.generate(input_ids=ids, attention_mask=mask)
+    for row, source_length in enumerate((7, 3)):
+        assert sequences[row, 1:].tolist().index(2) + 1 == source_length + 2
+    assert torch.equal(sequences, model.generate(input_ids=ids, attention_mask=mask))
 
 
 def test_gnmt_penalty_formula():

@@ -159,13 +159,21 @@ def can_improve(
     longest: int,
     early_stopping: bool | str,
     alpha: float,
+    constrained: tuple[torch.Tensor, float] | None = None,
 ) -> torch.Tensor:
     """Early termination (§6.1 "terminate early when possible"), per sentence: whether the best running hypothesis,
     scored with the largest GNMT penalty it could still reach (at `longest` generated tokens, with
     `early_stopping="never"` and alpha > 0: tensor2tensor's bound, exact; else at its current length, `generated`,
-    transformers' heuristic), still beats the worst of the finished ones; a sentence that cannot stays done."""
-    best_length = longest if early_stopping == "never" and alpha > 0.0 else generated
-    best_running = running_scores[:, :1] / gnmt_length_penalty(best_length, alpha)
+    transformers' heuristic), still beats the worst of the finished ones; a sentence that cannot stays done.
+    `constrained`: (rows (B, 1), their alpha), sentences scored with an alpha of their own."""
+
+    def best_running_score(alpha: float) -> torch.Tensor:
+        best_length = longest if early_stopping == "never" and alpha > 0.0 else generated
+        return running_scores[:, :1] / gnmt_length_penalty(best_length, alpha)
+
+    best_running = best_running_score(alpha)
+    if constrained is not None:
+        best_running = torch.where(constrained[0], best_running_score(constrained[1]), best_running)
     worst_finished = torch.where(is_finished, torch.min(finished_scores, dim=1, keepdim=True)[0], _DEAD)
     return improvable & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
 
@@ -187,6 +195,8 @@ class _Setup(NamedTuple):
     alpha: float
     early_stopping: bool | str
     stopping_criteria: StoppingCriteriaList | None
+    # (B, 1) sentences with constraints and the alpha they are scored with (`constrained_length_penalty`), or None
+    constrained: tuple[torch.Tensor, float] | None = None
 
 
 class _Beams(NamedTuple):
@@ -385,6 +395,9 @@ def _finishing_scores(candidates: _Candidates, finishing: torch.Tensor, finished
     added for those that may not finish: not `finishing`, of a sentence that cannot improve, or (early_stopping=True)
     of a sentence whose finished slots are all taken."""
     normalised = candidates.scores / gnmt_length_penalty(generated, setup.alpha)
+    if setup.constrained is not None:
+        rows, alpha = setup.constrained
+        normalised = torch.where(rows, candidates.scores / gnmt_length_penalty(generated, alpha), normalised)
     full = torch.all(finished.done, dim=-1, keepdim=True) & (setup.early_stopping is True)
     return normalised + full.to(torch.float32) * _DEAD + (~improvable).to(torch.float32) * _DEAD + (~finishing) * _DEAD
 
@@ -440,6 +453,9 @@ def beam_search(
     decoder = _Decoder(model, config, input_ids, attention_mask, encoder_outputs, processors, target_prefix)
     plain = _PlainChoice(num_beams, setup.keep)
     choice = plain if constraints is None else DynamicBeamAllocation(constraints, plain, eos)
+    constrained_alpha = getattr(config, "constrained_length_penalty", None)
+    if constraints is not None and constrained_alpha is not None and float(constrained_alpha) != setup.alpha:
+        setup = setup._replace(constrained=(choice.constrained, float(constrained_alpha)))
     running, finished = _start(batch, config, eos, device)
     improvable = torch.ones(batch, 1, dtype=torch.bool, device=device)
     generated = 1  # the token this step chooses: the first after the decoder start, then the second, ...
@@ -458,7 +474,7 @@ def beam_search(
         improvable = can_improve(
             improvable=improvable, running_scores=running.scores.amax(-1, keepdim=True), finished_scores=finished.keys,
             is_finished=finished.done, generated=generated, longest=config.max_length - 1,
-            early_stopping=config.early_stopping, alpha=setup.alpha,
+            early_stopping=config.early_stopping, alpha=setup.alpha, constrained=setup.constrained,
         )  # fmt: skip
         if not improvable.any() or (finished.done.all() and config.early_stopping is True) or candidates.ends.all():
             break
@@ -504,11 +520,13 @@ class VaswaniGenerationMixin(GenerationMixin):
 
     def _use_paper_search(self) -> None:
         """Sets the model's generation config to `PAPER_SEARCH`, terminating early only when the bound allows it."""
-        for key, value in PAPER_SEARCH.items():
-            setattr(self.generation_config, key, value)
-        self.generation_config.early_stopping = "never"
-        # These are our own settings, not copies of the model config: without this, loading drops max_len_a/b.
-        self.generation_config._from_model_config = False
+        # A new config rather than transformers' own: that one is derived from the model config and saved marked so,
+        # and loading a config so marked drops the keys GenerationConfig does not know, max_len_a/b among them.
+        derived = self.generation_config.to_diff_dict()
+        settings = {
+            key: value for key, value in derived.items() if not key.startswith("_") and key != "transformers_version"
+        }
+        self.generation_config = GenerationConfig(**{**settings, **PAPER_SEARCH, "early_stopping": "never"})
 
     def generate(
         self,
@@ -528,6 +546,10 @@ class VaswaniGenerationMixin(GenerationMixin):
         controls = {name: kwargs.pop(name) for name in ("constraints", "constraint_order", "target_prefix")
                     if name in kwargs}  # fmt: skip
         limits = None
+        # The constrained sentences' own alpha (evaluation/terminology.py): this call's, else the saved one, unless
+        # this call sets `length_penalty` alone (then that one is every sentence's).
+        saved_alpha = None if "length_penalty" in kwargs else getattr(gen_config, "constrained_length_penalty", None)
+        constrained_alpha = kwargs.pop("constrained_length_penalty", saved_alpha)
         max_len_a = kwargs.pop("max_len_a", getattr(gen_config, "max_len_a", None))
         max_len_b = kwargs.pop("max_len_b", getattr(gen_config, "max_len_b", None))
         input_ids = inputs if inputs is not None else kwargs.get("input_ids")
@@ -546,6 +568,7 @@ class VaswaniGenerationMixin(GenerationMixin):
             eos = eos[0] if isinstance(eos, list) else eos
             logits_processor.append(PerSentenceMaxLength(limits, eos))
         config, model_kwargs = self._vaswani_search_config(gen_config, kwargs)
+        config.constrained_length_penalty = constrained_alpha  # the constrained sentences' alpha (None: the same)
         if config.do_sample and (config.num_beams or 1) > 1:
             raise ValueError(
                 f"do_sample=True with {config.num_beams} beams (beam sampling) is not the paper's search: sample with "
