@@ -1,6 +1,8 @@
 """The speed paths compute what the plain ones do: the training loss without logits, packed GEMMs for decoding,
 the cached sinusoids, the beam cache reordering and bf16 autocast."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -105,6 +107,20 @@ def test_packed_inference_gemms_equal_the_linear_layers_and_follow_weight_update
             updated, model(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits, atol=1e-5, rtol=1e-5
         )
         assert (updated - packed).abs().max().item() > 1e-3
+
+
+def test_packed_gemm_needs_both_mkl_ops_and_without_them_is_the_linear_layer(monkeypatch):
+    """The packed path calls two private MKL ops (packing a weight, multiplying by it): a torch without either
+    takes `linear(states)`, bit for bit, and touches neither."""
+    assert not fast_paths._has_mkl_packed_gemm(SimpleNamespace(_mkl_linear=None))
+    assert not fast_paths._has_mkl_packed_gemm(SimpleNamespace(_mkl_reorder_linear_weight=None))
+    layer = make_model(seed=5).model.decoder.layers[0].ffn.fc1
+    states = torch.randn(3, 1, layer.in_features, generator=torch.Generator().manual_seed(0))
+    monkeypatch.setattr(fast_paths, "_MKL_PACKED_GEMM", False)
+    monkeypatch.setattr(torch.ops, "mkl", SimpleNamespace())  # as a build without them: a call would raise
+    with torch.no_grad():
+        assert torch.equal(fast_paths._project(layer, states), layer(states))
+    assert layer not in fast_paths._PACKED_WEIGHTS
 
 
 def test_cached_sinusoids_equal_the_formula_at_any_offset():

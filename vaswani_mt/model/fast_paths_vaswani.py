@@ -47,8 +47,17 @@ def apply_dropout(hidden_states: torch.Tensor, p: float, training: bool) -> torc
     return _CpuDropout.apply(hidden_states, p)
 
 
-# MKL's prepacked GEMM, the op torch's own compiler uses for CPU inference; absent builds fall back to F.linear.
-_MKL_PACKED_GEMM = torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+# MKL's prepacked GEMM, the ops torch's own compiler uses for CPU inference: one packs a weight, the other multiplies
+# by it. A build without both falls back to F.linear.
+_MKL_PACKED_GEMM_OPS = ("_mkl_reorder_linear_weight", "_mkl_linear")
+
+
+def _has_mkl_packed_gemm(ops=torch.ops.mkl) -> bool:
+    """Whether this torch can pack a weight for MKL's GEMM and multiply by it (`ops`: the namespace of both)."""
+    return torch.backends.mkl.is_available() and all(hasattr(ops, name) for name in _MKL_PACKED_GEMM_OPS)
+
+
+_MKL_PACKED_GEMM = _has_mkl_packed_gemm()
 # Above this many rows a GEMM is efficient unpacked, and packing again for each new batch shape would cost more.
 _PACKED_GEMM_MAX_ROWS = 256
 # Packed weights live here, not on the modules: they are opaque MKL tensors that cannot be copied or saved.
