@@ -127,6 +127,8 @@ def test_a_killed_rank_ends_the_launch_and_every_rank_resumes_from_the_same_chec
     assert f"ignoring {newest}: it was not completely written (no rng_state_1.pth" in resumed.stderr
     assert _resumed_from(resumed) == [str(fallback)] * 2  # both ranks, the same checkpoint
     assert len(_vaswani_warnings(resumed)) == len(cut_off)
+    assert "There were missing keys in the checkpoint" not in resumed.stderr  # the tied matrix is saved once
+    assert resumed.lines("finished at ") == [f"finished at step {STEPS}: the model is in {output}"]  # rank 0 alone
     assert_same_training(output, ddp_reference)
 
 
