@@ -96,6 +96,12 @@ def test_every_cached_decoding_step_is_the_mean_of_the_members_probabilities():
         torch.testing.assert_close(logits.double(), expected[:, step], atol=1e-5, rtol=0)
 
 
+def returned_cache(output):
+    """The KV cache of a generate() output: `cache` from transformers 5.24, `past_key_values` before."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else getattr(output, "past_key_values", None)
+
+
 @pytest.mark.parametrize("num_beams", [1, 4])
 def test_the_ensemble_searches_the_same_with_and_without_the_cache(num_beams):
     """The members' caches follow the beams (reordered after every step): decoding with them gives what decoding
@@ -105,7 +111,8 @@ def test_the_ensemble_searches_the_same_with_and_without_the_cache(num_beams):
     kwargs = dict(input_ids=ids, attention_mask=mask, num_beams=num_beams, max_len_b=8, output_scores=True,
                   return_dict_in_generate=True)  # fmt: skip
     cached, uncached = pair.generate(**kwargs, use_cache=True), pair.generate(**kwargs, use_cache=False)
-    assert isinstance(cached.cache, EnsembleCache) and len(cached.cache.caches) == 2
+    cache = returned_cache(cached)
+    assert isinstance(cache, EnsembleCache) and len(cache.caches) == 2
     assert torch.equal(cached.sequences, uncached.sequences)
     if num_beams > 1:
         torch.testing.assert_close(cached.sequences_scores, uncached.sequences_scores, atol=1e-5, rtol=0)
