@@ -127,6 +127,11 @@ def test_end_to_end_job_on_local_jsonl(job_run):
     for folder in (output, output / "checkpoint-8"):
         saved = json.loads((folder / "generation_config.json").read_text())
         assert (saved["num_beams"], saved["length_penalty"]) == (4, 0.9)
+    # The constrained sentences' alpha, chosen on dev among 0, 0.3, ... up to the saved 0.9, saved beside it.
+    chosen = results["constrained_length_penalty"]
+    assert sorted(chosen["dev_bleu_with_terms"]) == ["0.0", "0.3", "0.6", "0.9"]
+    assert chosen["dev_bleu_with_terms"][str(chosen["alpha"])] == max(chosen["dev_bleu_with_terms"].values())
+    assert json.loads((output / "generation_config.json").read_text())["constrained_length_penalty"] == chosen["alpha"]
     history = _history(output)
     logged = [r for r in history if "loss" in r]
     assert all(r["target_tokens_per_step"] > 0 and r["target_tokens_per_second"] > 0 for r in logged)

@@ -126,6 +126,15 @@ class RecipeArguments:
             "later generate() (translate, evaluate, pipeline, Hub) search with it; default: the paper's 0.6 (§6.1)"
         },
     )
+    constrained_length_penalty: float | None = field(
+        default=None,
+        metadata={
+            "help": "GNMT alpha of the sentences translated with terminology constraints, saved beside "
+            "--length_penalty; default: chosen at the end of training by dev BLEU with a reference word of each dev "
+            "sentence as its term, among 0, 0.3, ... up to --length_penalty (forced terms lengthen outputs at a large "
+            "alpha: docs/constraints.md); a number fixes it"
+        },
+    )
     eval_bleu: bool = field(
         default=False,
         metadata={

@@ -47,6 +47,7 @@ from vaswani_mt.data.corpus import (
 )
 from vaswani_mt.data.tokenization import build_tokenizer, config_token_ids, tokenize_corpus
 from vaswani_mt.evaluation.metrics import COMPOUND_SPLIT_LABEL, bleu, evaluate_bleu
+from vaswani_mt.evaluation.terminology import choose_constrained_alpha
 from vaswani_mt.hub.card import card_values, render_model_card
 from vaswani_mt.model.configuration_vaswani import VaswaniConfig
 from vaswani_mt.model.modeling_vaswani import VaswaniForConditionalGeneration
@@ -241,6 +242,8 @@ def _prepare(
     model = build_model(model_args, tokenizer)
     if recipe.length_penalty is not None:
         model.generation_config.length_penalty = recipe.length_penalty
+    if recipe.constrained_length_penalty is not None:
+        model.generation_config.constrained_length_penalty = recipe.constrained_length_penalty
     logger.info(
         "model: preset %s, %.1fM parameters", model_args.preset, sum(p.numel() for p in model.parameters()) / 1e6
     )
@@ -281,8 +284,10 @@ def _settle_options(
 ) -> tuple[WallClockCallback, PreemptionCallback, Path]:
     """The options checked (before anything is loaded) and settled for this machine, the seed set, the output folder
     made; the clock and the preemption callback, which check their own options."""
-    if recipe.length_penalty is not None and not 0.0 <= recipe.length_penalty < float("inf"):
-        raise ValueError(f"--length_penalty (GNMT alpha) must be a number >= 0, got {recipe.length_penalty}")
+    for name in ("length_penalty", "constrained_length_penalty"):
+        value = getattr(recipe, name)
+        if value is not None and not 0.0 <= value < float("inf"):
+            raise ValueError(f"--{name} (GNMT alpha) must be a number >= 0, got {value}")
     check_dataset_options(data_args, recipe)
     check_early_stopping(recipe, training_args)
     resolve_precision(recipe, training_args)
@@ -418,6 +423,17 @@ def _score_and_publish(
     final = _finalize_model(trainer, recipe, output_dir, model_args.attn_implementation, trained=bool(result["train"]))
     if training_args.metric_for_best_model is not None:
         result["best"] = _best_summary(trainer, final)
+    if (
+        recipe.test_bleu
+        and recipe.constrained_length_penalty is None
+        and isinstance(final, VaswaniForConditionalGeneration)
+    ):
+        # Chosen on dev, as §6.1 chose alpha (a Marian model of the benchmarks has no constrained search).
+        sources, references = source_target(corpus["validation"], data_args.source_lang, data_args.target_lang)
+        alpha, scores = choose_constrained_alpha(final, tokenizer, sources, references,
+                                                 batch_size=training_args.per_device_eval_batch_size)  # fmt: skip
+        final.generation_config.constrained_length_penalty = alpha
+        result["constrained_length_penalty"] = {"alpha": alpha, "dev_bleu_with_terms": scores}
     tokenizer.save_pretrained(output_dir)
     final.save_pretrained(output_dir)
     if recipe.test_bleu:
