@@ -19,6 +19,7 @@ beam 4 and 8, batch 16; interleaved rounds, medians, sentences/s and the ratio t
     python benchmarks/terminology.py outputs/ding-cpu --json benchmarks/terminology_2026-11-26.json
     python benchmarks/terminology.py outputs/ding-cpu --speed --sentences 128 --repeats 3
     python benchmarks/terminology.py outputs/ding-cpu --length_penalty 0.6   # the paper's alpha
+    python benchmarks/terminology.py outputs/ding-cpu --constrained_length_penalty 1.2   # terms at the model's alpha
 """
 
 import argparse
@@ -153,6 +154,12 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=128, help="sentences of the speed runs")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--length_penalty", type=float, default=None, help="GNMT alpha (default: the model's)")
+    parser.add_argument(
+        "--constrained_length_penalty",
+        type=float,
+        default=None,
+        help="the constrained sentences' alpha (default: the model's saved one, else its alpha)",
+    )
     parser.add_argument("--json", help="write the result here too")
     args = parser.parse_args()
     record = MachineRecord()
@@ -166,6 +173,11 @@ def main() -> None:
         "examples": [(s, t) for s, t in zip(sources, terms, strict=True) if t][:8],
     }  # fmt: skip
     search = {} if args.length_penalty is None else {"length_penalty": args.length_penalty}
+    if args.constrained_length_penalty is not None:
+        search["constrained_length_penalty"] = args.constrained_length_penalty
+    result["constrained_length_penalty"] = search.get(
+        "constrained_length_penalty", getattr(model.generation_config, "constrained_length_penalty", None)
+    )
     result["length_penalty"] = (
         model.generation_config.length_penalty if args.length_penalty is None else args.length_penalty
     )
