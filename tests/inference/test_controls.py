@@ -228,3 +228,17 @@ def test_misuse_is_named_a_tab_without_constraints_no_tab_with_them_and_a_term_i
     out = translate(model, tokenizer, ENGLISH[:2], constraints=[["Kafee"], ["Buch"]], **SHORT)
     assert "Kafee" in out[0] and "Buch" in out[1]
     assert "line 1: constraint 1: 'Kafee' splits into 3 short pieces" in caplog.text and "'Buch'" not in caplog.text
+
+
+def test_the_constrained_lines_alpha_is_an_option_of_the_commands(fitted, fitted_folder, monkeypatch):
+    """--constrained_length_penalty A scores the lines with terms as translate(..., constrained_length_penalty=A)
+    does; the lines without terms keep the model's own alpha."""
+    model, tokenizer = fitted
+    data = f"{ENGLISH[0]}\tKaffee\n{ENGLISH[1]}\n".encode()
+    for alpha in ("0.0", "3.0"):
+        out, code = _run(translate_cli, ["--model", str(fitted_folder), "--constraints", "unordered",
+                                         "--constrained_length_penalty", alpha], monkeypatch, data)  # fmt: skip
+        expected = translate(model, tokenizer, ENGLISH[:2], constraints=[["Kaffee"], []],
+                             constrained_length_penalty=float(alpha))  # fmt: skip
+        assert code is None and out.splitlines() == expected
+    assert expected[1] == translate(model, tokenizer, ENGLISH[1:2])[0]

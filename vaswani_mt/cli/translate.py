@@ -48,6 +48,11 @@ def add_decoding_options(parser: argparse.ArgumentParser, sampling: bool = True)
         "--length_penalty", type=float, default=None, metavar="ALPHA", help="GNMT alpha (default: the model's)"
     )
     parser.add_argument(
+        "--constrained_length_penalty", type=float, default=None, metavar="ALPHA",
+        help="GNMT alpha of the lines with --constraints (default: the one the model saved, chosen on dev when it "
+        "trained; with --length_penalty alone, that one)",
+    )  # fmt: skip
+    parser.add_argument(
         "--max_tokens",
         type=int,
         default=None,
@@ -126,8 +131,9 @@ def decoding_options(args: argparse.Namespace, search, tokenizer=None) -> dict:
     from vaswani_mt.inference.translate import Sampling, check_decoding_options
 
     kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
-    if getattr(args, "length_penalty", None) is not None:
-        kwargs["length_penalty"] = args.length_penalty
+    for name in ("length_penalty", "constrained_length_penalty"):
+        if getattr(args, name, None) is not None:
+            kwargs[name] = getattr(args, name)
     given = [f"--{name}" for name in SAMPLING_OPTIONS if getattr(args, name, None) is not None]
     if given and not getattr(args, "sampling", False):
         sys.exit(f"error: {', '.join(given)} only go{'es' if len(given) == 1 else ''} with --sampling")
