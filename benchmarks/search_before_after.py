@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The paper's beam search, ours (`generation_vaswani.beam_search`, public transformers API), against `generate()`
+"""The paper's beam search, ours (`beam_search_vaswani.beam_search`, public transformers API), against `generate()`
 as it was before (transformers' `_beam_search` with the paper's rules hooked into its private methods, the payload's
 file at commit `--before`, read with git) and against MarianMTModel's `generate()` with the same weights: the same
 tokens and `sequences_scores`, and sentences/s, on a split of the built-in corpus.

@@ -21,7 +21,7 @@ from vaswani_mt.inference.translate import (
     translate_chunks,
     translate_nbest,
 )
-from vaswani_mt.model.generation_vaswani import gnmt_length_penalty
+from vaswani_mt.model.beam_search_vaswani import gnmt_length_penalty
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

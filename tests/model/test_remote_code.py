@@ -114,6 +114,7 @@ def test_saved_folder_holds_safetensors_code_and_auto_map(model, tokenizer, tmp_
         "modeling_vaswani.py",
         "fast_paths_vaswani.py",
         "generation_vaswani.py",
+        "beam_search_vaswani.py",
         "pipeline_vaswani.py",
         "tokenizer.json",
     } <= files
@@ -153,6 +154,7 @@ print(json.dumps({
     "config": type(config).__name__, "base": type(base).__name__, "model": type(model).__module__,
     "fast_paths": modeling.apply_dropout.__module__,  # the speed paths come from the folder too
     "generation": modeling.VaswaniGenerationMixin.__module__,  # and the search
+    "beam_search": sys.modules[modeling.VaswaniGenerationMixin.__module__].beam_search.__module__,
     "pipeline_imported": sorted(name for name in sys.modules if "pipeline_vaswani" in name),
     "pipeline_in_module_cache": Path(modeling.__file__).with_name("pipeline_vaswani.py").exists(),
     "tokens": model.generate(**batch, max_len_b=8).tolist(),
@@ -190,6 +192,7 @@ def test_fresh_process_without_package_loads_and_generates_the_same_tokens(tmp_p
     assert out["model"].startswith("transformers_modules.") and out["model"].endswith(".modeling_vaswani")
     assert out["fast_paths"] == out["model"].removesuffix("modeling_vaswani") + "fast_paths_vaswani"
     assert out["generation"] == out["model"].removesuffix("modeling_vaswani") + "generation_vaswani"
+    assert out["beam_search"] == out["model"].removesuffix("modeling_vaswani") + "beam_search_vaswani"
     batch = tokenizer(sentences, return_tensors="pt", padding=True)
     with torch.no_grad():
         assert out["tokens"] == model.generate(**batch, max_len_b=8).tolist()
@@ -199,10 +202,12 @@ def test_fresh_process_without_package_loads_and_generates_the_same_tokens(tmp_p
     # takes it from the folder it was loaded from, and without one there it names no pipeline.
     assert out["pipeline_imported"] == [] and not out["pipeline_in_module_cache"]
     files, pipelines = out["saved_again"]
-    assert {"generation_vaswani.py", "pipeline_vaswani.py"} <= set(files) and set(pipelines) == {"translation"}
+    assert {"generation_vaswani.py", "beam_search_vaswani.py", "pipeline_vaswani.py"} <= set(files)
+    assert set(pipelines) == {"translation"}
     assert (tmp_path / "again" / "pipeline_vaswani.py").read_bytes() == (PACKAGE / "pipeline_vaswani.py").read_bytes()
     files, pipelines = out["saved_from_bare"]
-    assert "generation_vaswani.py" in files and "pipeline_vaswani.py" not in files and pipelines is None
+    assert {"generation_vaswani.py", "beam_search_vaswani.py"} <= set(files) and "pipeline_vaswani.py" not in files
+    assert pipelines is None
 
 
 def test_save_pretrained_with_push_to_hub_uploads_the_folder_once_the_pipeline_is_in_it(model, tmp_path, monkeypatch):
@@ -226,7 +231,8 @@ def test_the_model_code_does_not_import_the_pipeline():
     modeling = PACKAGE / "modeling_vaswani.py"
     closure = _relative_closure(PACKAGE, {"modeling_vaswani"})
     assert closure == {
-        f"{name}_vaswani.py" for name in ("modeling", "configuration", "generation", "constraints", "fast_paths")
+        f"{name}_vaswani.py"
+        for name in ("modeling", "configuration", "generation", "beam_search", "constraints", "fast_paths")
     }
     assert {Path(path).name for path in get_relative_import_files(str(modeling))} == closure - {modeling.name}
     for name in closure:

@@ -34,7 +34,7 @@ from vaswani_mt.inference.controls import (
     split_constrained_line,
     warn_no_tabs,
 )
-from vaswani_mt.model.generation_vaswani import gnmt_length_penalty
+from vaswani_mt.model.beam_search_vaswani import gnmt_length_penalty
 from vaswani_mt.model.pipeline_vaswani import default_max_source_tokens, encode_source, single_line
 
 logger = logging.getLogger(__name__)

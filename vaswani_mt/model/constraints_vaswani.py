@@ -172,7 +172,7 @@ _UNMET_PENALTY = 1.0e5
 
 class DynamicBeamAllocation:
     """Dynamic beam allocation as `beam_search`'s choice of what goes on and what finishes: the interface of its plain
-    choice (`plain`, generation_vaswani), which sentences without constraints keep, exactly. Holds each running
+    choice (`plain`, beam_search_vaswani), which sentences without constraints keep, exactly. Holds each running
     hypothesis's constraint state (`met`, `partial`) and each finished one's (`finished_met`)."""
 
     def __init__(self, constraints: LexicalConstraints, plain, eos: torch.Tensor):

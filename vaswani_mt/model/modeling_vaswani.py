@@ -4,7 +4,7 @@ Reads top to bottom like Figure 1: positional encoding (§3.5), attention (§3.2
 post-LN encoder and decoder layers (§3.1), the two stacks, the encoder-decoder, and the model with the tied
 pre-softmax projection (§3.4) and its label-smoothed loss (§5.4).
 
-The paper's beam search (§6.1) lives in generation_vaswani.py; faster equivalents of plain operations in
+The paper's beam search (§6.1) lives in beam_search_vaswani.py; faster equivalents of plain operations in
 fast_paths_vaswani.py, where a comment here gives the plain computation. Self-contained (torch, transformers and
 those sibling files, imported relatively) so that `save_pretrained` copies it as Hub remote code.
 """
