@@ -51,9 +51,15 @@ def choose_constrained_alpha(
         return own, {}
     texts, wanted, refs = ([seq[i] for i in chosen] for seq in (sources, terms, references))
     scores = {}
-    for alpha in alphas:
-        out = translate(model, tokenizer, texts, batch_size, constraints=wanted, constrained_length_penalty=alpha)
-        scores[alpha] = round(bleu(out, refs)["score"], 2)
+    controls_logger = logging.getLogger("vaswani_mt.inference.controls")
+    level = controls_logger.level
+    controls_logger.setLevel(logging.ERROR)  # the dev terms' notes (rare words, unmet terms) are not the user's
+    try:
+        for alpha in alphas:
+            out = translate(model, tokenizer, texts, batch_size, constraints=wanted, constrained_length_penalty=alpha)
+            scores[alpha] = round(bleu(out, refs)["score"], 2)
+    finally:
+        controls_logger.setLevel(level)
     best = max(alphas, key=lambda a: (scores[a], -abs(a - own)))
     logger.info("constrained alpha %s: dev BLEU with a reference term on %d sentences %s", best, len(chosen),
                 ", ".join(f"{a}: {s}" for a, s in scores.items()))  # fmt: skip
