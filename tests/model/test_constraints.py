@@ -4,8 +4,9 @@ import pytest
 import torch
 from conftest import fit_tiny_model, make_model, padded_batch
 from test_generation import teacher_forced_log_prob
+from transformers import GenerationConfig
 
-from vaswani_mt import gnmt_length_penalty
+from vaswani_mt import VaswaniForConditionalGeneration, gnmt_length_penalty
 from vaswani_mt.model.constraints_vaswani import LexicalConstraints, allocate, phrase_forms
 
 
@@ -46,7 +47,8 @@ def test_every_output_contains_its_constraints_and_other_sentences_are_untouched
     ids, mask = batch
     plain = search(model, ids, mask, num_beams=beams, max_len_b=12)
     constrained = search(model, ids, mask, num_beams=beams, max_len_b=12, constraints=CONSTRAINTS)
-    assert constrained.constraints_met.tolist() == [[True, False], [False, False], [True, True], [False, False]]
+    # Every constraint is met; a slot without one (row 0's second, rows 1 and 3) reads True: vacuously met.
+    assert constrained.constraints_met.tolist() == [[True, True]] * 4
     out = [generated(row) for row in constrained.sequences]
     assert contains(out[0], [17, 18])
     assert contains(out[2], [40]) or contains(out[2], [41, 42])
@@ -74,7 +76,7 @@ def test_ordered_constraints_appear_in_their_order(model, batch):
     ids, mask = batch
     phrases = [[[150, 151]], [[60], [150, 151]], [[7], [8]], [[9, 10]]]
     out = search(model, ids, mask, max_len_b=12, constraints=phrases, constraint_order="ordered")
-    assert out.constraints_met.tolist() == [[True, False], [True, True], [True, True], [True, False]]
+    assert out.constraints_met.tolist() == [[True, True]] * 4  # rows 0 and 3's second slot: none, vacuously met
     for row, constraints in enumerate(phrases):
         ends = [contains(generated(out.sequences[row]), phrase) for phrase in constraints]
         assert all(ends)
@@ -96,7 +98,8 @@ def test_a_constraint_that_cannot_be_met_returns_the_best_hypothesis_marked_and_
     # Token 50 is suppressed: it can never appear, so row 0's constraint is never met; EOS comes at the limit.
     kwargs = dict(input_ids=ids, attention_mask=mask, max_len_b=6, suppress_tokens=[50])
     out = model.generate(**kwargs, constraints=[[[50]], [[20]], [], []], return_dict_in_generate=True)
-    assert out.constraints_met[:, 0].tolist() == [False, True, False, False]
+    # Row 0's constraint reads False; row 1's is met; rows 2 and 3 have none, vacuously met.
+    assert out.constraints_met.tolist() == [[False], [True], [True], [True]]
     assert generated(out.sequences[0])[-1] == 2 and len(generated(out.sequences[0])) == 7 + 6
     with caplog.at_level("WARNING"):
         model.generate(**kwargs, constraints=[[[50]], [[20]], [], []])
@@ -128,7 +131,59 @@ def test_prefix_and_constraints_together(model, batch):
                  constraints=[[[17, 18]], [], [[60]], []])  # fmt: skip
     assert generated(out.sequences[0])[0] == 30 and contains(generated(out.sequences[0]), [17, 18])
     assert generated(out.sequences[1])[0] == 31
-    assert out.constraints_met[:, 0].tolist() == [True, False, True, False]
+    assert contains(generated(out.sequences[2]), [60])
+    assert out.constraints_met.tolist() == [[True], [True], [True], [True]]  # rows 1 and 3: none, vacuously met
+
+
+def rows(out) -> list[tuple[list[int], float]]:
+    """Each sentence's tokens (up to EOS) and score."""
+    return [(generated(row), score) for row, score in zip(out.sequences, out.sequences_scores.tolist(), strict=True)]
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.5])
+def test_constrained_sentences_take_their_own_length_penalty_and_the_others_keep_theirs(model, batch, alpha):
+    """`constrained_length_penalty=a2` with `length_penalty=a1`: a sentence without constraints gets exactly what it
+    gets without the option (and without constraints), one with constraints what it gets with `length_penalty=a2`."""
+    ids, mask = batch
+    plain = rows(search(model, ids, mask, max_len_b=12, length_penalty=0.6))
+    own = rows(search(model, ids, mask, max_len_b=12, length_penalty=0.6, constraints=CONSTRAINTS,
+                      constrained_length_penalty=alpha))  # fmt: skip
+    everyone = rows(search(model, ids, mask, max_len_b=12, length_penalty=alpha, constraints=CONSTRAINTS))
+    same_alpha = rows(search(model, ids, mask, max_len_b=12, length_penalty=0.6, constraints=CONSTRAINTS))
+    assert [own[1], own[3]] == [plain[1], plain[3]]  # without constraints: alpha 0.6, as if none were given
+    assert [own[0], own[2]] == [everyone[0], everyone[2]]  # with constraints: alpha a2, as if every sentence had it
+    # The option changes what it should: the constrained sentences' scores, not the others'.
+    assert own[0][1] != same_alpha[0][1] and own[2][1] != same_alpha[2][1]
+    assert everyone[1][1] != plain[1][1]
+
+
+def test_the_constrained_length_penalty_is_saved_with_the_generation_config(batch, tmp_path):
+    ids, mask = batch
+    model = make_model(seed=4)
+    model.generation_config.constrained_length_penalty = 1.5
+    model.save_pretrained(tmp_path)
+    assert GenerationConfig.from_pretrained(tmp_path).constrained_length_penalty == 1.5
+    loaded = VaswaniForConditionalGeneration.from_pretrained(tmp_path).eval()
+    assert loaded.generation_config.constrained_length_penalty == 1.5
+    fresh = make_model(seed=4)  # the same weights, nothing saved: the alpha given in the call
+    expected = rows(search(fresh, ids, mask, max_len_b=12, constraints=CONSTRAINTS, constrained_length_penalty=1.5))
+    assert rows(search(loaded, ids, mask, max_len_b=12, constraints=CONSTRAINTS)) == expected
+    assert rows(search(fresh, ids, mask, max_len_b=12, constraints=CONSTRAINTS)) != expected
+
+
+def test_a_length_penalty_given_alone_is_every_sentences_over_the_saved_constrained_one(batch):
+    """A call that sets `length_penalty` and not `constrained_length_penalty` scores every sentence with it: the
+    constrained sentences' saved alpha is for the saved `length_penalty`, not for this one."""
+    ids, mask = batch
+    saved = make_model(seed=4)
+    saved.generation_config.constrained_length_penalty = 1.5
+    fresh = make_model(seed=4)
+    out = rows(search(saved, ids, mask, max_len_b=12, constraints=CONSTRAINTS, length_penalty=1.0))
+    assert out == rows(search(fresh, ids, mask, max_len_b=12, constraints=CONSTRAINTS, length_penalty=1.0))
+    # Given with it in the call, the constrained alpha still counts.
+    both = rows(search(saved, ids, mask, max_len_b=12, constraints=CONSTRAINTS, length_penalty=1.0,
+                       constrained_length_penalty=1.5))  # fmt: skip
+    assert both[0][1] != out[0][1] and both[1] == out[1]
 
 
 @pytest.mark.parametrize(
