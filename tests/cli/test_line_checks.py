@@ -68,3 +68,19 @@ def test_evaluate_refuses_a_constrained_line_without_source_text_as_translate_do
     assert evaluate_code == code
     written = (tmp_path / "out.de").read_text().splitlines()
     assert written[0] == "" and written[1] == out.splitlines()[1] and "geht" in written[1]
+
+
+def test_constraints_on_input_without_a_tab_are_warned_alike_by_translate_and_evaluate(
+    fitted_folder, tmp_path, monkeypatch, caplog
+):
+    data = f"{ENGLISH[0]}\n{ENGLISH[1]}\n"
+    source, reference = tmp_path / "plain.en", tmp_path / "plain.de"
+    source.write_text(data)
+    reference.write_text("Das Mädchen hat einen Apfel gegessen.\nWie geht es Ihnen heute?\n")
+    model = ["--model", str(fitted_folder), "--constraints", "unordered"]
+    warning = "constraints: none of the 2 input lines has a tab (source<TAB>term<TAB>...): nothing was constrained"
+    _, code = _run(translate_cli, [*model, "--input", str(source)], monkeypatch)
+    assert code is None and caplog.text.count(warning) == 1
+    caplog.clear()
+    _, code = _run(evaluate_cli, [*model, "--input", str(source), "--reference_file", str(reference)], monkeypatch)
+    assert code is None and caplog.text.count(warning) == 1

@@ -132,7 +132,7 @@ def _load(args: argparse.Namespace) -> tuple:
     """The model, its tokenizer, the sources and references, and the keyword arguments of `translate`; one line,
     `error: ...`, for a folder that cannot be served, bad options or a bad test set."""
     from vaswani_mt.data.corpus import BUILTIN_CORPUS, DataError, load_corpus, read_parallel_text, source_target
-    from vaswani_mt.inference.controls import ControlReport, split_constrained_line
+    from vaswani_mt.inference.controls import ControlReport, split_constrained_line, warn_no_tabs
     from vaswani_mt.inference.ensemble import load_ensemble
     from vaswani_mt.inference.loading import ModelFolderError
 
@@ -159,6 +159,8 @@ def _load(args: argparse.Namespace) -> tuple:
     if args.max_samples:
         sources, references = sources[: args.max_samples], references[: args.max_samples]
     if order:  # fairseq's constrained input: source<TAB>term<TAB>term
+        if not any("\t" in source for source in sources):
+            warn_no_tabs(len(sources))
         sources, terms = map(list, zip(*map(split_constrained_line, sources), strict=True))
         sources, terms = [s.strip() for s in sources], [[t.strip() for t in line] for line in terms]
         kwargs.update(constraints=terms, constraint_order=order)
