@@ -1,7 +1,7 @@
 """SIGINT and SIGTERM under `streams.stopping_on_signals` (issue 45): a translation stops with the lines translated so
 far kept in order (`TranslationInterrupted.done`: those before the first line not translated yet, whatever the
 length order of the batches), `translate_stream` writes them, and a signal that comes while output is written waits
-for the write's end. The commands, as real processes: tests/cli/test_interrupts.py."""
+for the write's end. The commands, as real processes: tests/cli/test_command_interrupts.py."""
 
 import io
 import signal
