@@ -10,6 +10,8 @@ from transformers import MarianMTModel
 
 from vaswani_mt.export.marian import hidden_permutation, to_marian
 
+pytestmark = pytest.mark.transformers_internals
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

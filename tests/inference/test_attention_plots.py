@@ -6,6 +6,8 @@ import torch
 from vaswani_mt.inference.attention_plots import heatmap_figure, plot_attentions, translate_with_attention
 from vaswani_mt.inference.loading import load_for_inference
 
+pytestmark = pytest.mark.transformers_internals
+
 
 def test_attentions_are_those_of_the_translation_per_layer_and_head(fitted_folder):
     model, tokenizer = load_for_inference(str(fitted_folder))  # sdpa by default: switched to eager

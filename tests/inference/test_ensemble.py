@@ -17,7 +17,8 @@ from vaswani_mt.inference.loading import ModelFolderError
 from vaswani_mt.inference.translate import translate, translate_nbest
 from vaswani_mt.model.modeling_vaswani import VaswaniForConditionalGeneration
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tiny matrices: one thread is many times faster
+# one_thread: tiny matrices, for which one thread is many times faster
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.transformers_internals]
 
 
 def mean_of_probabilities(models, ids, mask, decoder_input) -> torch.Tensor:

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_mt.model.configuration_vaswani import PRESETS
 
+pytestmark = pytest.mark.transformers_internals
+
 
 def test_base_and_big_presets_match_table_3():
     base = VaswaniConfig.from_preset("base", vocab_size=37000)

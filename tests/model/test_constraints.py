@@ -9,6 +9,8 @@ from transformers import GenerationConfig
 from vaswani_mt import VaswaniForConditionalGeneration, gnmt_length_penalty
 from vaswani_mt.model.constraints_vaswani import LexicalConstraints, allocate, phrase_forms
 
+pytestmark = pytest.mark.transformers_internals
+
 
 def contains(sequence: list[int], phrase: list[int]) -> int:
     """The position after the first occurrence of `phrase` in `sequence`, 0 where it does not occur."""

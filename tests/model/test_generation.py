@@ -22,6 +22,8 @@ from vaswani_mt.model import beam_search_vaswani, generation_vaswani
 from vaswani_mt.model.generation_vaswani import PerSentenceMaxLength
 from vaswani_mt.model.modeling_vaswani import VaswaniForConditionalGeneration
 
+pytestmark = pytest.mark.transformers_internals
+
 
 def teacher_forced_log_prob(model, ids, mask, sequence, eos=2):
     """log P(Y|X) summed over the generated tokens up to and including the first EOS; returns (sum, |Y|)."""

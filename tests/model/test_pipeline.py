@@ -13,6 +13,8 @@ from vaswani_mt.inference.loading import load_for_inference
 from vaswani_mt.inference.translate import translate
 from vaswani_mt.model.pipeline_vaswani import TranslationPipeline, encode_source
 
+pytestmark = pytest.mark.transformers_internals
+
 FRESH_PROCESS = r"""
 import json, sys
 sys.modules["vaswani_mt"] = None  # only the folder's own code may run

@@ -34,6 +34,8 @@ import transformers
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
 
+pytestmark = pytest.mark.transformers_internals
+
 CACHE = Path.home() / ".cache" / "vaswani_mt" / "transformers-tests" / transformers.__version__
 PACKAGE = "transformers_common_tests"  # the sdist's tests/ folder, imported under this name
 PARAMETERIZED = "0.9.0"

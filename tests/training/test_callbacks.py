@@ -16,6 +16,8 @@ from vaswani_mt.training.callbacks import (
     trained_seconds,
 )
 
+pytestmark = pytest.mark.transformers_internals
+
 
 def test_the_clock_counts_on_after_a_resume_and_stops_at_the_budget():
     clock = WallClockCallback(checkpoint_minutes=1.5, budget_minutes=10)

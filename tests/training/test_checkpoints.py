@@ -23,6 +23,8 @@ from vaswani_mt.training.checkpoints import (
     resume_point,
 )
 
+pytestmark = pytest.mark.transformers_internals
+
 TINY_VOCABULARY = 1000  # the tiny preset's own vocabulary size
 
 

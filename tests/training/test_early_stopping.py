@@ -17,7 +17,7 @@ from vaswani_mt.cli.train import main as train_main
 from vaswani_mt.training import job
 from vaswani_mt.training.arguments import parse_args
 
-pytestmark = pytest.mark.usefixtures("restore_rng", "restore_threads")
+pytestmark = [pytest.mark.usefixtures("restore_rng", "restore_threads"), pytest.mark.transformers_internals]
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,8 @@ from vaswani_mt.training.checkpoints import (
 )
 from vaswani_mt.training.trainer import VaswaniTrainer
 
+pytestmark = pytest.mark.transformers_internals
+
 STEPS, ENV = REFERENCE_STEPS, REFERENCE_ENV  # the reference run's (tests/conftest.py): the runs here resume to it
 SEED = int(os.environ.get("VASWANI_FAULT_SEED", "26"))
 

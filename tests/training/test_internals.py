@@ -15,6 +15,8 @@ from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
 from vaswani_mt.training.checkpoints import CheckpointError, is_complete
 from vaswani_mt.training.trainer import VaswaniTrainer, _pass_every_batch
 
+pytestmark = pytest.mark.transformers_internals
+
 
 def _budget_trainer(output_dir, tokenizer, max_steps: int = 2, save_steps: int = 1) -> VaswaniTrainer:
     """The tiny model on the token-budget data (tests/ddp_budget_worker.py), a checkpoint every `save_steps`."""

@@ -21,6 +21,8 @@ from vaswani_mt.training.callbacks import trained_seconds
 from vaswani_mt.training.checkpoints import list_checkpoints
 from vaswani_mt.training.trainer import paper_learning_rate
 
+pytestmark = pytest.mark.transformers_internals
+
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 

@@ -51,6 +51,8 @@ from vaswani_mt.training.machines import (
     speaks_for_machine,
 )
 
+pytestmark = pytest.mark.transformers_internals
+
 BOUND = 15  # seconds from a fault to machine 0's exit; under the launcher's 30 s between SIGTERM and SIGKILL
 SLURM = ROOT / "scripts" / "slurm" / "train_multinode.sbatch"
 WORKER = ROOT / "tests" / "ddp_machines_worker.py"

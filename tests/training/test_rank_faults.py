@@ -36,6 +36,8 @@ from conftest import (
 
 from vaswani_mt.training.checkpoints import incomplete_reason, is_complete, list_checkpoints
 
+pytestmark = pytest.mark.transformers_internals
+
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, ENV = REFERENCE_STEPS, REFERENCE_ENV
 SEED = int(os.environ.get("VASWANI_FAULT_SEED", "32"))

@@ -18,6 +18,8 @@ from vaswani_mt.data.batching import TokenBudgetBatchSampler
 from vaswani_mt.training.arguments import parse_args
 from vaswani_mt.training.trainer import VaswaniTrainer, paper_learning_rate
 
+pytestmark = pytest.mark.transformers_internals
+
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 
