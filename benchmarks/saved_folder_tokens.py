@@ -3,7 +3,8 @@
 process without it, for the first --sentences sources of the built-in test split, with the folder's own search
 (beam) and greedy. `--json` keeps the tokens; `--against` an earlier run's JSON (another commit, same folders by
 position) says how many sequences are equal to it. `--ctranslate2` also exports each folder to CTranslate2 and
-counts its translations equal to ours: greedy, the saved search, and the saved beam with alpha 0.
+counts its translations equal to ours: greedy, the saved search (CTranslate2's ranking, and the paper's), and the
+saved beam with alpha 0.
 
     python benchmarks/saved_folder_tokens.py OLD_FOLDER NEW_FOLDER --json before.json      # at the commit before
     python benchmarks/saved_folder_tokens.py OLD_FOLDER NEW_FOLDER --against before.json --ctranslate2
@@ -54,14 +55,16 @@ def as_remote_code(folder: str, sources: list[str]) -> dict:
 
 
 def ctranslate2_agreement(folder: str, sources: list[str]) -> dict:
-    """How many of CTranslate2's translations equal ours, under three searches."""
+    """How many of CTranslate2's translations equal ours, under four searches ("saved search": with CTranslate2's
+    own ranking, as measured before `CTranslate2Model.translate` re-ranked as ours; and with that re-ranking)."""
     from vaswani_mt.export.ctranslate2 import CTranslate2Model
     from vaswani_mt.export.marian import export_model
 
     model, tokenizer = load_for_inference(folder, device="cpu")
     with tempfile.TemporaryDirectory() as tmp:
         ct2 = CTranslate2Model(export_model(folder, "ctranslate2", Path(tmp) / "ct2"))
-        searches = {"greedy": ({"num_beams": 1}, {"beam_size": 1}), "saved search": ({}, {}),
+        searches = {"greedy": ({"num_beams": 1}, {"beam_size": 1}), "saved search": ({}, {"ranking": "ctranslate2"}),
+                    "saved search, the paper's ranking": ({}, {}),
                     "saved beam, alpha 0": ({"length_penalty": 0.0}, {"length_penalty": 0.0})}  # fmt: skip
         counts = {}
         for name, (ours, theirs) in searches.items():

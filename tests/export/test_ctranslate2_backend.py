@@ -1,0 +1,82 @@
+"""A CTranslate2 export translating with the paper's ranking (issue 44, item 5): CTranslate2's scores undone to
+log P(Y|X), its hypotheses re-ranked by §6.1's GNMT score (the commands taking such a folder as --model:
+tests/cli/test_ctranslate2_commands.py)."""
+
+import pytest
+from conftest import ENGLISH
+
+pytestmark = pytest.mark.transformers_internals
+
+pytest.importorskip("ctranslate2")
+
+# The fitted sentences and some it never saw: varied lengths, so that the length penalty has something to rank.
+SOURCES = [*ENGLISH, "The girl reads a book in the café.", "How are you?", "The snow is closed.", "I like the apple."]
+ALPHA = 1.2  # the main job's GNMT alpha: far from CTranslate2's |Y|^alpha ranking
+
+
+@pytest.fixture(scope="module")
+def folders(fitted_folder, tmp_path_factory):
+    """The fitted model and its CTranslate2 export, as `vaswani-mt-export --format ctranslate2` writes it."""
+    from vaswani_mt.export.marian import export_model
+
+    return fitted_folder, export_model(fitted_folder, "ctranslate2", tmp_path_factory.mktemp("ct2") / "ct2")
+
+
+@pytest.fixture
+def engine(folders, restore_threads):
+    # restore_threads: a CTranslate2 translator sets the OpenMP thread count, which is torch's too
+    from vaswani_mt.export.ctranslate2 import CTranslate2Model
+
+    return CTranslate2Model(folders[1], intra_threads=1)
+
+
+def _sources(engine, sentences):
+    return [engine.tokenizer.convert_ids_to_tokens(engine.tokenizer(s)["input_ids"]) for s in sentences]
+
+
+def test_undone_scores_are_the_log_probs_score_batch_gives_and_the_best_is_the_best_gnmt_score(engine):
+    from vaswani_mt.export.ctranslate2 import ctranslate2_nbest
+
+    sources = _sources(engine, SOURCES)
+    prefix = engine.tokenizer.convert_ids_to_tokens(engine.tokenizer(text_target="Das")["input_ids"])[:-1]
+    prefixes = [prefix if i % 2 else [] for i in range(len(sources))]
+    ranked = ctranslate2_nbest(engine.translator, sources, engine.search, prefixes, length_penalty=ALPHA)
+    reordered = 0
+    for source, hypotheses, own_prefix in zip(sources, ranked, prefixes, strict=True):
+        assert len(hypotheses) == engine.search["beam_size"]
+        tokens = [h[0] for h in hypotheses]
+        assert all(t[: len(own_prefix)] == own_prefix for t in tokens)
+        # Computed independently: score_batch scores the whole target, prefix and </s> included
+        scored = engine.translator.score_batch([source] * len(tokens), tokens)
+        log_probs = [sum(result.log_probs) for result in scored]
+        assert [h[1] for h in hypotheses] == pytest.approx(log_probs, abs=1e-4)
+        gnmt = [log_prob / ((5 + len(t) + 1) / 6) ** ALPHA for t, log_prob in zip(tokens, log_probs, strict=True)]
+        assert [h[2] for h in hypotheses] == pytest.approx(gnmt, abs=1e-4)
+        assert gnmt[0] == pytest.approx(max(gnmt), abs=1e-6) and sorted(gnmt, reverse=True) == pytest.approx(gnmt)
+        own = engine.translator.translate_batch([source], [own_prefix] if own_prefix else None, beam_size=4,
+                                                length_penalty=ALPHA, max_decoding_length=len(source) + 49)  # fmt: skip
+        reordered += own[0].hypotheses[0] != tokens[0]
+    assert reordered > 0  # CTranslate2's own ranking (log P / |Y|^alpha) chose otherwise somewhere: not vacuous
+
+
+def test_greedy_and_beam_translations_are_our_searchs(engine, folders):
+    from vaswani_mt.inference.loading import load_for_inference
+    from vaswani_mt.inference.translate import translate, translate_nbest
+
+    model, tokenizer = load_for_inference(str(folders[0]), device="cpu")
+    greedy = translate(model, tokenizer, SOURCES, num_beams=1)
+    assert engine.translate(SOURCES, num_beams=1) == greedy and len(set(greedy)) >= 6  # varied: not vacuous
+    ours = translate_nbest(model, tokenizer, SOURCES, 1, num_beams=1)
+    theirs = engine.translate_nbest(SOURCES, 1, num_beams=1)
+    assert [h[0].log_prob for h in theirs] == pytest.approx([h[0].log_prob for h in ours], abs=1e-4)
+    for alpha in (0.6, ALPHA):  # the saved search's alpha, and the main job's
+        assert engine.translate(SOURCES, length_penalty=alpha) == translate(model, tokenizer, SOURCES,
+                                                                             length_penalty=alpha)  # fmt: skip
+    prefixes = ["Das", "", "Die Straße", "", "Sie", "", "Das", "", "Die", ""]
+    ours = translate(model, tokenizer, SOURCES, target_prefixes=prefixes, length_penalty=ALPHA)
+    theirs = engine.translate(SOURCES, target_prefixes=prefixes, length_penalty=ALPHA)
+    assert all(text.startswith(prefix) for text, prefix in zip(theirs, prefixes, strict=True))
+    # CTranslate2 stops once 4 hypotheses have ended, ours while one running could still win: here (patience 1)
+    # "Das Mädchen hat einen Apfel gegessen." ends after 4 shorter ones; with patience 2 it is among the 8 kept.
+    engine.patience = 2
+    assert engine.translate(SOURCES, target_prefixes=prefixes, length_penalty=ALPHA) == ours
