@@ -26,6 +26,14 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from vaswani_mt.inference.alignments import (
+    DEFAULT_METHOD,
+    KINDS,
+    align_outputs,
+    check_method,
+    empty_aligned,
+    format_aligned_line,
+)
 from vaswani_mt.inference.batching import token_budget_batches
 from vaswani_mt.inference.controls import (
     ControlReport,
@@ -117,9 +125,12 @@ def _sampling_kwargs(sampling: Sampling, lines: Sequence[int]) -> dict:
     }
 
 
-def _nbest_search(model, tokenizer, batch, nbest: int, kwargs: dict) -> tuple[list[list[Hypothesis]], object]:
+def _nbest_search(
+    model, tokenizer, batch, nbest: int, kwargs: dict, align=None
+) -> tuple[list[list[Hypothesis]], object]:
     """The `nbest` best hypotheses of each row of `batch`, best first, with their log-probabilities and scores, and
-    with constraints, which of them the best hypothesis of each row met (else None)."""
+    with constraints, which of them the best hypothesis of each row met (else None); `align(sequences)`, when given,
+    makes their texts `AlignedTranslation`s."""
     beams = kwargs.get("num_beams") or model.generation_config.num_beams or 1
     output = model.generate(
         **batch, **kwargs, num_return_sequences=nbest, return_dict_in_generate=True, output_scores=beams > 1,
@@ -138,9 +149,12 @@ def _nbest_search(model, tokenizer, batch, nbest: int, kwargs: dict) -> tuple[li
         log_probs = steps.masked_fill(~kept, 0.0).sum(-1)
         alpha = kwargs.get("length_penalty", model.generation_config.length_penalty)
         scores = log_probs / gnmt_length_penalty(kept.sum(-1), alpha if alpha is not None else 1.0)
-    texts = tokenizer.batch_decode(output.sequences, skip_special_tokens=True)
+    if align is None:
+        texts = [single_line(text) for text in tokenizer.batch_decode(output.sequences, skip_special_tokens=True)]
+    else:
+        texts = align(output.sequences)
     found = [
-        Hypothesis(single_line(text), float(log_prob), float(score))
+        Hypothesis(text, float(log_prob), float(score))
         for text, log_prob, score in zip(texts, log_probs.tolist(), scores.tolist(), strict=True)
     ]
     met = getattr(output, "constraints_met", None)
@@ -179,8 +193,17 @@ def check_decoding_options(
 
 def format_nbest(line_id: int, hypotheses: Sequence[Hypothesis]) -> str:
     """Marian's n-best format, one line (ending in "\\n") per hypothesis, best first:
-    `ID ||| translation ||| F0= log-probability ||| score`."""
-    return "".join(f"{line_id} ||| {h.text} ||| F0= {h.log_prob:.6f} ||| {h.score:.6f}\n" for h in hypotheses)
+    `ID ||| translation ||| F0= log-probability ||| score` (with alignments, `translation ||| alignment` in its place,
+    as Marian writes them)."""
+    return "".join(
+        f"{line_id} ||| {format_translation(h.text)} ||| F0= {h.log_prob:.6f} ||| {h.score:.6f}\n" for h in hypotheses
+    )
+
+
+def format_translation(translation: str) -> str:
+    """A translation as a command writes it: the text, or for an `AlignedTranslation` Marian's
+    `text ||| alignment`."""
+    return format_aligned_line(translation) if hasattr(translation, "links") else translation
 
 
 @dataclass(frozen=True)
@@ -195,17 +218,23 @@ class _Decoding:
     max_tokens: int | None = None
     sampling: Sampling | None = None
     controls: LineControls | None = None
+    alignments: str | None = None  # "hard" or "soft": translations are `AlignedTranslation`s (alignments.py)
+    alignment_method: str = DEFAULT_METHOD
 
 
 def _decoding(model, tokenizer, *, batch_size, max_source_tokens, generate_kwargs, nbest=None, max_tokens=None,
-              sampling=None, controls=None) -> _Decoding:  # fmt: skip
+              sampling=None, controls=None, alignments=None, alignment_method=None) -> _Decoding:  # fmt: skip
     """The checked `_Decoding` of a call of `translate`, `translate_nbest` or `translate_chunks` (ValueError, one line,
     for options that do not go together)."""
     check_decoding_options(model.generation_config, nbest, max_tokens, sampling, controls, **generate_kwargs)
     if batch_size is None and max_tokens is None:
         raise ValueError("batch_size=None (no limit on rows) needs max_tokens")
+    if alignments is not None and alignments not in KINDS:
+        raise ValueError(f"alignments must be one of {', '.join(KINDS)}, not {alignments!r}")
+    check_method(alignment_method or DEFAULT_METHOD)
     limit = max_source_tokens or default_max_source_tokens(model, tokenizer)
-    return _Decoding(batch_size, limit, generate_kwargs, nbest, max_tokens, sampling, controls)
+    return _Decoding(batch_size, limit, generate_kwargs, nbest, max_tokens, sampling, controls, alignments,
+                     alignment_method or DEFAULT_METHOD)  # fmt: skip
 
 
 def _batches(sentences: Sequence[str], todo: list[int], encoded: dict[int, list[int]], decoding: _Decoding,
@@ -227,18 +256,29 @@ def _batches(sentences: Sequence[str], todo: list[int], encoded: dict[int, list[
     return batches
 
 
-def _translate_batch(model, tokenizer, ids: list[list[int]], lines: list[int], decoding: _Decoding, kwargs: dict):
-    """The translations of one batch (source `ids` of input `lines`, 0-based): texts, or with `nbest` lists of
-    `Hypothesis`; and with constraints, which of them each line's translation met (else None)."""
+def _translate_batch(model, tokenizer, ids: list[list[int]], lines: list[int], decoding: _Decoding, kwargs: dict,
+                     sources: Sequence[str] = ()):  # fmt: skip
+    """The translations of one batch (source `ids` of input `lines`, 0-based; `sources` their texts, for
+    alignments): texts, or with `nbest` lists of `Hypothesis`; and with constraints, which of them each line's
+    translation met (else None)."""
     batch = tokenizer.pad({"input_ids": ids}, return_tensors="pt").to(model.device)
     if decoding.sampling is not None:
         kwargs = {**kwargs, **_sampling_kwargs(decoding.sampling, lines)}
+    align = None
+    if decoding.alignments is not None:
+
+        def align(sequences):
+            return align_outputs(model, tokenizer, sources, ids, sequences, decoding.alignments,
+                                 decoding.alignment_method)  # fmt: skip
+
     if decoding.nbest is not None:
-        return _nbest_search(model, tokenizer, batch, decoding.nbest, kwargs)
+        return _nbest_search(model, tokenizer, batch, decoding.nbest, kwargs, align)
     met = None
     output = model.generate(**batch, **kwargs, return_dict_in_generate="constraints" in kwargs)
     if "constraints" in kwargs:  # which constraints each translation met
         output, met = output.sequences, output.constraints_met
+    if align is not None:
+        return align(output), met
     return [single_line(text) for text in tokenizer.batch_decode(output, skip_special_tokens=True)], met
 
 
@@ -272,7 +312,7 @@ def _translate_batches(model, tokenizer, sentences: Sequence[str], decoding: _De
                 kwargs = {**kwargs, **controls.batch_kwargs(chunk, prepared)}
             lines = [first_line - 1 + i for i in chunk]
             translations, met = _translate_batch(model, tokenizer, [encoded[i] for i in chunk], lines, decoding,
-                                                 kwargs)  # fmt: skip
+                                                 kwargs, [sentences[i] for i in chunk])  # fmt: skip
             for i, translation in zip(chunk, translations, strict=True):
                 results[i] = translation
             if controls is not None:
@@ -283,6 +323,12 @@ def _translate_batches(model, tokenizer, sentences: Sequence[str], decoding: _De
     except TranslationInterrupted as stop:  # the lines before the first one not translated yet
         stop.done = results[: next((i for i in range(len(sentences)) if i not in finished), len(sentences))]
         raise
+    if decoding.alignments is not None:  # empty and refused lines: empty translations without links
+        for i, result in enumerate(results):
+            if isinstance(result, str) and not hasattr(result, "links"):
+                results[i] = empty_aligned(sentences[i], decoding.alignments)
+            elif not isinstance(result, str) and not hasattr(result[0].text, "links"):
+                results[i] = [h._replace(text=empty_aligned(sentences[i], decoding.alignments)) for h in result]
     return results
 
 
@@ -325,6 +371,9 @@ def translate(
     block: Sequence[str] = (),
     disable_unk: bool = False,
     report: ControlReport | None = None,
+    alignments: str | None = None,
+    alignment_method: str | None = None,
+    markup: str | None = None,
     **generate_kwargs,
 ) -> list[str]:
     """Translates `sentences` in batches of similar length (order preserved) with `model.generate`.
@@ -339,14 +388,27 @@ def translate(
     with `constraint_order="ordered"`); `target_prefixes`, per sentence the text its translation starts with ("" for
     none); `block`, phrases no translation may contain; `disable_unk`: no `<unk>`. `report` (`ControlReport`) gets
     the sentences (from 1) whose constraints were not met or whose controls were bad.
+
+    `alignments` ("hard" or "soft"): each translation is an `AlignedTranslation`, a `str` (the same text) with its
+    word alignment (alignments.py; `alignment_method`, default `DEFAULT_METHOD`). `markup="xml"`: inline tags,
+    entities and placeholders carried through (markup.py). Without either, nothing changes.
     """
+    if markup is not None:
+        from vaswani_mt.inference.markup import translate_markup
+
+        return translate_markup(
+            model, tokenizer, sentences, markup, batch_size=batch_size, progress=progress,
+            max_source_tokens=max_source_tokens, max_tokens=max_tokens, sampling=sampling, constraints=constraints,
+            constraint_order=constraint_order, target_prefixes=target_prefixes, block=block, disable_unk=disable_unk,
+            report=report, alignments=alignments, alignment_method=alignment_method, **generate_kwargs,
+        )  # fmt: skip
     controls, generate_kwargs = _controls(
         tokenizer, sentences, generate_kwargs, constraints=constraints, constraint_order=constraint_order,
         target_prefixes=target_prefixes, block=block, disable_unk=disable_unk, report=report,
     )  # fmt: skip
     decoding = _decoding(model, tokenizer, batch_size=batch_size, max_source_tokens=max_source_tokens,
                          generate_kwargs=generate_kwargs, max_tokens=max_tokens, sampling=sampling,
-                         controls=controls)  # fmt: skip
+                         controls=controls, alignments=alignments, alignment_method=alignment_method)  # fmt: skip
     return _translate_all(model, tokenizer, sentences, decoding, progress)
 
 
@@ -381,13 +443,15 @@ def translate_nbest(
 ) -> list[list[Hypothesis]]:
     """`translate` keeping the `nbest` best `Hypothesis`es of each sentence's search (`nbest` <= the beam size, 1
     with `sampling`), best first; `[0].text` is what `translate` gives; an empty sentence gets `nbest` empty ones
-    scored 0. `options`: `translate`'s controls and `generate()` keywords."""
+    scored 0. `options`: `translate`'s controls, `alignments` and `alignment_method` (each text an
+    `AlignedTranslation`), and `generate()` keywords."""
     names = ("constraints", "constraint_order", "target_prefixes", "block", "disable_unk", "report")
+    aligning = {k: options.pop(k) for k in ("alignments", "alignment_method") if k in options}
     controls, generate_kwargs = _controls(tokenizer, sentences, {k: v for k, v in options.items() if k not in names},
                                           **{k: v for k, v in options.items() if k in names})  # fmt: skip
     decoding = _decoding(model, tokenizer, batch_size=batch_size, max_source_tokens=max_source_tokens,
                          generate_kwargs=generate_kwargs, nbest=nbest, max_tokens=max_tokens, sampling=sampling,
-                         controls=controls)  # fmt: skip
+                         controls=controls, **aligning)  # fmt: skip
     return _translate_all(model, tokenizer, sentences, decoding, progress)
 
 
@@ -417,6 +481,9 @@ def translate_chunks(
     block: Sequence[str] = (),
     disable_unk: bool = False,
     report: ControlReport | None = None,
+    alignments: str | None = None,
+    alignment_method: str | None = None,
+    markup: str | None = None,
     **generate_kwargs,
 ) -> Iterator[list]:
     """`translate` of an iterable of any length, lazily: reads `chunk_size` lines, yields their translations in
@@ -428,7 +495,7 @@ def translate_chunks(
 
     `constraints` ("unordered" or "ordered"): each line is fairseq's `source<TAB>term<TAB>term...`;
     `target_prefixes`: one prefix per line ("" for none), read along with the lines; ValueError where it ends before
-    them. `block`, `disable_unk`, `report` as in `translate`."""
+    them. `block`, `disable_unk`, `report`, `alignments`, `alignment_method` and `markup` as in `translate`."""
     if (batch_size is not None and batch_size < 1) or chunk_size < 1:
         raise ValueError(f"batch_size and chunk_size must be at least 1, got {batch_size} and {chunk_size}")
     generate_kwargs = {**generate_kwargs, **block_kwargs(tokenizer, block, disable_unk)}
@@ -437,9 +504,14 @@ def translate_chunks(
     if constraints is not None or prefixes is not None:
         controls = LineControls([] if constraints else None, [] if prefixes is not None else None,
                                 constraints or "unordered", report)  # fmt: skip
+    if markup is not None:
+        from vaswani_mt.inference.markup import check_markup_options
+
+        check_markup_options(markup, alignments, nbest)
+        alignments = "hard"
     decoding = _decoding(model, tokenizer, batch_size=batch_size, max_source_tokens=max_source_tokens,
                          generate_kwargs=generate_kwargs, nbest=nbest, max_tokens=max_tokens, sampling=sampling,
-                         controls=controls)  # fmt: skip
+                         controls=controls, alignments=alignments, alignment_method=alignment_method)  # fmt: skip
     model.eval()
     lines, done = iter(lines), 0
     with _progress_bar(None, "line", progress) as bar:
@@ -447,7 +519,15 @@ def translate_chunks(
         while chunk := _next_chunk(lines, chunk_size, ready):
             if controls is not None:
                 chunk = _chunk_controls(chunk, controls, prefixes, done + 1)
-            yield _translate_batches(model, tokenizer, chunk, decoding, first_line=done + 1, on_batch=on_batch)
+            if markup is None:
+                yield _translate_batches(model, tokenizer, chunk, decoding, first_line=done + 1, on_batch=on_batch)
+            else:
+                from vaswani_mt.inference.markup import restore_markup, take_out_markup
+
+                plans = take_out_markup(chunk, done + 1)
+                texts = [plan.text for plan in plans]
+                yield restore_markup(plans, _translate_batches(model, tokenizer, texts, decoding, first_line=done + 1,
+                                                               on_batch=on_batch))  # fmt: skip
             if bar is not None:
                 bar.update(sum(1 for line in chunk if not line.strip()))  # blank lines count as done too
             done += len(chunk)
@@ -486,6 +566,7 @@ __all__ = [
     "Sampling",
     "check_decoding_options",
     "format_nbest",
+    "format_translation",
     "translate",
     "translate_chunks",
     "translate_nbest",

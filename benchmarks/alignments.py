@@ -1,0 +1,314 @@
+#!/usr/bin/env python
+"""Word alignments from cross-attention (vaswani_mt/inference/alignments.py) and markup carried by them, measured on
+the built-in test split with the main job's model.
+
+1. Dictionary-anchored precision, per method (all layers and heads averaged, each decoder layer, each of these with
+   shift-att, and a diagonal baseline): the test sources are translated once with alignments (the model's search,
+   batch 16), then aligned again by each method from the same attention (`realign`). A German output word is
+   anchored where the Ding dictionary pairs it with a word of its source: one-word entries on both sides (annotations
+   removed, English "to " dropped), letters only, 4 or more, lower-cased, words compared without punctuation. Anchored
+   precision: of the links from anchored German words, the share that lands on one of its dictionary words; pair
+   recall: of the (source word, output word) dictionary pairs of a sentence, the share that some link joins.
+2. For the best method, the hard rule (argmax, intersect, thresholds) and the merge of source pieces (sum, mean).
+3. Silver AER (with `--eflomal`, where `import eflomal` works: an optional package, never a dependency): eflomal
+   aligns the training split together with (test source, our output), both directions, symmetrized by
+   grow-diag-final-and; that is the reference, a statistical aligner's guess and not gold. For scale: each of
+   eflomal's directions and its intersection against its own grow-diag-final-and.
+4. Speed: the test split translated with and without alignments, interleaved, medians (run under `flock` on a shared
+   machine).
+5. Markup: each test sentence with a dictionary term (its English side in the source, its German side in the
+   reference) gets its first such English word wrapped in `<b>...</b>` and the German word as a constraint;
+   `translate(..., markup="xml")`: share of lines with the term inside the `<b>` element, share well-formed with the
+   same tags.
+
+    python benchmarks/alignments.py outputs/ding-cpu --eflomal --json benchmarks/alignments_2026-11-26.json
+"""
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from speed_common import MachineRecord, interleave
+
+from vaswani_mt.data.corpus import BUILTIN_CORPUS, _fetch_ding_dictionary, cache_dir, load_corpus, source_target
+from vaswani_mt.inference.alignments import DEFAULT_METHOD, hard_links, realign
+from vaswani_mt.inference.controls import ControlReport
+from vaswani_mt.inference.loading import load_for_inference
+from vaswani_mt.inference.markup import tags, well_formed
+from vaswani_mt.inference.translate import translate
+from vaswani_mt.system import native_bf16
+
+ANNOTATIONS = re.compile(r"\{[^}]*\}|\[[^\]]*\]|\([^)]*\)|(?<!\S)/[^/]+/(?!\S)")
+ENGLISH = re.compile(r"^[a-z]{4,}$")
+GERMAN = re.compile(r"^[a-zäöüß]{4,}$")
+BATCH = 16
+
+
+def dictionary_pairs(path: Path) -> set[tuple[str, str]]:
+    """(English word, German word), lower-cased, from the dictionary's one-word sub-entries (module docstring)."""
+    pairs = set()
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("#") or "::" not in line:
+                continue
+            german, english = line.rstrip("\n").split("::", 1)
+            if german.count("|") != english.count("|"):
+                continue
+            for german_sub, english_sub in zip(german.split("|"), english.split("|"), strict=True):
+                for de, en in zip(german_sub.split(";"), english_sub.split(";"), strict=False):
+                    de, en = (re.sub(r"\s+", " ", ANNOTATIONS.sub("", text)).strip().lower() for text in (de, en))
+                    en = en.removeprefix("to ")
+                    if ENGLISH.match(en) and GERMAN.match(de):
+                        pairs.add((en, de))
+    return pairs
+
+
+def _norm(word: str) -> str:
+    return re.sub(r"^\W+|\W+$", "", word).lower()
+
+
+def anchors(aligned, pairs) -> dict[int, set[int]]:
+    """Anchored German output words: target word -> the source words the dictionary pairs it with."""
+    source = [_norm(w) for w in aligned.source_words]
+    out = {}
+    for t, word in enumerate(aligned.target_words):
+        de = _norm(word)
+        linked = {s for s, en in enumerate(source) if (en, de) in pairs}
+        if linked:
+            out[t] = linked
+    return out
+
+
+def anchored_scores(outputs, all_anchors, links_of) -> dict:
+    """Anchored precision and pair recall of the links `links_of(i)` of each output i."""
+    hits = total = pairs_linked = pairs_total = words = 0
+    for i, found in enumerate(all_anchors):
+        if not found:
+            continue
+        links = set(links_of(i))
+        for t, sources in found.items():
+            words += 1
+            from_t = [s for s, tt in links if tt == t]
+            total += len(from_t)
+            hits += sum(s in sources for s in from_t)
+            pairs_total += len(sources)
+            pairs_linked += sum((s, t) in links for s in sources)
+    return {
+        "anchored_words": words,
+        "anchored_precision": round(100 * hits / max(total, 1), 1),
+        "pair_recall": round(100 * pairs_linked / max(pairs_total, 1), 1),
+        "links_from_anchored_words": total,
+    }
+
+
+def diagonal_links(aligned) -> list[tuple[int, int]]:
+    """The baseline: target word t linked to the source word at the same relative position."""
+    s, t = len(aligned.source_words), len(aligned.target_words)
+    return [(min(s - 1, round(k * s / t)), k) for k in range(t)] if s and t else []
+
+
+def methods_of(model) -> list[str]:
+    layers = model.config.num_decoder_layers
+    return [f"{shift}{name}" for name in ["mean", *(f"layer{k}" for k in range(layers))] for shift in ("", "shift-")]
+
+
+# --- silver reference: eflomal, symmetrized -------------------------------------------------------------------
+
+
+def grow_diag_final_and(forward: set, backward: set, source_len: int, target_len: int) -> set:
+    """Koehn et al.'s grow-diag-final-and of two directional alignments ((source, target) pairs)."""
+    union, links = forward | backward, set(forward & backward)
+    neighbours = [(-1, 0), (0, -1), (1, 0), (0, 1), (-1, -1), (-1, 1), (1, -1), (1, 1)]
+    added = True
+    while added:
+        added = False
+        for s, t in sorted(links):
+            for ds, dt in neighbours:
+                s2, t2 = s + ds, t + dt
+                if (s2, t2) in union and (s2, t2) not in links:
+                    if all(a != s2 for a, _ in links) or all(b != t2 for _, b in links):
+                        links.add((s2, t2))
+                        added = True
+    for direction in (forward, backward):
+        for s, t in sorted(direction):
+            if all(a != s for a, _ in links) and all(b != t for _, b in links):
+                links.add((s, t))
+    return links
+
+
+def aer(predicted: list[set], reference: list[set]) -> dict:
+    """AER with every reference link sure: 1 - 2|A & S| / (|A| + |S|); and precision, recall."""
+    both = sum(len(a & s) for a, s in zip(predicted, reference, strict=True))
+    found, wanted = sum(map(len, predicted)), sum(map(len, reference))
+    return {
+        "aer": round(100 * (1 - 2 * both / max(found + wanted, 1)), 1),
+        "precision": round(100 * both / max(found, 1), 1),
+        "recall": round(100 * both / max(wanted, 1), 1),
+    }
+
+
+def eflomal_reference(train_pairs, test_pairs) -> dict | None:
+    """eflomal's links of `test_pairs` (token lists), aligned with `train_pairs`: forward, backward, gdfa,
+    intersection; None where eflomal cannot be imported."""
+    try:
+        import eflomal
+    except ImportError:
+        return None
+    pairs = list(train_pairs) + list(test_pairs)
+    with tempfile.TemporaryDirectory() as tmp:
+        fwd, rev = Path(tmp) / "fwd", Path(tmp) / "rev"
+        aligner = eflomal.Aligner()
+        aligner.align([" ".join(s) for s, _ in pairs], [" ".join(t) for _, t in pairs],
+                      links_filename_fwd=str(fwd), links_filename_rev=str(rev), quiet=True)  # fmt: skip
+        read = [[{tuple(map(int, link.split("-"))) for link in line.split()} for line in path.read_text().splitlines()]
+                for path in (fwd, rev)]  # fmt: skip
+    forward, backward = (links[len(train_pairs) :] for links in read)
+    gdfa = [grow_diag_final_and(f, b, len(s), len(t)) for f, b, (s, t) in zip(forward, backward, test_pairs,
+                                                                                strict=True)]  # fmt: skip
+    return {"forward": forward, "backward": backward, "gdfa": gdfa,
+            "intersection": [f & b for f, b in zip(forward, backward, strict=True)]}  # fmt: skip
+
+
+# --- markup ---------------------------------------------------------------------------------------------------
+
+
+def markup_test(sources, references, pairs) -> list[tuple[str, str, str]]:
+    """(source with one dictionary word wrapped in <b>...</b>, that word, its German term) per sentence that has
+    one: the English word of the source paired with the longest German word of the reference (then alphabetical)."""
+    rows = []
+    for source, reference in zip(sources, references, strict=True):
+        in_reference = {w.lower(): w for w in re.findall(r"\w+", reference)}
+        found = sorted({(de, en) for en in {_norm(w) for w in source.split()} for de in in_reference
+                        if (en, de) in pairs}, key=lambda p: (-len(p[0]), p))  # fmt: skip
+        if not found:
+            continue
+        de, en = found[0]
+        match = re.search(rf"(?i)\b{re.escape(en)}\b", source)
+        if match is None:
+            continue
+        marked = f"{source[: match.start()]}<b>{match.group(0)}</b>{source[match.end() :]}"
+        rows.append((marked, match.group(0), in_reference[de]))
+    return rows
+
+
+def measure_markup(model, tokenizer, rows, method) -> dict:
+    marked = [row[0] for row in rows]
+    report = ControlReport()
+    start = time.perf_counter()
+    outputs = translate(model, tokenizer, marked, BATCH, markup="xml", constraints=[[row[2]] for row in rows],
+                        report=report, alignment_method=method)  # fmt: skip
+    seconds = time.perf_counter() - start
+    inside = formed = same = has_term = 0
+    examples = []
+    for (source, _, term), output in zip(rows, outputs, strict=True):
+        formed += well_formed(output)
+        same += sorted(tags(output)) == sorted(tags(source))
+        present = re.search(rf"(?i)\b{re.escape(term)}\b", re.sub(r"<[^>]*>", "", output)) is not None
+        has_term += present
+        bold = " ".join(re.findall(r"<b>(.*?)</b>", output))
+        ok = re.search(rf"(?i)\b{re.escape(term)}\b", bold) is not None
+        inside += ok
+        if len(examples) < 8:
+            examples.append({"source": source, "term": term, "output": output, "term_inside": ok})
+    n = len(rows)
+    return {
+        "lines": n,
+        "term_inside_tag": round(100 * inside / n, 1),
+        "term_inside_tag_of_lines_with_term": round(100 * inside / max(has_term, 1), 1),
+        "term_in_output": round(100 * has_term / n, 1),
+        "well_formed": round(100 * formed / n, 1),
+        "same_tags": round(100 * same / n, 1),
+        "unmet_constraints": len(report.unmet),
+        "seconds": round(seconds, 1),
+        "examples": examples,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", help="the main job's output folder (its averaged model)")
+    parser.add_argument("--eflomal", action="store_true", help="also the silver AER against eflomal (if installed)")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of the speed comparison (0: none)")
+    parser.add_argument("--sentences", type=int, default=None, help="only the first N test sentences")
+    parser.add_argument("--json", help="write the result here too")
+    args = parser.parse_args()
+    record = MachineRecord()
+    model, tokenizer = load_for_inference(args.model)
+    corpus = load_corpus(BUILTIN_CORPUS, None, "en", "de")
+    sources, references = source_target(corpus["test"], "en", "de")
+    sources, references = sources[: args.sentences], references[: args.sentences]
+    pairs = dictionary_pairs(_fetch_ding_dictionary(cache_dir() / "ding"))
+    result = {"model": args.model, "native_bf16": native_bf16(), "sentences": len(sources),
+              "dictionary_pairs": len(pairs), "default_method": DEFAULT_METHOD}  # fmt: skip
+
+    start = time.perf_counter()
+    aligned = translate(model, tokenizer, sources, BATCH, alignments="hard")
+    result["aligned_translation_seconds"] = round(time.perf_counter() - start, 1)
+    found = [anchors(a, pairs) for a in aligned]
+    result["sentences_with_anchors"] = sum(map(bool, found))
+    rows = {"diagonal baseline": anchored_scores(aligned, found, lambda i: diagonal_links(aligned[i]))}
+    by_method = {}
+    for method in methods_of(model):
+        by_method[method] = [realign(a, method) for a in aligned]
+        rows[method] = anchored_scores(aligned, found, lambda i, m=method: by_method[m][i].links)
+    result["methods"] = rows
+    best = max(by_method, key=lambda m: rows[m]["anchored_precision"])
+    result["best_method"] = best
+    variants = {}
+    for merge in ("sum", "mean"):
+        again = [realign(a, best, merge=merge) for a in aligned]
+        for rule in ("argmax", "intersect", 0.3, 0.5):
+            variants[f"{merge}, {rule}"] = anchored_scores(
+                aligned, found, lambda i, r=rule, g=again: hard_links(g[i].soft, r)
+            )
+    result["rules_and_merges_of_best"] = variants
+
+    if args.eflomal:
+        train_sources, train_targets = source_target(corpus["train"], "en", "de")
+        split = [([w.lower() for w in a.source_words], [w.lower() for w in a.target_words]) for a in aligned]
+        train = [(s.lower().split(), t.lower().split()) for s, t in zip(train_sources, train_targets, strict=True)]
+        start = time.perf_counter()
+        silver = eflomal_reference(train, split)
+        if silver is None:
+            result["silver_aer"] = "eflomal is not installed (pip install eflomal): not measured"
+        else:
+            reference = silver["gdfa"]
+            table = {m: aer([set(a.links) for a in by_method[m]], reference) for m in by_method}
+            table["diagonal baseline"] = aer([set(diagonal_links(a)) for a in aligned], reference)
+            for name in ("forward", "backward", "intersection"):
+                table[f"eflomal {name} (scale)"] = aer(silver[name], reference)
+            result["silver_aer"] = {"reference": "eflomal grow-diag-final-and of (test source, our output), aligned "
+                                    "with the training split: a silver reference, not gold",
+                                    "seconds": round(time.perf_counter() - start, 1), "table": table}  # fmt: skip
+
+    if args.repeats:
+        runs = {
+            "plain": lambda: translate(model, tokenizer, sources, BATCH),
+            "alignments": lambda: translate(model, tokenizer, sources, BATCH, alignments="hard"),
+        }
+        times = interleave(runs, args.repeats, warmup=0)
+        base, with_alignments = statistics.median(times["plain"]), statistics.median(times["alignments"])
+        result["speed"] = {"plain_median_s": round(base, 2), "alignments_median_s": round(with_alignments, 2),
+                           "cost_percent": round(100 * (with_alignments / base - 1), 1),
+                           "rounds": {k: [round(v, 2) for v in vs] for k, vs in times.items()}}  # fmt: skip
+
+    tests = markup_test(sources, references, pairs)
+    result["markup"] = measure_markup(model, tokenizer, tests, DEFAULT_METHOD)
+    if best != DEFAULT_METHOD:
+        result["markup_with_best_method"] = measure_markup(model, tokenizer, tests, best)
+        result["markup_with_best_method"].pop("examples")
+    result.update(record.finish())
+    print(json.dumps(result, indent=1, ensure_ascii=False))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,304 @@
+"""Word alignments of translations, from the model's encoder-decoder attention (§3.2.3), as Marian's `--alignment`.
+
+A translation found by any search (beam or greedy, n-best, constraints, prefixes, token budgets, an ensemble) goes
+through the model once more, teacher-forced on (source ids, output ids), with `output_attentions=True` (the model is
+switched to eager attention for that pass and back). Its cross-attention becomes a matrix over words:
+
+- words are the whitespace-separated words of the source text and of the translation; a word's subword pieces are
+  merged, the source pieces' weights summed (the mass on the word), the target pieces' rows averaged; the source's
+  `</s>` is left out and each target word's row renormalised to sum to 1 (the soft alignment);
+- `method` says which attention: "mean" (every layer and head), "layerK" (the heads of decoder layer K, from 0), and
+  each with "shift-" in front (shift-att, Chen et al. 2020): target token i is read from the step whose decoder input
+  is token i (the step that predicts i + 1) rather than from the step that predicts it. An ensemble averages its
+  members' matrices.
+- hard links (`rule`): "argmax", each target word to its likeliest source word (Marian's `--alignment hard`); a
+  number t in (0, 1), every pair above t (Marian's `--alignment t`); "intersect", pairs that are the argmax of their
+  row and of their column.
+
+`DEFAULT_METHOD` is the one benchmarks/alignments.py measured best for a model trained without alignment labels.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import re
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from vaswani_mt.model.pipeline_vaswani import single_line
+
+DEFAULT_METHOD = "layer1"
+KINDS = ("hard", "soft")
+_WORD = re.compile(r"\S+")
+
+
+class AlignedTranslation(str):
+    """A translation (it is the text, a `str`) with its word alignment: `source_words` and `target_words` (whitespace
+    split), `soft` (a target-words x source-words tensor, each row a distribution) and `links`, the hard alignment as
+    (source word, target word) pairs, sorted by target word then source word. `kind` ("hard" or "soft") is what
+    `format_alignment` prints by default. `attention` (layers x target tokens + 1 x source tokens, head means),
+    `source_index` and `target_index` (each token's word, -1 for none) keep what `realign` needs for another method."""
+
+    source_words: list[str]
+    target_words: list[str]
+    soft: torch.Tensor
+    links: list[tuple[int, int]]
+    kind: str
+    attention: torch.Tensor | None = None
+    source_index: list[int] = []
+    target_index: list[int] = []
+
+    def __new__(cls, text: str, source_words=(), target_words=(), soft=None, links=(), kind: str = "hard"):
+        self = super().__new__(cls, text)
+        self.source_words, self.target_words = list(source_words), list(target_words)
+        self.soft = soft if soft is not None else torch.zeros(len(self.target_words), len(self.source_words))
+        self.links, self.kind = list(links), kind
+        return self
+
+    def __reduce__(self):
+        return (AlignedTranslation, (str(self), self.source_words, self.target_words, self.soft, self.links,
+                                     self.kind))  # fmt: skip
+
+
+def format_alignment(aligned: AlignedTranslation, kind: str | None = None) -> str:
+    """Marian's alignment field: hard, `s-t s-t ...` (source word - target word, from 0); soft, per target word the
+    comma-separated probabilities of the source words, target words separated by spaces."""
+    kind = kind or aligned.kind
+    if kind == "hard":
+        return " ".join(f"{s}-{t}" for s, t in aligned.links)
+    if kind == "soft":
+        return " ".join(",".join(f"{p:.3f}" for p in row) for row in aligned.soft.tolist())
+    raise ValueError(f"alignments must be one of {', '.join(KINDS)}, not {kind!r}")
+
+
+def format_aligned_line(aligned: AlignedTranslation, kind: str | None = None) -> str:
+    """`translation ||| alignment`, Marian's output line with `--alignment` (no line end)."""
+    return f"{aligned} ||| {format_alignment(aligned, kind)}"
+
+
+def parse_alignment(field: str) -> list[tuple[int, int]] | list[list[float]]:
+    """The alignment field of a Marian line back: hard links as (source, target) pairs, or soft rows."""
+    items = field.split()
+    if all("-" in item for item in items):
+        return [(int(s), int(t)) for s, t in (item.split("-") for item in items)]
+    return [[float(p) for p in item.split(",")] for item in items]
+
+
+def hard_links(soft: torch.Tensor, rule: str | float = "argmax") -> list[tuple[int, int]]:
+    """(source, target) links of a target x source matrix by `rule` (module docstring), sorted by target word."""
+    if soft.numel() == 0:
+        return []
+    if rule == "argmax":
+        best = soft.argmax(1).tolist()
+        return [(s, t) for t, s in enumerate(best)]
+    if rule == "intersect":
+        rows, columns = soft.argmax(1), soft.argmax(0)
+        return [(int(s), t) for t, s in enumerate(rows.tolist()) if int(columns[s]) == t]
+    threshold = float(rule)
+    return [(s, t) for t, s in (soft > threshold).nonzero().tolist()]
+
+
+def check_method(method: str) -> tuple[bool, int | None]:
+    """(shift-att?, layer or None for the mean of all) of a method name; ValueError for a name that is none."""
+    shift = method.startswith("shift-")
+    name = method.removeprefix("shift-")
+    if name == "mean":
+        return shift, None
+    if name.startswith("layer") and name[5:].isdigit():
+        return shift, int(name[5:])
+    raise ValueError(f"alignment method must be mean, layerK or shift-mean, shift-layerK, not {method!r}")
+
+
+@contextlib.contextmanager
+def _eager(model) -> Iterator[None]:
+    """The model on eager attention (the one that returns weights) inside the block, as it was after."""
+    before = model.config._attn_implementation
+    if before != "eager":
+        model.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        if before != "eager":
+            model.set_attn_implementation(before)
+
+
+@torch.no_grad()
+def cross_attention(model, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Encoder-decoder attention of the teacher-forced pass on `sources` (ids ending in `</s>`) and `targets` (output
+    ids without the decoder start, `</s>` or padding), averaged over heads: float32 (layers, batch, rows, columns),
+    row i the step whose decoder input is `<s>` followed by `targets[:i]`, rows `len(target) + 1`. An ensemble gives
+    its members' mean (members of different depths: their layers' means, as one layer)."""
+    members = list(getattr(model, "members", [model]))
+    config = members[0].config
+    pad, start = config.pad_token_id, config.decoder_start_token_id
+    width, length = max(map(len, sources)), max(map(len, targets)) + 1
+    ids = torch.full((len(sources), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    decoder = torch.full((len(targets), length), pad, dtype=torch.long)
+    for row, (source, target) in enumerate(zip(sources, targets, strict=True)):
+        ids[row, : len(source)] = torch.tensor(source)
+        mask[row, : len(source)] = 1
+        decoder[row, : len(target) + 1] = torch.tensor([start, *target])
+    weights = []
+    for member in members:
+        device = member.device
+        with _eager(member):
+            out = member(input_ids=ids.to(device), attention_mask=mask.to(device), decoder_input_ids=decoder.to(device),
+                         output_attentions=True, use_cache=False)  # fmt: skip
+        weights.append(torch.stack(out.cross_attentions).float().mean(2).cpu())
+    if len({w.shape[0] for w in weights}) > 1:
+        weights = [w.mean(0, keepdim=True) for w in weights]
+    return torch.stack(weights).mean(0)
+
+
+def token_words(tokenizer, text: str, ids: Sequence[int]) -> tuple[list[str], list[int]]:
+    """The whitespace-separated words of `text` and, per token of `ids` (its source ids), the word it is part of
+    (-1: none, e.g. `</s>`), by the tokenizer's character offsets; where the tokenizer's ids are not `ids` (a cut or
+    mended source), by decoding."""
+    spans = [m.span() for m in _WORD.finditer(text)]
+    words = [text[a:b] for a, b in spans]
+    encoding = tokenizer(text, return_offsets_mapping=True)
+    if list(encoding["input_ids"][: len(ids) - 1]) != list(ids[:-1]):
+        return _decoded_words(tokenizer, ids)
+    starts = [a for a, _ in spans]
+    specials = set(tokenizer.all_special_ids) - {tokenizer.unk_token_id}  # <unk> stands for characters of a word
+    index = []
+    for token, (a, b) in zip(ids, encoding["offset_mapping"], strict=False):
+        index.append(_word_at(text, a, b, spans, starts) if token not in specials else -1)
+    index += [-1] * (len(ids) - len(index))
+    return words, index
+
+
+def _word_at(text: str, a: int, b: int, spans, starts) -> int:
+    """The word holding the first non-space character of `text[a:b]`; for spaces alone (a bare word-start piece,
+    "▁"), the word after them; -1 for an empty span or spaces at the end."""
+    if a >= b:
+        return -1
+    while a < b and text[a].isspace():
+        a += 1
+    if a >= b:
+        word = bisect.bisect_left(starts, a)
+        return word if word < len(starts) else -1
+    word = bisect.bisect_right(starts, a) - 1
+    return word if word >= 0 and spans[word][0] <= a < spans[word][1] else -1
+
+
+def _decoded_words(tokenizer, ids: Sequence[int]) -> tuple[list[str], list[int]]:
+    """The words of `ids` decoded (special tokens skipped) and each token's word, from the lengths of the decoded
+    prefixes."""
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    spans = [m.span() for m in _WORD.finditer(text)]
+    starts = [a for a, _ in spans]
+    index, end = [], 0
+    for k in range(len(ids)):
+        new_end = len(tokenizer.decode(ids[: k + 1], skip_special_tokens=True))
+        index.append(_word_at(text, end, new_end, spans, starts))
+        end = max(end, new_end)
+    return [text[a:b] for a, b in spans], index
+
+
+def word_matrix(attention: torch.Tensor, source_index: Sequence[int], target_index: Sequence[int],
+                source_words: int, target_words: int, merge: str = "sum") -> torch.Tensor:  # fmt: skip
+    """Token attention (target rows x source columns) as a target-words x source-words matrix, rows summing to 1:
+    source pieces summed (`merge="mean"`: averaged), target pieces averaged."""
+    matrix = torch.zeros(target_words, source_words)
+    if not source_words or not target_words:
+        return matrix
+    columns = torch.tensor([i if i >= 0 else source_words for i in source_index])
+    by_source = torch.zeros(attention.shape[0], source_words + 1).index_add_(1, columns, attention[:, : len(columns)])
+    by_source = by_source[:, :source_words]
+    if merge == "mean":
+        by_source = by_source / torch.bincount(columns, minlength=source_words + 1)[:source_words].clamp(min=1)
+    rows = torch.tensor([i if i >= 0 else target_words for i in target_index], dtype=torch.long)
+    summed = torch.zeros(target_words + 1, source_words).index_add_(0, rows, by_source[: len(rows)])[:target_words]
+    summed = summed / torch.bincount(rows, minlength=target_words + 1)[:target_words].clamp(min=1).unsqueeze(1)
+    return summed / summed.sum(1, keepdim=True).clamp(min=1e-12)
+
+
+def select(attention: torch.Tensor, method: str, length: int) -> torch.Tensor:
+    """The (target tokens x source tokens) rows of one sentence's (layers, rows, columns) attention for `method`:
+    row i for token i, or row i + 1 with shift-att; `length` target tokens."""
+    shift, layer = check_method(method)
+    weights = attention.mean(0) if layer is None else attention[min(layer, attention.shape[0] - 1)]
+    return weights[1 : length + 1] if shift else weights[:length]
+
+
+def align_outputs(model, tokenizer, sources: Sequence[str], source_ids: Sequence[Sequence[int]],
+                  sequences: torch.Tensor, kind: str = "hard", method: str = DEFAULT_METHOD,
+                  rule: str | float = "argmax") -> list[AlignedTranslation]:  # fmt: skip
+    """`AlignedTranslation`s of `generate()`'s output `sequences` (a row per translation, starting with the decoder
+    start) of the texts `sources` (row i of `sequences` translates `sources[i * len(sources) // rows]`: n-best rows
+    follow each other), tokenized as `source_ids`."""
+    if kind not in KINDS:
+        raise ValueError(f"alignments must be one of {', '.join(KINDS)}, not {kind!r}")
+    check_method(method)
+    rows = sequences.shape[0]
+    per = rows // len(sources)
+    specials = set(tokenizer.all_special_ids) - {tokenizer.unk_token_id}
+    outputs = [[t for t in row[1:].tolist() if t not in specials] for row in sequences]
+    keep = [i for i, out in enumerate(outputs) if out]
+    aligned: list[AlignedTranslation | None] = [None] * rows
+    if keep:
+        attention = cross_attention(model, [source_ids[i // per] for i in keep], [outputs[i] for i in keep])
+        for k, i in enumerate(keep):
+            aligned[i] = _aligned(tokenizer, sources[i // per], source_ids[i // per], outputs[i],
+                                  attention[:, k], kind, method, rule)  # fmt: skip
+    for i in range(rows):
+        if aligned[i] is None:
+            words = _WORD.findall(sources[i // per])
+            aligned[i] = AlignedTranslation(single_line(tokenizer.decode(outputs[i], skip_special_tokens=True)),
+                                            words, [], torch.zeros(0, len(words)), [], kind)  # fmt: skip
+    return aligned
+
+
+def _aligned(tokenizer, source: str, source_ids, output, attention, kind, method, rule) -> AlignedTranslation:
+    source_words, source_index = token_words(tokenizer, source, source_ids)
+    target_words, target_index = _decoded_words(tokenizer, output)
+    aligned = AlignedTranslation(single_line(tokenizer.decode(output, skip_special_tokens=True)), source_words,
+                                 target_words, kind=kind)  # fmt: skip
+    aligned.attention = attention[:, : len(output) + 1, : len(source_ids)]
+    aligned.source_index, aligned.target_index = source_index, target_index
+    return realign(aligned, method, rule, into=aligned)
+
+
+def realign(aligned: AlignedTranslation, method: str = DEFAULT_METHOD, rule: str | float = "argmax",
+            merge: str = "sum", into: AlignedTranslation | None = None) -> AlignedTranslation:  # fmt: skip
+    """`aligned` aligned again by another `method`, hard `rule` or source-piece `merge` ("sum" or "mean"), from the
+    attention it keeps (no translation, no model). `into`: the object to fill (default: a copy)."""
+    if into is None:
+        into = AlignedTranslation(str(aligned), aligned.source_words, aligned.target_words, kind=aligned.kind)
+        into.attention, into.source_index, into.target_index = (aligned.attention, aligned.source_index,
+                                                                aligned.target_index)  # fmt: skip
+    if aligned.attention is None or not aligned.target_index:
+        return into
+    weights = select(aligned.attention, method, len(aligned.target_index))
+    into.soft = word_matrix(weights, aligned.source_index, aligned.target_index, len(aligned.source_words),
+                            len(aligned.target_words), merge)  # fmt: skip
+    into.links = hard_links(into.soft, rule)
+    return into
+
+
+def empty_aligned(source: str, kind: str = "hard") -> AlignedTranslation:
+    """The empty translation of an empty or untranslated line, with no links."""
+    words = _WORD.findall(source)
+    return AlignedTranslation("", words, [], torch.zeros(0, len(words)), [], kind)
+
+
+__all__ = [
+    "DEFAULT_METHOD",
+    "KINDS",
+    "AlignedTranslation",
+    "align_outputs",
+    "check_method",
+    "cross_attention",
+    "empty_aligned",
+    "format_aligned_line",
+    "format_alignment",
+    "hard_links",
+    "parse_alignment",
+    "realign",
+    "token_words",
+    "word_matrix",
+]
