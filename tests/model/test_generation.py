@@ -37,7 +37,7 @@ def teacher_forced_log_prob(model, ids, mask, sequence, eos=2):
 
 def test_generation_config_defaults_are_section_6_1(model):
     config = model.generation_config
-    assert (config.num_beams, config.length_penalty, config.early_stopping) == (4, 0.6, "never")
+    assert (config.num_beams, config.length_penalty, config.early_stopping) == (4, 0.6, True)  # fairseq's rule
     assert (config.max_len_a, config.max_len_b) == (1, 50)
     assert (config.decoder_start_token_id, config.eos_token_id, config.pad_token_id) == (0, 2, 1)
 
@@ -46,6 +46,15 @@ def test_paper_defaults_survive_save_and_load(model, tmp_path):
     model.save_pretrained(tmp_path)
     loaded = type(model).from_pretrained(tmp_path).generation_config
     assert (loaded.num_beams, loaded.length_penalty, loaded.max_len_a, loaded.max_len_b) == (4, 0.6, 1, 50)
+
+
+def test_a_folder_saved_with_the_exact_bound_keeps_it(tmp_path):
+    """Folders saved before fairseq's rule became the default (early_stopping "never") search as they did."""
+    model = make_model(seed=0)
+    model.generation_config.early_stopping = "never"
+    model.save_pretrained(tmp_path)
+    assert type(model).from_pretrained(tmp_path).generation_config.early_stopping == "never"
+    assert GenerationConfig.from_pretrained(tmp_path).early_stopping == "never"
 
 
 def test_a_saved_folder_keeps_its_own_per_sentence_limit_and_search_however_it_is_loaded(tmp_path):
@@ -57,7 +66,7 @@ def test_a_saved_folder_keeps_its_own_per_sentence_limit_and_search_however_it_i
     loaded = type(model).from_pretrained(tmp_path)
     for config in (GenerationConfig.from_pretrained(tmp_path), loaded.generation_config):
         search = (config.num_beams, config.length_penalty, config.early_stopping, config.max_len_a, config.max_len_b)
-        assert search == (4, 0.6, "never", 1, 2)
+        assert search == (4, 0.6, True, 1, 2)
     ids, mask = padded_batch(seed=0, lengths=(7, 3))
     sequences = loaded.generate(input_ids=ids, attention_mask=mask)
     for row, source_length in enumerate((7, 3)):
@@ -309,6 +318,9 @@ def exhaustive_best(every_hypothesis, alpha):
 
 
 def toy_generate(model, **kwargs):
+    """The toy model's search of TOY_SOURCE; the exact bound (early_stopping="never") unless `kwargs` say otherwise:
+    only it is certain to find the exhaustive optimum."""
+    kwargs.setdefault("early_stopping", "never")
     out = model.generate(
         input_ids=TOY_SOURCE, max_len_a=0, max_len_b=TOY_MAX, output_scores=True, return_dict_in_generate=True, **kwargs
     )
@@ -349,6 +361,15 @@ def test_alpha_decides_between_hypotheses_of_different_lengths_as_the_exhaustive
         assert score == pytest.approx(best_score, abs=1e-5)
         chosen[alpha] = found
     assert chosen == {0.0: SHORT, 0.6: SHORT, 1.0: SHORT, 2.5: LONG, 5.0: LONG}
+
+
+def test_the_default_rule_stops_once_four_have_finished_where_the_bound_searches_on(toy_model, every_hypothesis):
+    """fairseq's rule (the default, early_stopping=True) ends the search when the beam's four hypotheses have
+    finished: at alpha 2.5 that is before the long translation, the exhaustive optimum the exact bound finds, is."""
+    assert toy_model.generation_config.early_stopping is True
+    found, _, steps = toy_generate(toy_model, length_penalty=2.5, early_stopping=True)
+    exact, _, exact_steps = toy_generate(toy_model, length_penalty=2.5)
+    assert exact == LONG == exhaustive_best(every_hypothesis, 2.5)[0] and found != LONG and steps < exact_steps
 
 
 def _record_early_stop_checks(monkeypatch):

@@ -22,6 +22,10 @@ from .constraints_vaswani import search_controls
 # §6.1's search, the generation config every new model starts with: beam size 4, GNMT length penalty alpha 0.6,
 # at most max_len_a * |X| + max_len_b output tokens (fairseq's names) = input length + 50.
 PAPER_SEARCH = {"num_beams": 4, "length_penalty": 0.6, "max_len_a": 1, "max_len_b": 50}
+# "Terminate early when possible" names no rule. fairseq's (a sentence is done once `num_beams` hypotheses have
+# finished: early_stopping=True) loses no BLEU to the exact bound ("never") on test or dev, in 0.4x its decoder steps
+# (benchmarks/RESULTS.md, 2026-11-26 stopping rules). A saved generation_config.json keeps the rule it was saved with.
+PAPER_STOPPING = True
 
 
 def sentence_limits(max_len_a: float | None, max_len_b: int, source_lengths: torch.Tensor) -> torch.Tensor:
@@ -65,17 +69,18 @@ _UNSUPPORTED_WITH_BEAMS = {
 
 class VaswaniGenerationMixin(GenerationMixin):
     """transformers' `GenerationMixin` with the paper's search (§6.1) from `generate()`: beam 4, GNMT alpha 0.6,
-    each sentence's input length + 50, early termination when no running hypothesis can win (`beam_search`)."""
+    each sentence's input length + 50, a sentence done once 4 hypotheses have finished (`PAPER_STOPPING`; or, with
+    early_stopping="never", once no running hypothesis can win: `beam_search`)."""
 
     def _use_paper_search(self) -> None:
-        """Sets the model's generation config to `PAPER_SEARCH`, terminating early only when the bound allows it."""
+        """Sets the model's generation config to `PAPER_SEARCH`, stopping by `PAPER_STOPPING`."""
         # A new config rather than transformers' own: that one is derived from the model config and saved marked so,
         # and loading a config so marked drops the keys GenerationConfig does not know, max_len_a/b among them.
         derived = self.generation_config.to_diff_dict()
         settings = {
             key: value for key, value in derived.items() if not key.startswith("_") and key != "transformers_version"
         }
-        self.generation_config = GenerationConfig(**{**settings, **PAPER_SEARCH, "early_stopping": "never"})
+        self.generation_config = GenerationConfig(**{**settings, **PAPER_SEARCH, "early_stopping": PAPER_STOPPING})
 
     def generate(
         self,
@@ -190,6 +195,7 @@ class VaswaniGenerationMixin(GenerationMixin):
 
 __all__ = [
     "PAPER_SEARCH",
+    "PAPER_STOPPING",
     "PerSentenceMaxLength",
     "VaswaniGenerationMixin",
     "sentence_limits",
