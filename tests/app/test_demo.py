@@ -130,8 +130,9 @@ def test_app_passes_its_host_and_port_flags_to_the_demo(monkeypatch):
     app, calls = _load_app(), []
     monkeypatch.setattr(demo_module, "launch", lambda model, **kwargs: calls.append((model, kwargs)))  # main's
     app.main(["some/model"])
-    app.main(["some/model", "--host", "0.0.0.0", "--port", "8000"])
-    assert calls == [("some/model", {"host": None, "port": None}), ("some/model", {"host": "0.0.0.0", "port": 8000})]
+    app.main(["some/model", "--host", "0.0.0.0", "--port", "8000", "--compute_type", "int8"])
+    assert calls == [("some/model", {"host": None, "port": None, "compute_type": "float32"}),
+                     ("some/model", {"host": "0.0.0.0", "port": 8000, "compute_type": "int8"})]  # fmt: skip
 
 
 def test_app_ends_with_one_line_naming_a_bad_model_folder(tmp_path, capsys):

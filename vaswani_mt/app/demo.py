@@ -112,15 +112,17 @@ def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, alpha: f
 
 def build_demo(model_id: str, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS, *,
                max_characters: int = DEMO_MAX_CHARACTERS, workers: int = DEMO_WORKERS,
-               queue_size: int = DEMO_QUEUE_SIZE):  # fmt: skip
-    """The Gradio Blocks app for the vaswani_mt model in `model_id` (folder or Hub id), loaded with eager attention,
-    behind a queue of `queue_size` requests that `workers` translations at a time drain."""
+               queue_size: int = DEMO_QUEUE_SIZE, compute_type: str = "float32"):  # fmt: skip
+    """The Gradio Blocks app for the vaswani_mt model in `model_id` (folder or Hub id), loaded with eager attention
+    and `compute_type` (`load_for_inference`), behind a queue of `queue_size` requests that `workers` translations at
+    a time drain."""
     gr = _import_gradio_quietly()
 
     from vaswani_mt.inference.loading import load_for_inference
     from vaswani_mt.system import return_freed_memory
 
-    model, tokenizer = load_for_inference(model_id, attn_implementation="eager")  # ModelFolderError: one line
+    # ModelFolderError, or ValueError for a compute type this machine cannot run well: one line
+    model, tokenizer = load_for_inference(model_id, attn_implementation="eager", compute_type=compute_type)
     layers = model.config.num_decoder_layers
     search = model.generation_config  # the controls start from the model's own search (its saved alpha, say)
     beams = int(getattr(search, "num_beams", None) or 4)
@@ -227,7 +229,8 @@ def server_name(host: str | None = None) -> str:
 
 
 def launch(model_id: str, host: str | None = None, port: int | None = None, *, workers: int = DEMO_WORKERS,
-           queue_size: int = DEMO_QUEUE_SIZE, max_body_bytes: int = DEMO_MAX_REQUEST_BYTES, **kwargs):  # fmt: skip
+           queue_size: int = DEMO_QUEUE_SIZE, max_body_bytes: int = DEMO_MAX_REQUEST_BYTES,
+           compute_type: str = "float32", **kwargs):  # fmt: skip
     """Starts the app and returns its Blocks; blocks until the server stops unless `prevent_thread_lock=True` is
     among `kwargs` (the rest go to Gradio's `launch`). The address is `server_name(host)`, the port `port`, else
     GRADIO_SERVER_PORT, else 7860. A model folder that cannot be served raises `ModelFolderError` (one line) before
@@ -235,7 +238,7 @@ def launch(model_id: str, host: str | None = None, port: int | None = None, *, w
     gr = _import_gradio_quietly()
     from starlette.middleware import Middleware
 
-    demo = build_demo(model_id, workers=workers, queue_size=queue_size)
+    demo = build_demo(model_id, workers=workers, queue_size=queue_size, compute_type=compute_type)
     demo.launch(
         server_name=server_name(host),
         server_port=port or int(os.environ.get("GRADIO_SERVER_PORT", "7860")),

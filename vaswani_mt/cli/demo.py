@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from vaswani_mt.cli import quiet_library_bars
+from vaswani_mt.cli import add_compute_type, quiet_library_bars
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -22,13 +22,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("positional_model", nargs="?", default=None, help=argparse.SUPPRESS)  # `app.py MODEL`
     parser.add_argument("--host", help="address to listen on (default: GRADIO_SERVER_NAME, else 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default: GRADIO_SERVER_PORT, else 7860)")
+    add_compute_type(parser)
     args = parser.parse_args(argv)
+    from vaswani_mt.inference.compute_types import resolve_compute_type
+
+    try:  # before the model loads and anything listens
+        compute_type = resolve_compute_type(args.compute_type or "float32")
+    except ValueError as error:
+        sys.exit(f"error: --compute_type: {error}")
     quiet_library_bars()
     from vaswani_mt.app.demo import launch
     from vaswani_mt.inference.loading import ModelFolderError
 
     try:
-        launch(args.model or args.positional_model or default, host=args.host, port=args.port)
+        launch(args.model or args.positional_model or default, host=args.host, port=args.port,
+               compute_type=compute_type)  # fmt: skip
     except ModelFolderError as error:
         sys.exit(f"error: {error}")
 

@@ -218,20 +218,21 @@ def ensemble(models: Sequence[VaswaniForConditionalGeneration], names: Sequence[
     return VaswaniEnsemble(models).eval()
 
 
-def load_ensemble(folders: Sequence[str], device: str | None = None):
+def load_ensemble(folders: Sequence[str], device: str | None = None, compute_type: str = "float32"):
     """The models saved in `folders` (folders or Hub ids) as one ensemble, and the tokenizer they share, on `device`
-    (default: GPU if there is one). One folder gives that model itself. A folder that is not a servable model, or two
-    whose vocabularies differ, raises `ModelFolderError` in one line naming the folders.
+    (default: GPU if there is one), each member with `compute_type` (`load_for_inference`). One folder gives that
+    model itself. A folder that is not a servable model, or two whose vocabularies differ, raises `ModelFolderError`
+    in one line naming the folders.
     """
     folders = [str(folder) for folder in folders]
     if not folders:
         raise ModelFolderError("an ensemble needs at least one model folder")
-    first, tokenizer = load_for_inference(folders[0], device=device)
+    first, tokenizer = load_for_inference(folders[0], device=device, compute_type=compute_type)
     if len(folders) == 1:
         return first, tokenizer
     models = [first]
     for folder in folders[1:]:
-        model, other = load_for_inference(folder, device=device)
+        model, other = load_for_inference(folder, device=device, compute_type=compute_type)
         difference = _tokenizer_difference(tokenizer, other) or _vocabulary_difference(first, model)
         if difference is not None:
             raise ModelFolderError(

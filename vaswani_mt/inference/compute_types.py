@@ -1,0 +1,123 @@
+"""Compute types for inference, by CTranslate2's names: how a loaded model's matrix products run.
+
+- `float32` (the default): the saved weights as they are; exactly today's numbers.
+- `bfloat16`: the weights cast to bf16 (`model.to(torch.bfloat16)`), so every matrix product runs in bf16; the search
+  still scores in float32 (our beam search and transformers' greedy search cast the logits before the log-softmax,
+  the length penalty is applied to those float32 scores), softmax inside attention runs in float32 (eager) or with
+  float32 accumulation (sdpa), and LayerNorm accumulates in float32. Only where the hardware multiplies bf16
+  natively (`native_bf16()`, or a CUDA GPU that has it): elsewhere torch emulates it, about 2x slower than float32.
+- `int8`: every `nn.Linear` (the encoder's and decoder's projections, the FFN and the pre-softmax projection
+  `lm_head`) with int8 weights, one scale per output row, and its input quantized to int8 at each call (dynamic
+  quantization, PyTorch's fbgemm kernels), as CTranslate2's int8. The embedding lookups stay float32: `lm_head`'s
+  int8 copy is its own, the shared matrix (§3.4) that the embeddings read stays the float one. CPU only.
+- `auto`: the fastest of these whose test BLEU is within 0.1 of float32 on this kind of hardware, measured
+  beforehand (`AUTO_COMPUTE_TYPES`), never at run time.
+
+Applied when a model is loaded (`load_for_inference(folder, compute_type=...)`); the saved folder is unchanged, and
+a model loaded with another type than float32 refuses `save_pretrained` (compute types are for inference only).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+from vaswani_mt.system.devices import native_bf16
+
+COMPUTE_TYPES = ("float32", "bfloat16", "int8", "auto")
+
+# `auto` by hardware class: the fastest type whose sacreBLEU on the built-in test split is within 0.1 of float32's
+# with the model's own search (benchmarks/compute_types.py, beam 4 at batch 16; greedy int8 lost 0.19).
+AUTO_COMPUTE_TYPES = {
+    "native-bf16 CPU": "int8",  # RESULTS.md, 2026-11-26 translating faster: 1.48x float32, BLEU 8.09 vs 8.10
+    "AVX2 CPU": "float32",  # not measured
+    "CUDA": "float32",  # not measured
+}
+
+
+def hardware_class(device: str | torch.device | None = None) -> str:
+    """The row of `AUTO_COMPUTE_TYPES` that `device` (default: GPU if there is one) belongs to."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda":
+        return "CUDA"
+    return "native-bf16 CPU" if native_bf16() else "AVX2 CPU"
+
+
+def resolve_compute_type(compute_type: str, device: str | torch.device | None = None) -> str:
+    """`compute_type` checked for `device` (default: GPU if there is one), `auto` replaced by its table entry; a
+    type this device cannot run well raises `ValueError`, one line, before any model loads."""
+    if compute_type not in COMPUTE_TYPES:
+        raise ValueError(f"unknown compute type {compute_type!r}: use {', '.join(COMPUTE_TYPES)}")
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if compute_type == "auto":
+        return AUTO_COMPUTE_TYPES[hardware_class(device)]
+    if compute_type == "bfloat16":
+        native = torch.cuda.is_bf16_supported() if device.type == "cuda" else native_bf16()
+        if not native:
+            where = "this GPU" if device.type == "cuda" else "this CPU (no AVX512-BF16/AMX)"
+            raise ValueError(
+                f"bfloat16 is not native on {where}: it would be about 2x slower than float32; use float32 or int8"
+            )
+    if compute_type == "int8" and device.type != "cpu":
+        raise ValueError(f"int8 runs on the CPU only (PyTorch's dynamic int8 kernels), not {device}: use float32 or "
+                         "bfloat16, or device cpu")  # fmt: skip
+    return compute_type
+
+
+class Int8Linear(torch.ao.nn.quantized.dynamic.Linear):
+    """PyTorch's dynamic int8 linear layer, with its int8 weight as the attribute `weight` (torch's is a method that
+    unpacks it): the model's float32 fast path reads `linear.weight.dtype` and, seeing qint8, calls the layer."""
+
+    def set_weight_bias(self, w: torch.Tensor, b: torch.Tensor | None) -> None:
+        super().set_weight_bias(w, b)
+        self.weight = w  # a plain attribute: not a parameter, not saved
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, dtype=torch.qint8, per row"
+
+
+def _quantize_int8(model: nn.Module) -> nn.Module:
+    """Every `nn.Linear` of `model` replaced, in place, by an `Int8Linear` (per-row weight scales)."""
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    with warnings.catch_warnings():
+        # Deprecated in torch 2.13 for torchao, whose int8 is slower on CPU without torch.compile (RESULTS.md).
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*", category=UserWarning)
+        return quantize_dynamic(
+            model, {nn.Linear: per_channel_dynamic_qconfig}, mapping={nn.Linear: Int8Linear}, inplace=True
+        )
+
+
+def _refuse_saving(compute_type: str):
+    def save_pretrained(*args, **kwargs):
+        raise ValueError(
+            f"this model was loaded with compute_type={compute_type!r}, for inference only: it is not saved; save "
+            "the model loaded in float32"
+        )
+
+    return save_pretrained
+
+
+def apply_compute_type(model: nn.Module, compute_type: str) -> nn.Module:
+    """`model` (in eval mode, on its device) set to run with `compute_type`, one of `COMPUTE_TYPES` already resolved
+    (`resolve_compute_type`); `float32` returns it untouched. Changes the model in place."""
+    if compute_type == "float32":
+        return model
+    if compute_type == "bfloat16":
+        model = model.to(torch.bfloat16)
+    elif compute_type == "int8":
+        model = _quantize_int8(model)
+    else:
+        raise ValueError(f"compute type {compute_type!r} is not resolved: use resolve_compute_type first")
+    model.save_pretrained = _refuse_saving(compute_type)  # an instance attribute: push_to_hub calls it too
+    model.compute_type = compute_type
+    return model
+
+
+__all__ = [
+    "AUTO_COMPUTE_TYPES", "COMPUTE_TYPES", "Int8Linear", "apply_compute_type", "hardware_class",
+    "resolve_compute_type",
+]  # fmt: skip
