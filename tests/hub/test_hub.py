@@ -202,7 +202,9 @@ def test_card_for_the_hub_names_the_repository_and_the_marian_card_says_what_it_
     assert 'AutoModelForSeq2SeqLM.from_pretrained("alice/tiny-en-de", trust_remote_code=True)' in ours
     # The card names the transformers versions the package requires (and is tested with).
     pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text(encoding="utf-8")
-    assert re.findall(r'^\s*"(transformers\s*[<>=!~][^"]*)",', pyproject, flags=re.MULTILINE) == [TRANSFORMERS_REQUIREMENT]
+    assert re.findall(r'^\s*"(transformers\s*[<>=!~][^"]*)",', pyproject, flags=re.MULTILINE) == [
+        TRANSFORMERS_REQUIREMENT
+    ]
     assert f'pip install "{TRANSFORMERS_REQUIREMENT}"' in ours
     assert "USER/" not in ours
     marian = card_for_hub(card, "alice/tiny-en-de-marian", native="marian")

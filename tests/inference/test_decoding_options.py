@@ -247,3 +247,26 @@ def test_translate_script_options_nbest_sampling_and_max_tokens(fitted_folder, m
                                     "0.95"], monkeypatch, data)[0] for seed in (1, 1, 2)]  # fmt: skip
     assert sampled[0] == sampled[1] != sampled[2]
     assert len(sampled[0].splitlines()) == len(lines) and sampled[0].splitlines()[6] == ""
+
+
+def test_early_stopping_option_gives_the_library_rule_of_that_name(fitted, fitted_folder, monkeypatch):
+    """--early_stopping never|true|false searches as translate(..., early_stopping="never"|True|False) does: the
+    search's stopping test gets that rule, and the lines are the call's."""
+    from vaswani_mt.model import beam_search_vaswani
+
+    model, tokenizer = fitted
+    data = ("\n".join(ENGLISH) + "\n").encode()
+    rules, can_improve = [], beam_search_vaswani.can_improve
+
+    def spy(**kwargs):
+        rules.append(kwargs["early_stopping"])
+        return can_improve(**kwargs)
+
+    monkeypatch.setattr(beam_search_vaswani, "can_improve", spy)
+    for word, rule in (("never", "never"), ("true", True), ("false", False)):
+        rules.clear()
+        out, code = _run(translate_cli, ["--model", str(fitted_folder), "--early_stopping", word], monkeypatch, data)
+        assert code is None and rules and set(rules) == {rule}
+        assert out.splitlines() == translate(model, tokenizer, ENGLISH, early_stopping=rule)
+    _, code = _run(translate_cli, ["--model", str(fitted_folder), "--early_stopping", "sometimes"], monkeypatch, data)
+    assert code == 2  # argparse: invalid choice

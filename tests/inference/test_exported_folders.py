@@ -1,17 +1,21 @@
-"""An exported folder given to translate or evaluate (issue 45, item 3): one line that names it as the export it is and
-says how to run it, not "another model type" (Marian) or "a config.json without model_type" (CTranslate2)."""
+"""An exported folder given where it cannot serve (issue 45, item 3): one line that names it as the export it is and
+says how to run it, not "another model type" (Marian) or "a config.json without model_type" (CTranslate2). A Marian
+folder in translate or evaluate; a CTranslate2 folder, which those two translate with (issue 44, item 5:
+tests/export/test_ctranslate2_backend.py), in the other commands (export)."""
 
 import pytest
 from conftest import assert_one_clear_line
 
 from vaswani_mt.cli import evaluate as evaluate_cli
+from vaswani_mt.cli import export as export_cli
 from vaswani_mt.cli import translate as translate_cli
 
 EXPECTED = {
     "marian": ["holds a 'marian' model, not a vaswani_mt one: a Marian export (vaswani-mt-export --format marian)",
                "MarianMTModel.from_pretrained(folder)", "or translate the vaswani_mt folder it came from"],
     "ctranslate2": ["holds a CTranslate2 export (model.bin), not a vaswani_mt model",
-                    "vaswani_mt.export.ctranslate2.CTranslate2Model(folder).translate(sentences) (docs/export.md)"],
+                    "vaswani-mt-translate and vaswani-mt-evaluate take it as --model",
+                    "vaswani_mt.export.ctranslate2.CTranslate2Model(folder) (docs/export.md)"],
 }  # fmt: skip
 
 
@@ -31,13 +35,15 @@ def exported(fitted_folder, tmp_path_factory):
 
 
 @pytest.mark.parametrize("fmt", list(EXPECTED))
-def test_translate_and_evaluate_name_an_export_and_how_to_run_it(exported, fmt, capfd):
+def test_a_command_that_cannot_serve_an_export_names_it_and_how_to_run_it(exported, fmt, capfd):
     root, folders = exported
     source = str(root / "source.en")
     runs = {
         translate_cli: ["--model", folders[fmt], "--input", source],
         evaluate_cli: ["--model", folders[fmt], "--input", source, "--reference_file", source],
     }
+    if fmt == "ctranslate2":  # translate and evaluate take it; export does not
+        runs = {export_cli: ["--model", folders[fmt], "--format", "marian", "--output", str(root / "again")]}
     for module, argv in runs.items():
         with pytest.raises(SystemExit) as stop:
             module.main(argv)

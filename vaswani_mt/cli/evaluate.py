@@ -17,9 +17,17 @@ order, says so in one line and exits with status 130 or 143, without scores; a s
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
-from vaswani_mt.cli import old_name, quiet_library_bars
+from vaswani_mt.cli import (
+    add_compute_type,
+    check_compute_type,
+    check_ctranslate2_model,
+    load_models,
+    old_name,
+    quiet_library_bars,
+)
 from vaswani_mt.cli.translate import (
     add_decoding_options,
     check_before_loading,
@@ -51,7 +59,9 @@ def main(argv: list[str] | None = None) -> None:
         "--model",
         action="append",
         help="saved model folder or Hub id; several (--model A --model B) translate with their ensemble: the mean "
-        "of their probabilities at each step, searched with the first model's search (one vocabulary)",
+        "of their probabilities at each step, searched with the first model's search (one vocabulary); or a "
+        "CTranslate2 export (vaswani-mt-export --format ctranslate2), searched by CTranslate2 and ranked as ours "
+        "(docs/export.md)",
     )
     parser.add_argument("--hypotheses", help="score-only mode: translations, one per line (with --references)")
     parser.add_argument("--references", help="score-only mode: references, line by line with --hypotheses")
@@ -68,6 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num_beams", type=int, default=None, help="beam size (default: the model's)")
     parser.add_argument("--output", help="also write the translations here")
     add_decoding_options(parser, sampling=False)
+    add_compute_type(parser)
     parser.add_argument("--nbest_file", help="with --nbest: write the n-best lists here (the best one is scored)")
     args = parser.parse_args(argv)
     if bool(args.nbest) != bool(args.nbest_file):
@@ -97,6 +108,8 @@ def main(argv: list[str] | None = None) -> None:
 
     if bool(args.source_file) != bool(args.reference_file):
         parser.error("--input and --reference_file go together")
+    check_ctranslate2_model(args)
+    check_compute_type(args)
     check_before_loading(args)
     quiet_library_bars()
     from vaswani_mt.inference.streams import TranslationInterrupted, interruptible, stopping_on_signals
@@ -133,12 +146,11 @@ def _load(args: argparse.Namespace) -> tuple:
     `error: ...`, for a folder that cannot be served, bad options or a bad test set."""
     from vaswani_mt.data.corpus import BUILTIN_CORPUS, DataError, load_corpus, read_parallel_text, source_target
     from vaswani_mt.inference.controls import ControlReport, split_constrained_line, warn_no_tabs
-    from vaswani_mt.inference.ensemble import load_ensemble
     from vaswani_mt.inference.loading import ModelFolderError
 
     # The model first: a folder that cannot be served is reported before a corpus is read.
     try:
-        model, tokenizer = load_ensemble(args.model)  # one folder: that model (load_for_inference)
+        model, tokenizer = load_models(args)  # ours, an ensemble, or a CTranslate2 export
     except ModelFolderError as error:
         sys.exit(f"error: {error}")
     kwargs = decoding_options(args, model.generation_config, tokenizer)  # a bad combination of options too
@@ -181,12 +193,16 @@ def _translate(args: argparse.Namespace, model, tokenizer, sources: list[str], k
 
     kwargs = dict(kwargs)
     nbest = kwargs.pop("nbest", None)
+    if hasattr(model, "translate_nbest"):  # a CTranslate2 export translates itself (export.ctranslate2)
+        run, run_nbest = model.translate, model.translate_nbest
+    else:
+        run, run_nbest = partial(translate, model, tokenizer), partial(translate_nbest, model, tokenizer)
     try:
         with interruptible():
             if nbest:
-                lists = translate_nbest(model, tokenizer, sources, nbest, args.batch_size, progress=True, **kwargs)
+                lists = run_nbest(sources, nbest, args.batch_size, progress=True, **kwargs)
             else:
-                lists = translate(model, tokenizer, sources, batch_size=args.batch_size, progress=True, **kwargs)
+                lists = run(sources, batch_size=args.batch_size, progress=True, **kwargs)
     except TranslationInterrupted as stop:
         stop.written = len(_write_translations(args, stop.done, nbest))
         raise

@@ -31,7 +31,14 @@ import os
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
-from vaswani_mt.cli import quiet_library_bars, saved_search
+from vaswani_mt.cli import (
+    add_compute_type,
+    check_compute_type,
+    check_ctranslate2_model,
+    load_models,
+    quiet_library_bars,
+    saved_search,
+)
 from vaswani_mt.model.constraints_vaswani import ORDERS  # loaded with vaswani_mt itself
 
 if TYPE_CHECKING:
@@ -39,6 +46,8 @@ if TYPE_CHECKING:
     from vaswani_mt.inference.translate import TranslationInterrupted
 
 SAMPLING_OPTIONS = ("topk", "topp", "temperature", "seed")
+# --early_stopping's words and the values transformers' `early_stopping` takes (beam_search_vaswani.can_improve).
+EARLY_STOPPING = {"never": "never", "true": True, "false": False}
 
 
 def add_decoding_options(parser: argparse.ArgumentParser, sampling: bool = True) -> None:
@@ -47,6 +56,12 @@ def add_decoding_options(parser: argparse.ArgumentParser, sampling: bool = True)
     parser.add_argument(
         "--length_penalty", type=float, default=None, metavar="ALPHA", help="GNMT alpha (default: the model's)"
     )
+    parser.add_argument(
+        "--early_stopping", choices=tuple(EARLY_STOPPING), default=None,
+        help="when a sentence's beam search stops (default: the model's): never, once nothing running can win "
+        "(the exact bound); true, once num_beams hypotheses have finished (fairseq's rule); false, once nothing "
+        "running can win at its current length (transformers' heuristic)",
+    )  # fmt: skip
     parser.add_argument(
         "--constrained_length_penalty", type=float, default=None, metavar="ALPHA",
         help="GNMT alpha of the lines with --constraints (default: the one the model saved, chosen on dev when it "
@@ -134,6 +149,8 @@ def decoding_options(args: argparse.Namespace, search, tokenizer=None) -> dict:
     for name in ("length_penalty", "constrained_length_penalty"):
         if getattr(args, name, None) is not None:
             kwargs[name] = getattr(args, name)
+    if getattr(args, "early_stopping", None) is not None:
+        kwargs["early_stopping"] = EARLY_STOPPING[args.early_stopping]
     given = [f"--{name}" for name in SAMPLING_OPTIONS if getattr(args, name, None) is not None]
     if given and not getattr(args, "sampling", False):
         sys.exit(f"error: {', '.join(given)} only go{'es' if len(given) == 1 else ''} with --sampling")
@@ -227,7 +244,9 @@ def main(argv: list[str] | None = None) -> None:
         action="append",
         required=True,
         help="saved model folder or Hub id; several (--model A --model B) translate with their ensemble: the mean "
-        "of their probabilities at each step, searched with the first model's search (one vocabulary)",
+        "of their probabilities at each step, searched with the first model's search (one vocabulary); or a "
+        "CTranslate2 export (vaswani-mt-export --format ctranslate2), searched by CTranslate2 and ranked as ours "
+        "(docs/export.md)",
     )
     parser.add_argument("--input", help="text file, one sentence per line (default: standard input)")
     parser.add_argument(
@@ -246,11 +265,30 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--num_beams", type=int, default=None, help="beam size (default: the model's)")
     add_decoding_options(parser)
+    add_compute_type(parser)
+    parser.add_argument(
+        "--alignments", choices=("hard", "soft"), default=None,
+        help="word alignments, Marian's format after the translation: 'translation ||| 0-0 1-2 ...' (hard: source "
+        "word - target word, words split on whitespace, from 0) or per target word the comma-separated "
+        "probabilities of the source words (soft); from the cross-attention (--alignment_method)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--alignment_method", default=None, metavar="M",
+        help="which attention aligns: mean (all layers and heads), layerK, shift-mean or shift-layerK (shift-att); "
+        "default: the one benchmarks/alignments.py measured best",
+    )  # fmt: skip
+    parser.add_argument(
+        "--markup", choices=("xml",), default=None,
+        help="inline tags (<b>, <a href=...>, <br/>), entities and placeholders ({0}, %%s) carried through by word "
+        "alignment (docs/markup.md); a line with broken markup is translated as plain text, with a warning",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if (args.batch_size is not None and args.batch_size < 1) or (args.chunk_size is not None and args.chunk_size < 1):
         parser.error(f"--batch_size and --chunk_size must be at least 1, got {args.batch_size} and {args.chunk_size}")
     if args.batch_size is None and args.max_tokens is None:
         args.batch_size = 32
+    check_ctranslate2_model(args)
+    check_compute_type(args)
     check_before_loading(args)
     quiet_library_bars()
     from vaswani_mt.inference.streams import TranslationInterrupted, stopping_on_signals
@@ -263,21 +301,39 @@ def main(argv: list[str] | None = None) -> None:
         exit_interrupted(stop, getattr(stop, "written", written), "<stdout>")
 
 
+def _alignment_options(args: argparse.Namespace) -> dict:
+    """`translate_stream`'s keywords for --alignments, --alignment_method and --markup; `error: ...` where they do
+    not go together."""
+    from vaswani_mt.inference.alignments import check_method
+    from vaswani_mt.inference.markup import check_markup_options
+
+    options = {name: getattr(args, name) for name in ("alignments", "alignment_method", "markup")
+               if getattr(args, name, None) is not None}  # fmt: skip
+    try:
+        if args.alignment_method is not None:
+            check_method(args.alignment_method)
+        if args.markup is not None:
+            check_markup_options(args.markup, args.alignments, args.nbest)
+    except ValueError as error:
+        sys.exit(f"error: {error}")
+    return options
+
+
 def _translate_input(args: argparse.Namespace) -> int:
     """What `main` does once the arguments are checked: translates --input (or standard input) to standard output;
     returns how many lines."""
     from vaswani_mt.inference.controls import ControlReport
-    from vaswani_mt.inference.ensemble import load_ensemble
     from vaswani_mt.inference.loading import ModelFolderError
     from vaswani_mt.inference.streams import interruptible, read_text_lines, translate_stream
 
     check_prefix_lines(args.input, args.target_prefix_file)
     try:
         with interruptible():
-            model, tokenizer = load_ensemble(args.model)  # one folder: that model (load_for_inference)
+            model, tokenizer = load_models(args)  # ours, an ensemble, or a CTranslate2 export
     except ModelFolderError as error:
         sys.exit(f"error: {error}")
     kwargs = decoding_options(args, model.generation_config, tokenizer)
+    kwargs.update(_alignment_options(args))
     report = ControlReport()
     try:
         stream = open(args.input, "rb") if args.input else sys.stdin.buffer

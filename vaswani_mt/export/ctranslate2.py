@@ -329,13 +329,13 @@ class CTranslate2Model:
         """`translate` (with `nbest`: `translate_nbest`) of an iterable of any length, `chunk_size` lines at a time,
         as `inference.translate.translate_chunks`: `ready()` ends a chunk where the input pauses; `target_prefixes`
         are read along with the lines (ValueError where they end first); warnings number lines across chunks."""
-        from vaswani_mt.inference.translate import _next_chunk  # the same chunks as ours
+        from vaswani_mt.inference.translate import next_chunk  # the same chunks as ours
 
         if (batch_size is not None and batch_size < 1) or chunk_size < 1:
             raise ValueError(f"batch_size and chunk_size must be at least 1, got {batch_size} and {chunk_size}")
         prefixes = None if target_prefixes is None else iter(target_prefixes)
         lines, done = iter(lines), 0
-        while chunk := _next_chunk(lines, chunk_size, ready):
+        while chunk := next_chunk(lines, chunk_size, ready):
             own = None
             if prefixes is not None:
                 own = list(itertools.islice(prefixes, len(chunk)))

@@ -7,7 +7,8 @@ problem, before any weights are read. What it checks, in order:
 
 - the path: no such folder, a file instead of a folder, a Hub id that does not download;
 - `config.json`: missing, empty, not UTF-8, not JSON, not a JSON object, another model type (our Marian and
-  CTranslate2 exports named as such, with how to run them), or a value that
+  CTranslate2 exports named as such, with how to run them; translate and evaluate take a CTranslate2 export,
+  `is_ctranslate2_folder`, checked by `check_ctranslate2_folder`), or a value that
   `VaswaniConfig` refuses (a size that is not a positive integer, a rate outside [0, 1), ...);
 - the weights: safetensors only (a pickle file can run code when it is loaded, so a folder with only
   `pytorch_model.bin` is refused), complete (a truncated file is caught by its header), and holding exactly the
@@ -95,9 +96,9 @@ def _read_config(model: str, folder: Path) -> VaswaniConfig:
         )
     if not model_type and (folder / "model.bin").is_file():  # `--format ctranslate2`: CTranslate2's own config.json
         raise ModelFolderError(
-            f"{model} holds a CTranslate2 export (model.bin), not a vaswani_mt model: translate with "
-            "vaswani_mt.export.ctranslate2.CTranslate2Model(folder).translate(sentences) (docs/export.md), or "
-            "translate the vaswani_mt folder it came from"
+            f"{model} holds a CTranslate2 export (model.bin), not a vaswani_mt model: vaswani-mt-translate and "
+            "vaswani-mt-evaluate take it as --model, Python as vaswani_mt.export.ctranslate2.CTranslate2Model(folder) "
+            "(docs/export.md); here, use the vaswani_mt folder it came from"
         )
     if model_type != VaswaniConfig.model_type:
         what = f"a {model_type!r} model" if model_type else "a config.json without model_type"
@@ -204,6 +205,34 @@ def _load_tokenizer(model: str, folder: Path, config: VaswaniConfig):
     return tokenizer
 
 
+def is_ctranslate2_folder(model: str | Path) -> bool:
+    """Whether `model` is a folder here holding a CTranslate2 export (`vaswani-mt-export --format ctranslate2`):
+    `model.bin` beside CTranslate2's own config.json (no model_type). The commands that translate take one."""
+    folder = Path(str(model)).expanduser()
+    if not (folder / "model.bin").is_file():
+        return False
+    try:
+        values = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # not one that serves: `check_model_folder` names the problem
+        return False
+    return isinstance(values, dict) and not values.get("model_type")
+
+
+def check_ctranslate2_folder(model: str) -> Path:
+    """Checks a CTranslate2 export (`is_ctranslate2_folder`) as `check_model_folder` checks ours, before it loads: its
+    tokenizer.json (and tokenizer_config.json), and generation_config.json, the search, if present. Returns the
+    folder, or raises `ModelFolderError`."""
+    folder = Path(str(model)).expanduser()
+    if not (folder / "tokenizer.json").is_file():
+        raise ModelFolderError(f"{model} has no tokenizer.json: export the model again with vaswani-mt-export, "
+                               "which copies it")  # fmt: skip
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (folder / name).is_file():
+            _read_json_object(model, folder, name)
+    _check_generation_config(model, folder)
+    return folder
+
+
 def check_model_folder(model: str) -> tuple[Path, VaswaniConfig]:
     """Checks that `model` (a folder or Hub id) holds a loadable vaswani_mt model without loading its weights;
     returns the folder on this machine and its config, or raises `ModelFolderError`. `load_for_inference` runs it
@@ -215,22 +244,46 @@ def check_model_folder(model: str) -> tuple[Path, VaswaniConfig]:
     return folder, config
 
 
-def load_for_inference(model: str, device: str | None = None, attn_implementation: str | None = None):
+def load_for_inference(model: str, device: str | None = None, attn_implementation: str | None = None,
+                       compute_type: str = "float32"):  # fmt: skip
     """A saved vaswani_mt model (folder or Hub id) and its tokenizer, in eval mode on `device` (default: GPU if
     there is one). Anything else raises `ModelFolderError`, one line that says what is wrong with the folder.
-    `attn_implementation="eager"` is what `output_attentions` needs."""
+    `attn_implementation="eager"` is what `output_attentions` needs. `compute_type` (`inference.compute_types`:
+    float32, bfloat16, int8, auto) is applied once the weights are loaded, the folder unchanged; one this device
+    cannot run well raises `ValueError`, one line, before anything is read."""
+    from vaswani_mt.inference.compute_types import apply_compute_type, resolve_compute_type
     from vaswani_mt.model.modeling_vaswani import VaswaniForConditionalGeneration
 
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    compute_type = resolve_compute_type(compute_type, device)
     model = str(model)
     folder, config = check_model_folder(model)
     tokenizer = _load_tokenizer(model, folder, config)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     options = {"attn_implementation": attn_implementation} if attn_implementation else {}
     try:
         loaded = VaswaniForConditionalGeneration.from_pretrained(folder, config=config, use_safetensors=True, **options)
     except (OSError, ValueError, RuntimeError) as error:  # what the checks above cannot foresee
         raise ModelFolderError(f"{model}: the weights do not load ({error_line(error)})") from error
-    return loaded.to(device).eval(), tokenizer
+    return apply_compute_type(loaded.to(device).eval(), compute_type), tokenizer
 
 
-__all__ = ["PICKLE_SUFFIXES", "ModelFolderError", "check_model_folder", "load_for_inference"]
+def translation_pipeline(model: str, compute_type: str = "float32", device: str | None = None, **kwargs):
+    """The translation pipeline (`model.pipeline_vaswani.TranslationPipeline`) of a saved model (folder or Hub id),
+    loaded by `load_for_inference` with its checks and `compute_type`; `kwargs` go to the pipeline
+    (`max_source_tokens`, `batch_size`, generate() keywords). transformers' `pipeline("translation", model=folder,
+    trust_remote_code=True)` builds the same one in float32."""
+    from vaswani_mt.model.pipeline_vaswani import TranslationPipeline
+
+    loaded, tokenizer = load_for_inference(model, device=device, compute_type=compute_type)
+    return TranslationPipeline(model=loaded, tokenizer=tokenizer, **kwargs)
+
+
+__all__ = [
+    "PICKLE_SUFFIXES",
+    "ModelFolderError",
+    "check_ctranslate2_folder",
+    "check_model_folder",
+    "is_ctranslate2_folder",
+    "load_for_inference",
+    "translation_pipeline",
+]

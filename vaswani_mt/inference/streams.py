@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -20,7 +21,13 @@ from pathlib import Path
 from typing import BinaryIO
 
 from vaswani_mt.inference.controls import ControlReport
-from vaswani_mt.inference.translate import Sampling, TranslationInterrupted, format_nbest, translate_chunks
+from vaswani_mt.inference.translate import (
+    Sampling,
+    TranslationInterrupted,
+    format_nbest,
+    format_translation,
+    translate_chunks,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +207,8 @@ def translate_stream(
 
     With `nbest`, each line gets `nbest` lines in Marian's n-best format (`format_nbest`), IDs from 0; the other
     options as in `translate_chunks`. On `TranslationInterrupted` (`stopping_on_signals`) it writes the translations of
-    the chunk in progress that its `done` holds, flushes, and raises it again with `written`: the lines in `sink`."""
+    the chunk in progress that its `done` holds, flushes, and raises it again with `written`: the lines in `sink`.
+    `model` may also be a `CTranslate2Model` (export/ctranslate2.py), which translates the chunks itself."""
     if chunk_size is None:
         chunk_size = 1 if source.isatty() else 1024 if max_tokens is not None else 16 * (batch_size or 32)
     ready = None
@@ -214,10 +222,12 @@ def translate_stream(
         ready = source.ready
     count = 0
     lines = read_text_lines(source, name)
-    chunks = translate_chunks(model, tokenizer, lines, batch_size, chunk_size, progress, ready=ready, nbest=nbest,
-                              max_tokens=max_tokens, sampling=sampling, constraints=constraints,
-                              target_prefixes=target_prefixes, block=block, disable_unk=disable_unk, report=report,
-                              **generate_kwargs)  # fmt: skip
+    # A model with a `translate_chunks` of its own translates itself (export.ctranslate2.CTranslate2Model)
+    own = getattr(model, "translate_chunks", None)
+    chunker = own if own is not None else functools.partial(translate_chunks, model, tokenizer)
+    chunks = chunker(lines, batch_size, chunk_size, progress, ready=ready, nbest=nbest, max_tokens=max_tokens,
+                     sampling=sampling, constraints=constraints, target_prefixes=target_prefixes, block=block,
+                     disable_unk=disable_unk, report=report, **generate_kwargs)  # fmt: skip
     try:
         while True:
             with interruptible():  # a stop while writing waits for the write's end
@@ -232,8 +242,8 @@ def translate_stream(
 
 def _write(sink: BinaryIO, translations: list, count: int, nbest: int | None) -> int:
     """Writes and flushes the translations of lines `count + 1`, ...; returns the lines written in all."""
-    if nbest is None:
-        text = "".join(f"{translation}\n" for translation in translations)
+    if nbest is None:  # an `AlignedTranslation` (with alignments) is written with its alignment, Marian's way
+        text = "".join(f"{format_translation(translation)}\n" for translation in translations)
     else:
         text = "".join(format_nbest(count + i, hypotheses) for i, hypotheses in enumerate(translations))
     sink.write(text.encode("utf-8"))

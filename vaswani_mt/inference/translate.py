@@ -516,7 +516,7 @@ def translate_chunks(
     lines, done = iter(lines), 0
     with _progress_bar(None, "line", progress) as bar:
         on_batch = None if bar is None else bar.update
-        while chunk := _next_chunk(lines, chunk_size, ready):
+        while chunk := next_chunk(lines, chunk_size, ready):
             if controls is not None:
                 chunk = _chunk_controls(chunk, controls, prefixes, done + 1)
             if markup is None:
@@ -547,7 +547,7 @@ def _chunk_controls(chunk: list[str], controls: LineControls, prefixes: Iterator
     return chunk
 
 
-def _next_chunk(lines: Iterator[str], size: int, ready: Callable[[], bool] | None) -> list[str]:
+def next_chunk(lines: Iterator[str], size: int, ready: Callable[[], bool] | None) -> list[str]:
     """Up to `size` lines; with `ready`, the first may wait for input, the others are taken only while it is there."""
     if ready is None:
         return list(itertools.islice(lines, size))
@@ -567,6 +567,7 @@ __all__ = [
     "check_decoding_options",
     "format_nbest",
     "format_translation",
+    "next_chunk",
     "translate",
     "translate_chunks",
     "translate_nbest",
