@@ -85,6 +85,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available, else cpu)")
     parser.add_argument("--bf16", action="store_true", help="also both models with bf16 weights (opt-in numerics)")
     parser.add_argument("--static_cache", action="store_true", help="also both models with a preallocated KV cache")
+    parser.add_argument("--int8", action="store_true", help="also both models with dynamic int8 Linear layers "
+                        "(compute_type='int8': inference.compute_types.apply_compute_type)")  # fmt: skip
     parser.add_argument("--compile", action="store_true", help="also both models compiled, with the static cache")
     parser.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--profile", action="store_true", help="synthetic: top operators of one call per side")
@@ -150,7 +152,7 @@ class Compiled(WithStaticCache):
 
 
 # The opt-in variants of a float32 side, as suffixes of its name.
-VARIANTS = ("_bf16", "_static", "_compiled")
+VARIANTS = ("_bf16", "_int8", "_static", "_compiled")
 
 
 def float32_side(name: str) -> str:
@@ -160,8 +162,14 @@ def float32_side(name: str) -> str:
     return name
 
 
-def make_sides(ours, marian, bf16: bool, static_cache: bool = False, compiled: bool = False) -> dict:
+def make_sides(ours, marian, bf16: bool, static_cache: bool = False, compiled: bool = False,
+               int8: bool = False) -> dict:  # fmt: skip
     sides = {"vaswani_mt": ours, "marian": marian}
+    if int8:
+        from vaswani_mt.inference.compute_types import apply_compute_type
+
+        sides["vaswani_mt_int8"] = apply_compute_type(copy.deepcopy(ours), "int8")
+        sides["marian_int8"] = apply_compute_type(copy.deepcopy(marian), "int8")
     if bf16:
         sides["vaswani_mt_bf16"] = copy.deepcopy(ours).to(torch.bfloat16)
         sides["marian_bf16"] = copy.deepcopy(marian).to(torch.bfloat16)
@@ -199,7 +207,7 @@ def forced_kwargs(search: str, steps: int) -> dict:
 
 def run_synthetic(args) -> dict:
     ours, marian = synthetic_models(args)
-    sides = make_sides(ours, marian, args.bf16, args.static_cache, args.compile)
+    sides = make_sides(ours, marian, args.bf16, args.static_cache, args.compile, args.int8)
     if args.rss_child:
         inputs = synthetic_source(ours.config, 16, args.length, args.seed, args.device)
         for _ in range(2):
@@ -298,7 +306,7 @@ def run_testset(args) -> dict:
     ours = VaswaniForConditionalGeneration.from_pretrained(args.model).eval()
     marian = to_marian(ours).eval()
     ours, marian = ours.to(args.device), marian.to(args.device)
-    sides = make_sides(ours, marian, args.bf16, args.static_cache, args.compile)
+    sides = make_sides(ours, marian, args.bf16, args.static_cache, args.compile, args.int8)
     sources, references = source_target(load_corpus("ding")["test"], "en", "de")
     if args.max_sentences:
         sources, references = sources[: args.max_sentences], references[: args.max_sentences]
