@@ -36,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from speed_common import MachineRecord, interleave
+from terminology import dictionary_entries
 
 from vaswani_mt.data.corpus import BUILTIN_CORPUS, _fetch_ding_dictionary, cache_dir, load_corpus, source_target
 from vaswani_mt.inference.alignments import DEFAULT_METHOD, hard_links, realign
@@ -54,19 +55,11 @@ BATCH = 16
 def dictionary_pairs(path: Path) -> set[tuple[str, str]]:
     """(English word, German word), lower-cased, from the dictionary's one-word sub-entries (module docstring)."""
     pairs = set()
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("#") or "::" not in line:
-                continue
-            german, english = line.rstrip("\n").split("::", 1)
-            if german.count("|") != english.count("|"):
-                continue
-            for german_sub, english_sub in zip(german.split("|"), english.split("|"), strict=True):
-                for de, en in zip(german_sub.split(";"), english_sub.split(";"), strict=False):
-                    de, en = (re.sub(r"\s+", " ", ANNOTATIONS.sub("", text)).strip().lower() for text in (de, en))
-                    en = en.removeprefix("to ")
-                    if ENGLISH.match(en) and GERMAN.match(de):
-                        pairs.add((en, de))
+    for de, en in dictionary_entries(path):
+        de, en = (re.sub(r"\s+", " ", ANNOTATIONS.sub("", text)).strip().lower() for text in (de, en))
+        en = en.removeprefix("to ")
+        if ENGLISH.match(en) and GERMAN.match(de):
+            pairs.add((en, de))
     return pairs
 
 

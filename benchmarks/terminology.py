@@ -49,9 +49,8 @@ ENGLISH_WORDS = re.compile(r"^[a-z]{4,}( [a-z]{4,})?$")
 BATCH = 16
 
 
-def noun_pairs(dictionary: Path) -> dict[str, set[str]]:
-    """English term -> the German nouns the dictionary gives for it (the rules in the module's docstring)."""
-    pairs: dict[str, set[str]] = {}
+def dictionary_entries(dictionary: Path):
+    """(German, English) of each `;`-separated sub-entry of the Ding dictionary, as written (annotations included)."""
     with open(dictionary, encoding="utf-8") as f:
         for line in f:
             if line.startswith("#") or "::" not in line:
@@ -60,13 +59,19 @@ def noun_pairs(dictionary: Path) -> dict[str, set[str]]:
             if german.count("|") != english.count("|"):
                 continue
             for german_sub, english_sub in zip(german.split("|"), english.split("|"), strict=True):
-                for de, en in zip(german_sub.split(";"), english_sub.split(";"), strict=False):
-                    if not NOUN.search(de):
-                        continue
-                    de, en = (re.sub(r"\s+", " ", ANNOTATIONS.sub("", text)).strip() for text in (de, en))
-                    en = en.removeprefix("to ").lower()
-                    if GERMAN_WORD.match(de) and ENGLISH_WORDS.match(en) and de.lower() != en:
-                        pairs.setdefault(en, set()).add(de)
+                yield from zip(german_sub.split(";"), english_sub.split(";"), strict=False)
+
+
+def noun_pairs(dictionary: Path) -> dict[str, set[str]]:
+    """English term -> the German nouns the dictionary gives for it (the rules in the module's docstring)."""
+    pairs: dict[str, set[str]] = {}
+    for de, en in dictionary_entries(dictionary):
+        if not NOUN.search(de):
+            continue
+        de, en = (re.sub(r"\s+", " ", ANNOTATIONS.sub("", text)).strip() for text in (de, en))
+        en = en.removeprefix("to ").lower()
+        if GERMAN_WORD.match(de) and ENGLISH_WORDS.match(en) and de.lower() != en:
+            pairs.setdefault(en, set()).add(de)
     return pairs
 
 
