@@ -91,19 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     if bool(args.model) == bool(args.hypotheses):
         parser.error("give either --model (translate, then score) or --hypotheses with --references (score only)")
     if args.hypotheses:
-        hypotheses, references = read_lines(args.hypotheses), read_lines(args.references)
-        if len(hypotheses) != len(references):
-            sys.exit(
-                f"error: {args.hypotheses} has {len(hypotheses)} lines but {args.references} has {len(references)}: "
-                "the files are not aligned"
-            )
-        if not hypotheses:
-            sys.exit(f"error: {args.hypotheses}: no sentences to score")
-        if args.max_samples:
-            hypotheses, references = hypotheses[: args.max_samples], references[: args.max_samples]
-        from vaswani_mt.evaluation.metrics import score_translations
-
-        report(score_translations(hypotheses, references, args.target_lang), len(references))
+        _score_only(args)
         return
 
     if bool(args.source_file) != bool(args.reference_file):
@@ -139,6 +127,23 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(128 + stop.signum)
     report(result, len(sources))
     report_controls(kwargs["report"], len(sources))
+
+
+def _score_only(args: argparse.Namespace) -> None:
+    """--hypotheses F --references F: scores the two files, line by line, without a model."""
+    hypotheses, references = read_lines(args.hypotheses), read_lines(args.references)
+    if len(hypotheses) != len(references):
+        sys.exit(
+            f"error: {args.hypotheses} has {len(hypotheses)} lines but {args.references} has {len(references)}: "
+            "the files are not aligned"
+        )
+    if not hypotheses:
+        sys.exit(f"error: {args.hypotheses}: no sentences to score")
+    if args.max_samples:
+        hypotheses, references = hypotheses[: args.max_samples], references[: args.max_samples]
+    from vaswani_mt.evaluation.metrics import score_translations
+
+    report(score_translations(hypotheses, references, args.target_lang), len(references))
 
 
 def _load(args: argparse.Namespace) -> tuple:

@@ -103,8 +103,12 @@ def add_decoding_options(parser: argparse.ArgumentParser, sampling: bool = True)
     )
     parser.add_argument("--block_file", metavar="F", help="phrases, one per line, that no translation may contain")
     parser.add_argument("--disable_unk", action="store_true", help="no translation contains <unk>")
-    if not sampling:
-        return
+    if sampling:
+        _add_sampling_options(parser)
+
+
+def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
+    """--sampling with its --topk, --topp, --temperature and --seed."""
     parser.add_argument(
         "--sampling",
         action="store_true",

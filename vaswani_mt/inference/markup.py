@@ -240,7 +240,12 @@ def restore(plan: MarkupPlan, translation) -> str:
             if pair.parent == point.parent and first < place <= last:
                 place = last + 1
         children.setdefault(point.parent, []).append((place, 0, point))
+    return _render(plan, words, span, children)
 
+
+def _render(plan: MarkupPlan, words: list[str], span: dict, children: dict) -> str:
+    """The target `words` with `plan`'s pairs around their `span`s and the `children` (pairs and points, by the
+    target word they go before) in place, nested as in the source."""
     pieces: list[tuple[str, bool]] = []  # (text, a space before it)
 
     def emit_words(start: int, stop: int) -> None:
