@@ -108,6 +108,18 @@ def test_an_ensembles_attention_is_the_mean_of_its_members():
     assert together.shape == (2, 2, 4, 4)  # layers, batch, rows (<s> + 3 tokens), source tokens
 
 
+def test_the_searchs_encoder_states_give_the_attention_of_a_fresh_pass(fitted):
+    model, tokenizer = fitted
+    sources, targets = [[5, 6, 7, 2], [8, 9, 2]], [[10, 11, 12], [13]]
+    ids = torch.tensor([[5, 6, 7, 2], [8, 9, 2, model.config.pad_token_id]])
+    mask = (ids != model.config.pad_token_id).long()
+    with torch.no_grad():
+        states = model.get_encoder()(ids, attention_mask=mask).last_hidden_state
+    reused = cross_attention(model, sources, targets, (states, mask))
+    torch.testing.assert_close(reused, cross_attention(model, sources, targets), atol=1e-5, rtol=1e-4)
+    assert reused.shape == (model.config.num_decoder_layers, 2, 4, 4)
+
+
 def test_every_search_gives_its_own_tokens_aligned(fitted):
     model, tokenizer = fitted
     sentences = ENGLISH[:4]

@@ -127,11 +127,13 @@ def _eager(model) -> Iterator[None]:
 
 
 @torch.no_grad()
-def cross_attention(model, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> torch.Tensor:
+def cross_attention(model, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]],
+                    encoded: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:  # fmt: skip
     """Encoder-decoder attention of the teacher-forced pass on `sources` (ids ending in `</s>`) and `targets` (output
     ids without the decoder start, `</s>` or padding), averaged over heads: float32 (layers, batch, rows, columns),
     row i the step whose decoder input is `<s>` followed by `targets[:i]`, rows `len(target) + 1`. An ensemble gives
-    its members' mean (members of different depths: their layers' means, as one layer)."""
+    its members' mean (members of different depths: their layers' means, as one layer). `encoded`: a single model's
+    encoder states and mask of `sources`, a row each, from the search (the encoder then does not run again)."""
     members = list(getattr(model, "members", [model]))
     config = members[0].config
     pad, start = config.pad_token_id, config.decoder_start_token_id
@@ -146,10 +148,12 @@ def cross_attention(model, sources: Sequence[Sequence[int]], targets: Sequence[S
     weights = []
     for member in members:
         device = member.device
+        inputs = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+        if encoded is not None and len(members) == 1:
+            inputs = {"encoder_outputs": (encoded[0],), "attention_mask": encoded[1]}
         with _eager(member):
-            out = member(input_ids=ids.to(device), attention_mask=mask.to(device), decoder_input_ids=decoder.to(device),
-                         output_attentions=True, use_cache=False)  # fmt: skip
-        weights.append(torch.stack(out.cross_attentions).float().mean(2).cpu())
+            out = member(**inputs, decoder_input_ids=decoder.to(device), output_attentions=True, use_cache=False)
+        weights.append(torch.stack(out.cross_attentions).float().mean(2)[..., :width].cpu())
     if len({w.shape[0] for w in weights}) > 1:
         weights = [w.mean(0, keepdim=True) for w in weights]
     return torch.stack(weights).mean(0)
@@ -229,10 +233,11 @@ def select(attention: torch.Tensor, method: str, length: int) -> torch.Tensor:
 
 def align_outputs(model, tokenizer, sources: Sequence[str], source_ids: Sequence[Sequence[int]],
                   sequences: torch.Tensor, kind: str = "hard", method: str = DEFAULT_METHOD,
-                  rule: str | float = "argmax") -> list[AlignedTranslation]:  # fmt: skip
+                  rule: str | float = "argmax", encoded=None) -> list[AlignedTranslation]:  # fmt: skip
     """`AlignedTranslation`s of `generate()`'s output `sequences` (a row per translation, starting with the decoder
     start) of the texts `sources` (row i of `sequences` translates `sources[i * len(sources) // rows]`: n-best rows
-    follow each other), tokenized as `source_ids`."""
+    follow each other), tokenized as `source_ids`; `encoded`: (encoder states, mask) of `sources`, a row each, if the
+    search's are at hand."""
     if kind not in KINDS:
         raise ValueError(f"alignments must be one of {', '.join(KINDS)}, not {kind!r}")
     check_method(method)
@@ -243,7 +248,10 @@ def align_outputs(model, tokenizer, sources: Sequence[str], source_ids: Sequence
     keep = [i for i, out in enumerate(outputs) if out]
     aligned: list[AlignedTranslation | None] = [None] * rows
     if keep:
-        attention = cross_attention(model, [source_ids[i // per] for i in keep], [outputs[i] for i in keep])
+        rows_of = torch.tensor([i // per for i in keep])
+        encoded = None if encoded is None else (encoded[0][rows_of.to(encoded[0].device)],
+                                                encoded[1][rows_of.to(encoded[1].device)])  # fmt: skip
+        attention = cross_attention(model, [source_ids[i // per] for i in keep], [outputs[i] for i in keep], encoded)
         for k, i in enumerate(keep):
             aligned[i] = _aligned(tokenizer, sources[i // per], source_ids[i // per], outputs[i],
                                   attention[:, k], kind, method, rule)  # fmt: skip

@@ -25,6 +25,7 @@ from transformers import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
+from transformers.modeling_outputs import BaseModelOutput
 
 from vaswani_mt.inference.alignments import (
     DEFAULT_METHOD,
@@ -256,6 +257,16 @@ def _batches(sentences: Sequence[str], todo: list[int], encoded: dict[int, list[
     return batches
 
 
+@torch.no_grad()
+def _encoded_once(model, tokenizer, batch) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(encoder states, mask) of a single model's right-padded `batch`, for its search and its alignment pass; None
+    for an ensemble (each member encodes) or left padding."""
+    if hasattr(model, "members") or tokenizer.padding_side != "right":
+        return None
+    states = model.get_encoder()(batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    return states, batch["attention_mask"]
+
+
 def _translate_batch(model, tokenizer, ids: list[list[int]], lines: list[int], decoding: _Decoding, kwargs: dict,
                      sources: Sequence[str] = ()):  # fmt: skip
     """The translations of one batch (source `ids` of input `lines`, 0-based; `sources` their texts, for
@@ -266,10 +277,13 @@ def _translate_batch(model, tokenizer, ids: list[list[int]], lines: list[int], d
         kwargs = {**kwargs, **_sampling_kwargs(decoding.sampling, lines)}
     align = None
     if decoding.alignments is not None:
+        encoded = _encoded_once(model, tokenizer, batch)
+        if encoded is not None:  # the search and the alignment pass share one run of the encoder
+            kwargs = {**kwargs, "encoder_outputs": BaseModelOutput(last_hidden_state=encoded[0])}
 
         def align(sequences):
             return align_outputs(model, tokenizer, sources, ids, sequences, decoding.alignments,
-                                 decoding.alignment_method)  # fmt: skip
+                                 decoding.alignment_method, encoded=encoded)  # fmt: skip
 
     if decoding.nbest is not None:
         return _nbest_search(model, tokenizer, batch, decoding.nbest, kwargs, align)
