@@ -268,14 +268,15 @@ def load_for_inference(model: str, device: str | None = None, attn_implementatio
 
 
 def translation_pipeline(model: str, compute_type: str = "float32", device: str | None = None, **kwargs):
-    """The translation pipeline (`model.pipeline_vaswani.TranslationPipeline`) of a saved model (folder or Hub id),
-    loaded by `load_for_inference` with its checks and `compute_type`; `kwargs` go to the pipeline
-    (`max_source_tokens`, `batch_size`, generate() keywords). transformers' `pipeline("translation", model=folder,
-    trust_remote_code=True)` builds the same one in float32."""
-    from vaswani_mt.model.pipeline_vaswani import TranslationPipeline
+    """The translation pipeline of a saved model (folder or Hub id), loaded by `load_for_inference` with its checks
+    and `compute_type`; `kwargs` go to the pipeline (`max_source_tokens`, `batch_size`, `alignments`, `markup`,
+    generate() keywords). It is `inference.pipeline.AligningTranslationPipeline`: transformers' `pipeline(
+    "translation", model=folder, trust_remote_code=True)` builds the payload's `TranslationPipeline`, the same without
+    alignments and markup, in float32."""
+    from vaswani_mt.inference.pipeline import AligningTranslationPipeline
 
     loaded, tokenizer = load_for_inference(model, device=device, compute_type=compute_type)
-    return TranslationPipeline(model=loaded, tokenizer=tokenizer, **kwargs)
+    return AligningTranslationPipeline(model=loaded, tokenizer=tokenizer, **kwargs)
 
 
 __all__ = [

@@ -1,0 +1,79 @@
+"""The translation pipeline with word alignments and markup (`translation_pipeline(folder, alignments="hard")`).
+
+The Hub payload's `TranslationPipeline` imports only torch and transformers; alignments and markup live in this
+package, so the pipeline that takes them is this subclass: the same pipeline, and where a call (or the construction)
+asks for `alignments` or `markup`, the texts go through `translate()` with them (one search, the same translations).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from vaswani_mt.inference.alignments import format_alignment
+from vaswani_mt.inference.translate import translate, translate_nbest
+from vaswani_mt.model.pipeline_vaswani import TranslationPipeline
+
+_OPTIONS = ("alignments", "alignment_method", "markup")
+
+
+class AligningTranslationPipeline(TranslationPipeline):
+    """`TranslationPipeline` that also takes, at construction or per call, `alignments` ("hard" or "soft"),
+    `alignment_method` and `markup` ("xml"), as `translate()` does.
+
+    With `alignments`, each result is `{"translation_text": t, "alignment": "0-0 1-2 ..."}`: `t` an
+    `AlignedTranslation` (a `str` with `links`, `soft`, `source_words`, `target_words`), the field Marian's (soft: the
+    per-word distributions). With `markup="xml"`, `translation_text` has the source's tags put back. `constraints`
+    (terms for every text), `max_source_tokens`, `batch_size`, `num_return_sequences` (n-best, alignments only) and
+    `generate()` keywords work as without them.
+    """
+
+    def __init__(self, *args, alignments: str | None = None, alignment_method: str | None = None,
+                 markup: str | None = None, **kwargs):  # fmt: skip
+        self._extras = {"alignments": alignments, "alignment_method": alignment_method, "markup": markup}
+        terms = kwargs.get("constraints")  # the construction's terms, for the calls that go through translate()
+        self._terms = [terms] if isinstance(terms, str) else terms
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, inputs: str | list[str], *args, **kwargs) -> list:
+        extras = {name: kwargs.pop(name, None) for name in _OPTIONS}
+        extras = {name: extras[name] if extras[name] is not None else self._extras[name] for name in _OPTIONS}
+        if extras["alignments"] is None and extras["markup"] is None:
+            return super().__call__(inputs, *args, **kwargs)
+        if args:
+            raise TypeError("the translation pipeline takes its options as keywords")
+        texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        if not all(isinstance(text, str) for text in texts):
+            raise TypeError("the translation pipeline takes text (a str or a list of str)")
+        results = self._translate(texts, extras, kwargs)
+        return results[0] if isinstance(inputs, str) and isinstance(results[0], list) else results
+
+    def _translate(self, texts: Sequence[str], extras: dict, kwargs: dict) -> list:
+        """One result per text (a list of them with n-best), through `translate` or `translate_nbest`."""
+        options = {name: value for name, value in extras.items() if value is not None}
+        generate_kwargs = {**self._generate_kwargs, **self._forward_params.get("generate_kwargs", {}), **kwargs}
+        generate_kwargs.pop("constraint_forms", None)  # the construction's constraints, as terms below
+        generate_kwargs.pop("clean_up_tokenization_spaces", None)  # translate() decodes as the command does
+        terms = generate_kwargs.pop("constraints", None) or self._terms
+        if terms is not None:
+            terms = [terms] if isinstance(terms, str) else list(terms)
+            options["constraints"] = [terms] * len(texts)
+        batch_size = generate_kwargs.pop("batch_size", self._batch_size) or 32
+        max_source_tokens = generate_kwargs.pop("max_source_tokens", None)
+        max_source_tokens = max_source_tokens or self._preprocess_params.get("max_source_tokens")
+        nbest = generate_kwargs.pop("num_return_sequences", None)
+        common = {"batch_size": batch_size, "max_source_tokens": max_source_tokens, **options, **generate_kwargs}
+        if nbest is not None and nbest > 1:
+            if "markup" in options:
+                raise ValueError("markup and n-best lists do not go together")
+            lists = translate_nbest(self.model, self.tokenizer, texts, nbest, **common)
+            return [[self._record(h.text, options) for h in hypotheses] for hypotheses in lists]
+        return [self._record(text, options) for text in translate(self.model, self.tokenizer, texts, **common)]
+
+    @staticmethod
+    def _record(text, options: dict) -> dict:
+        if options.get("alignments") is None:
+            return {"translation_text": text}
+        return {"translation_text": text, "alignment": format_alignment(text)}
+
+
+__all__ = ["AligningTranslationPipeline"]
