@@ -116,6 +116,18 @@ def test_translate_gives_each_hostile_line_one_single_line_translation_in_order(
     _assert_one_line_each(lines, outputs, expected)
 
 
+@settings(FUZZ, max_examples=12)
+@given(lines=hostile_lines)
+@example(lines=[*HOSTILE, *ENGLISH, "a\udfffb\ud800 <b>x</b>"])
+def test_alignments_and_markup_take_hostile_lines(fitted, lines):
+    model, tokenizer = fitted
+    options = {"batch_size": 3, "max_source_tokens": SHORT_SOURCE, **FAST}
+    plain = translate(model, tokenizer, lines, **options)
+    assert translate(model, tokenizer, lines, alignments="hard", **options) == plain
+    marked = translate(model, tokenizer, lines, markup="xml", **options)
+    assert len(marked) == len(lines) and not any("\n" in text for text in marked)
+
+
 @settings(FUZZ, max_examples=25)
 @given(lines=hostile_lines)
 @example(lines=[*HOSTILE, *ENGLISH])

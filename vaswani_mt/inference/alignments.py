@@ -165,7 +165,10 @@ def token_words(tokenizer, text: str, ids: Sequence[int]) -> tuple[list[str], li
     mended source), by decoding."""
     spans = [m.span() for m in _WORD.finditer(text)]
     words = [text[a:b] for a, b in spans]
-    encoding = tokenizer(text, return_offsets_mapping=True)
+    try:
+        encoding = tokenizer(text, return_offsets_mapping=True)
+    except (TypeError, ValueError):  # text the tokenizer cannot read (lone surrogates), mended by encode_source
+        return _decoded_words(tokenizer, ids)
     if list(encoding["input_ids"][: len(ids) - 1]) != list(ids[:-1]):
         return _decoded_words(tokenizer, ids)
     starts = [a for a, _ in spans]

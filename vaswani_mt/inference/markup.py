@@ -195,7 +195,8 @@ def restore(plan: MarkupPlan, translation) -> str:
         content = covered(pair.start, pair.end)
         linked = {t for k in content for t in targets.get(k, [])}
         if soft is not None and soft.numel():
-            linked |= {int(soft[:, k].argmax()) for k in content if soft[:, k].max() > 0}
+            # words past the soft matrix's columns were cut from a long source (max_source_tokens): no attention
+            linked |= {int(soft[:, k].argmax()) for k in content if k < soft.shape[1] and soft[:, k].max() > 0}
         linked = sorted(linked)
         if content and not linked:
             linked = _nearest_targets(content, targets, len(spans))
