@@ -31,7 +31,7 @@ CHROMIUM_FLAGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
 QUEUE_SIZE = 2  # the served demo's longest queue: small, so that the test fills it with three requests
-SEARCH = [1, 0.6, 10, 1, ""]  # greedy, alpha, b of |X| + b, the heatmap's layer, no term: the page's controls, cheap
+SEARCH = [1, 0.6, 10, 1, "", False]  # greedy, alpha, b of |X| + b, the heatmap's layer, no term, no markup: cheap
 
 
 def test_demo_answers_blank_and_over_long_input_with_a_message(fitted_folder):
@@ -97,6 +97,24 @@ def test_demo_cuts_text_over_its_character_limit_and_says_so(demo_model):
     text = "The girl ate an apple. " * 10
     _, _, notes = translate_for_demo(*demo_model, text, num_beams=1, extra_tokens=5, max_characters=50)
     assert f"text of {len(text):,} characters cut to the first 50" in notes
+
+
+def test_demo_outlines_the_word_alignment_and_keeps_tags_and_placeholders(demo_model):
+    from vaswani_mt.inference.markup import tags, well_formed
+    from vaswani_mt.inference.translate import translate
+
+    model, tokenizer = demo_model
+    text = "The girl ate an apple."
+    translation, figure, _ = translate_for_demo(model, tokenizer, text, num_beams=4, alpha=0.6, extra_tokens=10)
+    aligned = translate(model, tokenizer, [text], num_beams=4, length_penalty=0.6, max_len_b=10, alignments="hard")[0]
+    assert translation == aligned
+    boxes = [patch for patch in figure.axes[0].patches if patch.get_edgecolor()[:3] == (1.0, 0.0, 0.0)]
+    assert len(boxes) == len(aligned.links) > 0  # one red outline a link
+    line = "The <b>girl</b> ate {0} apples.<br/>"
+    marked, _, _ = translate_for_demo(model, tokenizer, line, num_beams=4, extra_tokens=10, markup=True)
+    assert well_formed(marked) and sorted(tags(marked)) == sorted(tags(line)) and marked.count("{0}") == 1
+    _, _, notes = translate_for_demo(model, tokenizer, "The <b>girl ate.", num_beams=1, markup=True)
+    assert "markup: broken (<b> is not closed): translated as plain text" in notes
 
 
 def test_heatmap_draws_tokens_that_hold_dollar_signs_as_they_are():
@@ -251,7 +269,8 @@ def test_served_demo_refuses_large_and_unstated_length_bodies_before_reading_the
     status, body = _request(served, "POST", path, headers={**json_type, "Transfer-Encoding": "chunked"})
     assert status == 411 and b"send Content-Length" in body
     # The queue's direct route, which would skip both bounds, is closed.
-    status, _ = _request(served, "POST", "/gradio_api/run/translate", b'{"data": ["x", 1, 0.6, 10, 1, ""]}', json_type)
+    body = b'{"data": ["x", 1, 0.6, 10, 1, "", false]}'
+    status, _ = _request(served, "POST", "/gradio_api/run/translate", body, json_type)
     assert status == 404
 
 
@@ -291,13 +310,13 @@ def test_served_demo_keeps_the_state_of_a_bounded_number_of_sessions(served_app)
 
 def test_served_demo_refuses_impossible_values_with_a_message(served):
     for data, message in [
-        (["x", 100, 0.6, 10, 1, ""], "Value 100 is greater than maximum value 8."),
+        (["x", 100, 0.6, 10, 1, "", False], "Value 100 is greater than maximum value 8."),
         (["x", 1, 0.6], "didn't receive enough input values"),
-        (["x", "four", 0.6, 10, 1, ""], "Could not preprocess input component at index 1"),
+        (["x", "four", 0.6, 10, 1, "", False], "Could not preprocess input component at index 1"),
     ]:
         event, payload = _translate(served, data)
         assert event == "error" and message in payload["error"], (data, payload)
-    body = b'{"data": ["x", NaN, 0.6, 10, 1, ""]}'  # Python's JSON reader takes NaN, and no slider bound refuses it
+    body = b'{"data": ["x", NaN, 0.6, 10, 1, "", false]}'  # Python's JSON reader takes NaN; no slider bound refuses it
     _, answer = _request(served, "POST", "/gradio_api/call/translate", body, {"Content-Type": "application/json"})
     event, payload = _result(served, json.loads(answer)["event_id"])
     assert event == "error" and payload["error"] == "Beam size must be a number, not nan"

@@ -65,15 +65,24 @@ _FILE_ROUTES = re.compile(r"/gradio_api/(file[=/]|proxy=|upload(_progress)?/?$|p
 
 def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, alpha: float = 0.6, extra_tokens: int = 50,
                        layer: int = 0, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS,
-                       max_characters: int = DEMO_MAX_CHARACTERS, must_contain: str = "") -> tuple:  # fmt: skip
+                       max_characters: int = DEMO_MAX_CHARACTERS, must_contain: str = "",
+                       markup: bool = False) -> tuple:  # fmt: skip
     """What the page shows for `text`: (translation, heatmap figure or None, notes in markdown).
 
     `extra_tokens` is b of the maximum output length |X| + b (§6.1: 50), `alpha` the GNMT length penalty, `layer`
-    the decoder layer whose encoder-decoder attention is drawn (1-based; 0 = the last), averaged over its heads.
-    A text over `max_characters` is cut there before it is tokenized, and the notes say so. `must_contain`:
-    comma-separated terms the translation must contain (terminology constraints; the notes say which it does).
+    the decoder layer whose encoder-decoder attention is drawn (1-based; 0 = the last), averaged over its heads,
+    with the word alignment's links outlined. A text over `max_characters` is cut there before it is tokenized, and
+    the notes say so. `must_contain`: comma-separated terms the translation must contain (terminology constraints;
+    the notes say which it does). `markup`: inline XML tags and placeholders carried through by that alignment
+    (`translate(..., markup="xml")`).
     """
-    from vaswani_mt.inference.attention_plots import heatmap_figure, translate_with_attention
+    from vaswani_mt.inference.attention_plots import (
+        heatmap_figure,
+        link_boxes,
+        translate_with_attention,
+        word_alignment,
+    )
+    from vaswani_mt.inference.markup import parse_markup, restore
 
     notes = []
     if text and len(text) > max_characters:
@@ -81,6 +90,11 @@ def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, alpha: f
         text = text[:max_characters]
     if not text or not text.strip():
         return "", None, "Nothing to translate: type a sentence."
+    plan = parse_markup(text) if markup else None
+    if plan is not None and plan.broken:
+        notes.append(f"markup: broken ({plan.broken}): translated as plain text")
+    if plan is not None:
+        text = plan.text
     terms = [term.strip() for term in (must_contain or "").split(",") if term.strip()]
     controls = {}
     try:
@@ -104,10 +118,11 @@ def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, alpha: f
         ))  # fmt: skip
     num_layers = attentions.cross.shape[0]
     index = int(layer) - 1 if 1 <= int(layer) <= num_layers else num_layers - 1
-    figure = heatmap_figure(attentions, "cross", layer=index)
+    aligned = word_alignment(tokenizer, text, attentions)
+    figure = heatmap_figure(attentions, "cross", layer=index, boxes=link_boxes(aligned))
     figure.set_dpi(min(figure.get_dpi(), DEMO_MAX_FIGURE_PIXELS / max(figure.get_size_inches())))
     notes = "\n".join(f"- {note}" for note in [*notes, *attentions.notes])
-    return attentions.translation, figure, notes
+    return (attentions.translation if plan is None else restore(plan, aligned)), figure, notes
 
 
 def build_demo(model_id: str, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS, *,
@@ -130,7 +145,7 @@ def build_demo(model_id: str, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS, *
     extra_tokens = int(getattr(search, "max_len_b", None) or 50)
     card = f"Model: `{model_id}` ({model.config.num_encoder_layers}+{layers} layers, d_model {model.config.d_model})"
 
-    def run(text, num_beams, alpha, extra_tokens, layer, must_contain=""):
+    def run(text, num_beams, alpha, extra_tokens, layer, must_contain="", markup=False):
         # The sliders bound their values, but not against NaN (JSON from the API may carry one): refused here with
         # a message, as Gradio refuses a value out of range, rather than failing inside the search.
         options = {"Beam size": num_beams, "α": alpha, "b": extra_tokens, "Layer": layer}
@@ -150,6 +165,7 @@ def build_demo(model_id: str, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS, *
                 max_source_tokens,
                 max_characters,
                 must_contain if isinstance(must_contain, str) else "",
+                markup is True,
             )
         finally:
             return_freed_memory()
@@ -166,6 +182,8 @@ def build_demo(model_id: str, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS, *
                 source = gr.Textbox(label="Source text", lines=3, max_length=max_characters, elem_id="source")
                 must = gr.Textbox(label="Must contain (comma-separated terms)", max_length=max_characters,
                                   elem_id="must_contain")  # fmt: skip
+                markup = gr.Checkbox(label="Keep XML tags and placeholders ({0}, %s) by word alignment", value=False,
+                                     elem_id="markup")  # fmt: skip
                 with gr.Accordion("Search options", open=True):
                     num_beams = gr.Slider(1, 8, value=min(beams, 8), step=1, label="Beam size", elem_id="num_beams")
                     alpha = gr.Slider(0.0, 2.0, value=min(alpha, 2.0), step=0.1, label="Length penalty α (GNMT)",
@@ -180,7 +198,7 @@ def build_demo(model_id: str, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS, *
                 heatmap = gr.Plot(show_label=False, elem_id="heatmap")
         # One event for the button and Enter, so that both share the one concurrency limit (two events would get
         # a limit each); its API name is /translate.
-        inputs, outputs = [source, num_beams, alpha, extra, layer, must], [translation, heatmap, notes]
+        inputs, outputs = [source, num_beams, alpha, extra, layer, must, markup], [translation, heatmap, notes]
         gr.on([button.click, source.submit], run, inputs, outputs, api_name="translate")
     # api_open=False: off a Space, Gradio opens /gradio_api/run/translate, a route that skips the queue and with it
     # both bounds; closed, it answers 404 and every request goes through the queue.

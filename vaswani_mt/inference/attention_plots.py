@@ -8,7 +8,7 @@ target tokens being predicted; columns are the tokens attended to.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -34,6 +34,8 @@ class Attentions:
     decoder: torch.Tensor
     cross: torch.Tensor
     notes: list[str]
+    source_ids: list[int] = field(default_factory=list)  # ending in </s>
+    output_ids: list[int] = field(default_factory=list)  # the translation's tokens, without <s>, </s> or padding
 
     def weights(self, kind: str) -> torch.Tensor:
         return getattr(self, kind)
@@ -76,7 +78,38 @@ def translate_with_attention(
         decoder=torch.stack(out.decoder_attentions)[:, 0].float().cpu(),
         cross=torch.stack(out.cross_attentions)[:, 0].float().cpu(),
         notes=notes,
+        source_ids=list(ids),
+        output_ids=[
+            t for t in sequence[1:].tolist() if t not in set(tokenizer.all_special_ids) - {tokenizer.unk_token_id}
+        ],
     )
+
+
+def word_alignment(tokenizer, text: str, attentions: Attentions, method: str | None = None):
+    """The hard word alignment (`alignments.AlignedTranslation`) of `attentions`' translation of `text`, from its
+    encoder-decoder attention (heads averaged) by `method` (default: `alignments.DEFAULT_METHOD`), as
+    `translate(..., alignments="hard")` aligns it."""
+    from vaswani_mt.inference.alignments import DEFAULT_METHOD, AlignedTranslation, realign, token_words
+
+    output = attentions.output_ids
+    source_words, source_index = token_words(tokenizer, text, attentions.source_ids)
+    target_words, target_index = token_words(tokenizer, attentions.translation, [*output, tokenizer.eos_token_id])
+    aligned = AlignedTranslation(attentions.translation, source_words, target_words, kind="hard")
+    aligned.attention = attentions.cross.mean(1)[:, : len(output) + 1, : len(attentions.source_ids)]
+    aligned.source_index, aligned.target_index = source_index, target_index[: len(output)]
+    return realign(aligned, method or DEFAULT_METHOD, into=aligned)
+
+
+def link_boxes(aligned) -> list[tuple[int, int, int, int]]:
+    """(first column, first row, columns, rows) of the token cells each word link of `aligned` covers: the source
+    word's tokens by the target word's tokens, in the heatmap's coordinates."""
+    boxes = []
+    for s, t in aligned.links:
+        columns = [k for k, word in enumerate(aligned.source_index) if word == s]
+        rows = [k for k, word in enumerate(aligned.target_index) if word == t]
+        if columns and rows:
+            boxes.append((min(columns), min(rows), max(columns) - min(columns) + 1, max(rows) - min(rows) + 1))
+    return boxes
 
 
 def _draw(ax, weights: torch.Tensor, rows: list[str], columns: list[str], title: str, fontsize: float) -> None:
@@ -89,10 +122,13 @@ def _draw(ax, weights: torch.Tensor, rows: list[str], columns: list[str], title:
     ax.set_title(title, fontsize=fontsize + 2)
 
 
-def heatmap_figure(attentions: Attentions, kind: str = "cross", layer: int = -1, head: int | None = None):
-    """One matplotlib figure: the `kind` attention of one layer, one head or (head=None) the mean of its heads.
-    (A bare `Figure`, outside pyplot's registry, so that a server drawing many of them does not keep them.)"""
+def heatmap_figure(attentions: Attentions, kind: str = "cross", layer: int = -1, head: int | None = None,
+                   boxes: list[tuple[int, int, int, int]] = ()):  # fmt: skip
+    """One matplotlib figure: the `kind` attention of one layer, one head or (head=None) the mean of its heads, with
+    `boxes` (`link_boxes`: word alignment links) outlined. (A bare `Figure`, outside pyplot's registry, so that a
+    server drawing many of them does not keep them.)"""
     from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
 
     weights = attentions.weights(kind)[layer]
     weights = weights.mean(0) if head is None else weights[head]
@@ -102,6 +138,10 @@ def heatmap_figure(attentions: Attentions, kind: str = "cross", layer: int = -1,
     layer_number = layer % attentions.weights(kind).shape[0] + 1
     which = "mean of the heads" if head is None else f"head {head + 1}"
     _draw(ax, weights, rows, columns, f"{KINDS[kind]}, layer {layer_number}, {which}", 9)
+    for column, row, width, height in boxes:
+        ax.add_patch(Rectangle((column - 0.5, row - 0.5), width, height, fill=False, edgecolor="red", linewidth=1.5))
+    if boxes:
+        ax.set_xlabel("red: the word alignment (--alignments hard)", fontsize=9)
     figure.colorbar(ax.images[0], ax=ax, fraction=0.046, pad=0.04)
     figure.tight_layout()
     return figure
@@ -152,4 +192,13 @@ def visualize(model: str, text: str, output_dir: str | Path, **generate_kwargs) 
     return attentions, plot_attentions(attentions, output_dir)
 
 
-__all__ = ["KINDS", "Attentions", "heatmap_figure", "plot_attentions", "translate_with_attention", "visualize"]
+__all__ = [
+    "KINDS",
+    "Attentions",
+    "heatmap_figure",
+    "link_boxes",
+    "plot_attentions",
+    "translate_with_attention",
+    "visualize",
+    "word_alignment",
+]
