@@ -100,38 +100,9 @@ def test_markup_refuses_alignments_and_unknown_formats(fitted):
         translate(model, tokenizer, ENGLISH[:1], markup="xml", alignments="hard")
 
 
-def test_placeholders_the_vocabulary_spells_go_through_the_search_as_constraints(monkeypatch, fitted):
-    from conftest import SENTENCES, make_model
 
-    from vaswani_mt.data.tokenization import train_tokenizer
-    from vaswani_mt.inference import markup as markup_module
-    from vaswani_mt.inference import translate as translate_module
+def test_placeholders_are_no_words_to_warn_about(tokenizer):
+    from vaswani_mt.model.pipeline_vaswani import unusual_pieces
 
-    tokenizer = train_tokenizer(["Delete {0} files, %s said."] * 20 + [s for pair in SENTENCES for s in pair] * 4,
-                                240, min_frequency=1)  # fmt: skip
-    model = make_model(vocab_size=240)
-    lines = ["Delete <b>{0}</b> files, %s said.", "The girl ate an apple {name}.", "No markup here."]
-    plans = markup_module.take_out_markup(lines)
-    kept = markup_module.placeholder_plans(model, tokenizer, lines, plans, {"num_beams": 4})
-    assert list(kept) == [0, 1] and kept[0].text == "Delete {0} files, %s said."
-    assert markup_module.placeholder_plans(model, tokenizer, lines, plans, {"num_beams": 1}) == {}
-    assert markup_module.placeholder_plans(model, fitted[1], lines, plans, {"num_beams": 4}) == {}  # no "{", "%"
-    searched = []
-    real = translate_module.translate
-
-    def spy(model, tokenizer, texts, **options):
-        searched.append((list(texts), options.get("constraints")))
-        return real(model, tokenizer, texts, **options)
-
-    monkeypatch.setattr(translate_module, "translate", spy)
-    outputs = translate(model, tokenizer, lines, markup="xml", num_beams=4, max_new_tokens=12)
-    assert searched[0] == (["Delete {0} files, %s said.", "The girl ate an apple {name}.", "No markup here."],
-                           [["{0}", "%s"], ["{name}"], []])  # fmt: skip
-    for line, output in zip(lines, outputs, strict=True):
-        assert well_formed(output) and sorted(tags(output)) == sorted(tags(line))
-        assert sorted(markup_module.placeholders(output)) == sorted(markup_module.placeholders(line))
-    # no room for the constraints (one token): that line again, its placeholders out and placed by alignment
-    searched.clear()
-    outputs = translate(model, tokenizer, lines[:1], markup="xml", num_beams=4, max_new_tokens=1)
-    assert [texts for texts, _ in searched] == [["Delete {0} files, %s said."], ["Delete files, said."]]
-    assert sorted(markup_module.placeholders(outputs[0])) == ["%s", "{0}"] and well_formed(outputs[0])
+    assert unusual_pieces(tokenizer, "{0}") is None and unusual_pieces(tokenizer, "%1$s") is None  # not typos
+    assert "splits into" in unusual_pieces(tokenizer, "Xqzvk")

@@ -15,10 +15,9 @@ A line is read as XML text with inline elements:
 3. A tag pair whose content aligns to nothing, and a self-closing tag, goes by the nearest source word that has a
    link: the nearest by position, looking left first at each distance (for a pair, around that word's first target
    word; a self-closing tag, and a pair with no words inside, right after the first target word of the source word
-   before it). Placeholders are never translated and each comes out exactly once: with beam search, those the
-   vocabulary spells stay in the text as constraints, so the model places them (a line whose output then lacks one
-   or repeats it is translated again without them); otherwise a placeholder goes before the first target word of
-   the source word after it (the one before it where it ends the line), as a word of its own.
+   before it). A placeholder goes
+   before the first target word of the source word after it (the one before it where it ends the line), as a word
+   of its own: placeholders are never translated and each comes out exactly once.
 4. The output is the target words joined by spaces, `&`, `<` and `>` escaped, with the tags and placeholders put
    back: well-formed, with the same tags as the source.
 
@@ -33,7 +32,6 @@ import html
 import logging
 import re
 import xml.etree.ElementTree as ElementTree
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -97,9 +95,8 @@ def check_markup_options(markup: str, alignments: str | None = None, nbest: int 
         raise ValueError("markup and n-best lists do not go together")
 
 
-def parse_markup(line: str, keep_placeholders: bool = False) -> MarkupPlan:
-    """`line` taken apart (the module's docstring); a broken line's plan says why and translates the line whole.
-    `keep_placeholders`: placeholders stay in the text (to be translated as constraints) instead of going out."""
+def parse_markup(line: str) -> MarkupPlan:
+    """`line` taken apart (the module's docstring); a broken line's plan says why and translates the line whole."""
     plain: list[str] = []
     size = 0
     pairs: list[_Pair] = []
@@ -125,8 +122,6 @@ def parse_markup(line: str, keep_placeholders: bool = False) -> MarkupPlan:
         marked = True
         if match["entity"]:
             add(html.unescape(match["entity"]))
-        elif match["placeholder"] and keep_placeholders:
-            add(match["placeholder"])
         elif match["placeholder"]:
             points.append(_Point(match["placeholder"], size, parent, True))
         elif match["empty"] or (not match["close"] and match["name"].lower() in _VOID):
@@ -303,65 +298,13 @@ def well_formed(text: str) -> bool:
 
 def translate_markup(model, tokenizer, sentences: Sequence[str], markup: str = "xml", **options) -> list[str]:
     """`translate(..., markup=markup)`: the lines' markup taken out, the text translated with hard alignments
-    (`options`: `translate`'s, but `alignments`), the markup put back. With beam search, placeholders the vocabulary
-    spells stay in the text as constraints (`placeholder_plans`); a line whose translation then lacks one, or has it
-    twice, is translated again with them taken out and placed by alignment."""
+    (`options`: `translate`'s, but `alignments`), the markup put back."""
     from vaswani_mt.inference.translate import translate
 
     check_markup_options(markup, options.pop("alignments", None), options.get("nbest"))
     plans = take_out_markup(sentences)
-    kept = placeholder_plans(model, tokenizer, sentences, plans, options)
-    first = {**options, "constraints": _with_placeholders(options, kept, sentences)} if kept else options
-    texts = [kept[i].text if i in kept else plan.text for i, plan in enumerate(plans)]
-    translations = translate(model, tokenizer, texts, alignments="hard", **first)
-    again = [i for i in kept if Counter(placeholders(str(translations[i]))) != Counter(placeholders(sentences[i]))]
-    if again:  # placeholders out for these lines, placed by alignment, as where constraints do not fit
-        retry = translate(model, tokenizer, [plans[i].text for i in again], alignments="hard", **_rows(options, again))
-        for i, translation in zip(again, retry, strict=True):
-            translations[i] = translation
-            del kept[i]
-    return [restore(kept.get(i, plan), text) for i, (plan, text) in enumerate(zip(plans, translations, strict=True))]
-
-
-def placeholders(text: str) -> list[str]:
-    """The placeholders of `text` (`{0}`, `{name}`, `%s`, `%d`, `%1$s`), in order."""
-    return [match["placeholder"] for match in _TOKEN.finditer(text) if match["placeholder"]]
-
-
-def placeholder_plans(model, tokenizer, sentences: Sequence[str], plans: Sequence[MarkupPlan],
-                      options: dict) -> dict[int, MarkupPlan]:  # fmt: skip
-    """The lines whose placeholders go through the search as constraints, each with its plan that keeps them in the
-    text: with beam search (not sampling, not ordered terms), for well-formed lines whose every placeholder the
-    vocabulary spells (no `<unk>`, decoded back as it is)."""
-    beams = options.get("num_beams") or getattr(model.generation_config, "num_beams", None) or 1
-    if beams < 2 or options.get("sampling") is not None or options.get("constraint_order") == "ordered":
-        return {}
-    kept = {}
-    for i, (line, plan) in enumerate(zip(sentences, plans, strict=True)):
-        found = placeholders(line)
-        if not plan.broken and found and all(_spelled(tokenizer, text) for text in found):
-            kept[i] = parse_markup(line, keep_placeholders=True)
-    return kept
-
-
-def _spelled(tokenizer, text: str) -> bool:
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return tokenizer.unk_token_id not in ids and tokenizer.decode(ids, skip_special_tokens=True).strip() == text
-
-
-def _with_placeholders(options: dict, kept: dict, sentences: Sequence[str]) -> list[list[str]]:
-    """Each line's constraints, with its placeholders added where it is `kept`."""
-    given = options.get("constraints") or [[] for _ in sentences]
-    return [[*terms, *(placeholders(sentences[i]) if i in kept else [])] for i, terms in enumerate(given)]
-
-
-def _rows(options: dict, rows: Sequence[int]) -> dict:
-    """`options` for the lines `rows` only: their constraints and target prefixes (the report counted them once)."""
-    subset = {k: v for k, v in options.items() if k != "report"}
-    for name in ("constraints", "target_prefixes"):
-        if options.get(name) is not None:
-            subset[name] = [options[name][i] for i in rows]
-    return subset
+    translations = translate(model, tokenizer, [plan.text for plan in plans], alignments="hard", **options)
+    return restore_markup(plans, translations)
 
 
 __all__ = [
@@ -369,8 +312,6 @@ __all__ = [
     "MarkupPlan",
     "check_markup_options",
     "parse_markup",
-    "placeholder_plans",
-    "placeholders",
     "restore",
     "restore_markup",
     "tags",

@@ -46,11 +46,16 @@ def single_line(text: str) -> str:
     return _LINE_BREAKS.sub(" ", text).strip()
 
 
+_PLACEHOLDER = re.compile(r"\{[A-Za-z0-9_]*\}|%(?:\d+\$)?[sdif]")  # as markup's (inference/markup.py)
+
+
 def unusual_pieces(tokenizer, term: str) -> str | None:
     """A warning, or None, for a term with a word split into 3 or more pieces of under 2.5 characters on average
     ("Gebäde": ▁Geb ä de): a word the model rarely saw, often a typo. A forced term is forced piece by piece as
-    given, so the user is told (the term is still used)."""
+    given, so the user is told (the term is still used). Placeholders (`{0}`, `%s`) are no words: no warning."""
     for word in term.split():
+        if _PLACEHOLDER.fullmatch(word):
+            continue
         pieces = tokenizer.tokenize(" " + word, add_special_tokens=False) if word else []
         if len(pieces) >= 3 and len(word) / len(pieces) < 2.5:
             return (f"{word!r} splits into {len(pieces)} short pieces ({' '.join(pieces)}): a word the model rarely "
