@@ -78,6 +78,9 @@ class VaswaniConfig(PreTrainedConfig):
             The decoder starts from `<s>`.
         tie_word_embeddings (`bool`, defaults to `True`):
             The source and target embeddings and the pre-softmax projection are one matrix (§3.4); must be `True`.
+        alignment_head (`list[int]`, *optional*):
+            `[layer, head]`: the decoder layer (from 0) and head of the encoder-decoder attention trained to align
+            (Garg et al. 2019, `--alignment_supervision`); `None` for a model trained without alignment labels.
     """
 
     model_type = "vaswani_mt"
@@ -112,6 +115,7 @@ class VaswaniConfig(PreTrainedConfig):
     eos_token_id: int | list[int] | None = 2
     decoder_start_token_id: int | None = 0
     tie_word_embeddings: bool = True
+    alignment_head: list[int] | None = None
     is_encoder_decoder: bool = True
     use_cache: bool = True
 

@@ -112,6 +112,17 @@ class RecipeArguments:
     time_budget_minutes: float | None = field(
         default=None, metadata={"help": "stop training (with a checkpoint) after M minutes of wall time"}
     )
+    alignment_supervision: bool = field(
+        default=False,
+        metadata={
+            "help": "also train head 0 of the penultimate decoder layer to align words (Garg et al. 2019), on "
+            "eflomal's alignments of the training split (needs pip install eflomal); the saved config names the "
+            "head, and alignments then come from it"
+        },
+    )
+    alignment_lambda: float = field(
+        default=0.05, metadata={"help": "weight of the alignment loss with --alignment_supervision (Garg et al.: 0.05)"}
+    )
     average_last: int = field(
         default=5,
         metadata={
@@ -330,8 +341,16 @@ def float32_overrides(recipe: RecipeArguments) -> dict:
 
 
 def check_dataset_options(data_args: DataArguments, recipe: RecipeArguments) -> None:
-    """Raises, naming where each value came from, when an option does not apply to the chosen dataset."""
+    """Raises, naming where each value came from, when an option does not apply to the chosen dataset; and, one
+    line saying how to install it, when --alignment_supervision lacks eflomal."""
+    from vaswani_mt.data.alignment_labels import require_eflomal
     from vaswani_mt.data.corpus import BUILTIN_CORPORA
+
+    if recipe.alignment_supervision:
+        try:
+            require_eflomal()
+        except ImportError as error:
+            raise ValueError(f"--alignment_supervision: {error}") from None
 
     extra = BUILTIN_CORPORA.get(data_args.dataset)
     if data_args.upsample_primary != 1 and extra is None:

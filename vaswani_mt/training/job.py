@@ -52,6 +52,7 @@ from vaswani_mt.hub.card import card_values, render_model_card
 from vaswani_mt.model.configuration_vaswani import VaswaniConfig
 from vaswani_mt.model.modeling_vaswani import VaswaniForConditionalGeneration
 
+from .alignment_supervision import AlignmentCollator, add_alignment_labels, penultimate_head
 from .arguments import DataArguments, ModelArguments, RecipeArguments, check_dataset_options, check_early_stopping
 from .callbacks import (
     BudgetProgressCallback,
@@ -255,6 +256,10 @@ def _prepare(
     # With the model, the collator also builds decoder_input_ids from the labels (needed when Trainer's label
     # smoother takes the labels away from the forward call, as for the benchmarks' Marian).
     collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
+    alignment_head = None
+    if recipe.alignment_supervision:
+        tokenized["train"], collator, alignment_head = _supervise_alignment(model, tokenizer, tokenized, collator,
+                                                                            training_args)  # fmt: skip
     trainer = VaswaniTrainer(
         model=model,
         args=training_args,
@@ -266,6 +271,8 @@ def _prepare(
         max_tokens_per_batch=data_args.max_tokens_per_batch,
         lr_schedule=recipe.lr_schedule,
         lr_scale=recipe.lr_scale,
+        alignment_head=alignment_head,
+        alignment_lambda=recipe.alignment_lambda,
         callbacks=[clock, preemption, CurvesCallback(), *_early_stopping(recipe, training_args, resumed_state)],
     )
     _budget_progress_bar(trainer, clock)
@@ -274,6 +281,19 @@ def _prepare(
         logger.warning("--restore_callback_states_from_checkpoint ignored: the wall clock resumes on its own")
         training_args.restore_callback_states_from_checkpoint = False
     return _Run(trainer, tokenizer, corpus, output_dir, resume, resumed_state, clock, preemption)
+
+
+def _supervise_alignment(model, tokenizer, tokenized, collator, training_args):
+    """The training split with eflomal's alignment labels, a collator that carries them, and the head to supervise
+    (Garg et al. 2019; alignment_supervision.py); the model on eager attention (the one that returns weights)."""
+    head = penultimate_head(model.config.num_decoder_layers)
+    with training_args.main_process_first(desc="alignment labels"):
+        train = add_alignment_labels(tokenized["train"], tokenizer)
+    if model.config._attn_implementation != "eager":
+        model.set_attn_implementation("eager")
+    training_args.remove_unused_columns = False  # the collator drops the columns the model does not take
+    logger.info("alignment supervision: decoder layer %d, head %d, eflomal labels on %d pairs", *head, len(train))
+    return train, AlignmentCollator(collator, tokenizer.padding_side), head
 
 
 def _settle_options(

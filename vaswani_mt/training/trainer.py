@@ -3,7 +3,7 @@
 - `paper_learning_rate`: Eq. (3) as the paper writes it (transformers' `get_inverse_sqrt_schedule` has its shape
   but counts updates from 0, so its first rate is 0, and leaves the peak to the caller).
 - `VaswaniTrainer`: token-budget batches (§5.1), the paper's schedule, token counts in the logs, checkpoints that
-  are whole or absent.
+  are whole or absent; with `alignment_head`, a supervised alignment head (alignment_supervision.py).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from vaswani_mt.data.batching import TokenBudgetBatchSampler, length_array
 
+from .alignment_supervision import ALIGNMENT_LAMBDA, alignment_loss
 from .callbacks import SamplerEpochCallback
 from .checkpoints import CheckpointError, describe_write_failure, is_complete
 from .machines import machines
@@ -54,7 +55,9 @@ class VaswaniTrainer(Seq2SeqTrainer):
     gets distinct batches and the same number of steps). `lr_schedule="paper"` replaces `--lr_scheduler_type`
     and `--learning_rate` with Eq. (3) times `lr_scale`. Logs gain `source_tokens_per_step`,
     `target_tokens_per_step` (whole optimizer step, all processes), `target_tokens_per_second` and `train_minutes`
-    (wall time of training, a resumed run's earlier minutes included).
+    (wall time of training, a resumed run's earlier minutes included). `alignment_head` (layer, head): that head
+    of the encoder-decoder attention learns the batches' `alignment_targets` with weight `alignment_lambda`
+    (Garg et al. 2019), recorded in the model's `config.alignment_head`; the logs gain `alignment_loss`.
     """
 
     def __init__(
@@ -63,6 +66,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
         max_tokens_per_batch: int | None = None,
         lr_schedule: str = "paper",
         lr_scale: float = 1.0,
+        alignment_head: tuple[int, int] | None = None,
+        alignment_lambda: float = ALIGNMENT_LAMBDA,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
@@ -73,6 +78,10 @@ class VaswaniTrainer(Seq2SeqTrainer):
         self.max_tokens_per_batch = max_tokens_per_batch
         self.lr_schedule = lr_schedule
         self.lr_scale = lr_scale
+        self.alignment_head, self.alignment_lambda = alignment_head, alignment_lambda
+        self._alignment_losses: list[float] = []
+        if alignment_head is not None:
+            self.model.config.alignment_head = list(alignment_head)
         self.token_sampler: TokenBudgetBatchSampler | None = None
         self._token_counts = torch.zeros(2, dtype=torch.long)  # source, target tokens since the last log
         self._micro_batches = 0
@@ -138,6 +147,19 @@ class VaswaniTrainer(Seq2SeqTrainer):
         self._token_counts[1] += int(inputs["labels"].ne(-100).sum())
         return super().training_step(model, inputs, num_items_in_batch)
 
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The model's loss, plus `alignment_lambda` times the alignment term where the batch has
+        `alignment_targets` (training batches of a run with `alignment_head`)."""
+        targets = inputs.pop("alignment_targets", None)
+        if targets is None or self.alignment_head is None:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        loss, outputs = super().compute_loss(model, {**inputs, "output_attentions": True}, True, num_items_in_batch)
+        layer, head = self.alignment_head
+        term = alignment_loss(outputs.cross_attentions[layer][:, head], targets.to(loss.device))
+        self._alignment_losses.append(float(term.detach()))
+        loss = loss + self.alignment_lambda * term
+        return (loss, outputs) if return_outputs else loss
+
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and "eval_loss" not in logs and self._micro_batches:
             counts = self.accelerator.reduce(self._token_counts.to(self.args.device), reduction="sum").cpu()
@@ -149,6 +171,9 @@ class VaswaniTrainer(Seq2SeqTrainer):
             logs["train_minutes"] = round((time.perf_counter() - self._train_start) / 60, 6)
             self._token_counts.zero_()
             self._micro_batches, self._steps, self._window_start = 0, 0.0, None
+            if self._alignment_losses:
+                logs["alignment_loss"] = round(sum(self._alignment_losses) / len(self._alignment_losses), 4)
+                self._alignment_losses.clear()
         super().log(logs, start_time)
 
     def _save_checkpoint(self, model, trial) -> None:
