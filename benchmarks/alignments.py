@@ -3,8 +3,9 @@
 the built-in test split with the main job's model.
 
 1. Dictionary-anchored precision, per method (all layers and heads averaged, each decoder layer, each of these with
-   shift-att, and a diagonal baseline): the test sources are translated once with alignments (the model's search,
-   batch 16), then aligned again by each method from the same attention (`realign`). A German output word is
+   shift-att, the supervised head of a model trained with --alignment_supervision, and a diagonal baseline): the
+   test sources are translated once with alignments (the model's search, batch 16), then aligned again by each
+   method from the same attention (`realign`). A German output word is
    anchored where the Ding dictionary pairs it with a word of its source: one-word entries on both sides (annotations
    removed, English "to " dropped), letters only, 4 or more, lower-cased, words compared without punctuation. Anchored
    precision: of the links from anchored German words, the share that lands on one of its dictionary words; pair
@@ -29,7 +30,6 @@ import json
 import re
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -38,8 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from speed_common import MachineRecord, interleave
 from terminology import dictionary_entries
 
+from vaswani_mt.data.alignment_labels import eflomal_links, grow_diag_final_and, require_eflomal
 from vaswani_mt.data.corpus import BUILTIN_CORPUS, _fetch_ding_dictionary, cache_dir, load_corpus, source_target
-from vaswani_mt.inference.alignments import DEFAULT_METHOD, hard_links, realign
+from vaswani_mt.inference.alignments import default_method, hard_links, realign
 from vaswani_mt.inference.controls import ControlReport
 from vaswani_mt.inference.loading import load_for_inference
 from vaswani_mt.inference.markup import tags, well_formed
@@ -109,31 +110,12 @@ def diagonal_links(aligned) -> list[tuple[int, int]]:
 
 def methods_of(model) -> list[str]:
     layers = model.config.num_decoder_layers
-    return [f"{shift}{name}" for name in ["mean", *(f"layer{k}" for k in range(layers))] for shift in ("", "shift-")]
+    supervised = ["supervised"] if default_method(model) == "supervised" else []
+    return [*supervised, *(f"{shift}{name}" for name in ["mean", *(f"layer{k}" for k in range(layers))]
+                           for shift in ("", "shift-"))]  # fmt: skip
 
 
 # --- silver reference: eflomal, symmetrized -------------------------------------------------------------------
-
-
-def grow_diag_final_and(forward: set, backward: set, source_len: int, target_len: int) -> set:
-    """Koehn et al.'s grow-diag-final-and of two directional alignments ((source, target) pairs)."""
-    union, links = forward | backward, set(forward & backward)
-    neighbours = [(-1, 0), (0, -1), (1, 0), (0, 1), (-1, -1), (-1, 1), (1, -1), (1, 1)]
-    added = True
-    while added:
-        added = False
-        for s, t in sorted(links):
-            for ds, dt in neighbours:
-                s2, t2 = s + ds, t + dt
-                if (s2, t2) in union and (s2, t2) not in links:
-                    if all(a != s2 for a, _ in links) or all(b != t2 for _, b in links):
-                        links.add((s2, t2))
-                        added = True
-    for direction in (forward, backward):
-        for s, t in sorted(direction):
-            if all(a != s for a, _ in links) and all(b != t for _, b in links):
-                links.add((s, t))
-    return links
 
 
 def aer(predicted: list[set], reference: list[set]) -> dict:
@@ -151,18 +133,10 @@ def eflomal_reference(train_pairs, test_pairs) -> dict | None:
     """eflomal's links of `test_pairs` (token lists), aligned with `train_pairs`: forward, backward, gdfa,
     intersection; None where eflomal cannot be imported."""
     try:
-        import eflomal
+        require_eflomal()
     except ImportError:
         return None
-    pairs = list(train_pairs) + list(test_pairs)
-    with tempfile.TemporaryDirectory() as tmp:
-        fwd, rev = Path(tmp) / "fwd", Path(tmp) / "rev"
-        aligner = eflomal.Aligner()
-        aligner.align([" ".join(s) for s, _ in pairs], [" ".join(t) for _, t in pairs],
-                      links_filename_fwd=str(fwd), links_filename_rev=str(rev), quiet=True)  # fmt: skip
-        read = [[{tuple(map(int, link.split("-"))) for link in line.split()} for line in path.read_text().splitlines()]
-                for path in (fwd, rev)]  # fmt: skip
-    forward, backward = (links[len(train_pairs) :] for links in read)
+    forward, backward = (links[len(train_pairs) :] for links in eflomal_links(list(train_pairs) + list(test_pairs)))
     gdfa = [grow_diag_final_and(f, b, len(s), len(t)) for f, b, (s, t) in zip(forward, backward, test_pairs,
                                                                                 strict=True)]  # fmt: skip
     return {"forward": forward, "backward": backward, "gdfa": gdfa,
@@ -239,7 +213,7 @@ def main() -> None:
     sources, references = sources[: args.sentences], references[: args.sentences]
     pairs = dictionary_pairs(_fetch_ding_dictionary(cache_dir() / "ding"))
     result = {"model": args.model, "native_bf16": native_bf16(), "sentences": len(sources),
-              "dictionary_pairs": len(pairs), "default_method": DEFAULT_METHOD}  # fmt: skip
+              "dictionary_pairs": len(pairs), "default_method": default_method(model)}  # fmt: skip
 
     start = time.perf_counter()
     aligned = translate(model, tokenizer, sources, BATCH, alignments="hard")
@@ -293,8 +267,8 @@ def main() -> None:
                            "rounds": {k: [round(v, 2) for v in vs] for k, vs in times.items()}}  # fmt: skip
 
     tests = markup_test(sources, references, pairs)
-    result["markup"] = measure_markup(model, tokenizer, tests, DEFAULT_METHOD)
-    if best != DEFAULT_METHOD:
+    result["markup"] = measure_markup(model, tokenizer, tests, default_method(model))
+    if best != default_method(model):
         result["markup_with_best_method"] = measure_markup(model, tokenizer, tests, best)
         result["markup_with_best_method"].pop("examples")
     result.update(record.finish())

@@ -12,6 +12,7 @@ from vaswani_mt.cli import translate as translate_command
 from vaswani_mt.inference.alignments import (
     AlignedTranslation,
     cross_attention,
+    default_method,
     format_aligned_line,
     hard_links,
     parse_alignment,
@@ -90,6 +91,33 @@ def test_shift_att_aligns_a_target_word_from_the_step_that_reads_it():
     torch.testing.assert_close(select(layers, "layer1", 4), layers[1][:4])
     with pytest.raises(ValueError, match="alignment method"):
         select(layers, "layers", 4)
+
+
+def test_a_model_with_a_supervised_head_aligns_from_that_head_by_default_with_the_same_tokens(fitted):
+    model, tokenizer = fitted
+    plain = translate(model, tokenizer, ENGLISH[:3])
+    mean = translate(model, tokenizer, ENGLISH[:3], alignments="soft")
+    assert default_method(model) == "mean"
+    with pytest.raises(ValueError, match="alignment_supervision"):
+        translate(model, tokenizer, ENGLISH[:1], alignments="hard", alignment_method="supervised")
+    model.config.alignment_head = [1, 2]
+    try:
+        assert default_method(model) == "supervised"
+        supervised = translate(model, tokenizer, ENGLISH[:3], alignments="soft")
+        source_ids = tokenizer(ENGLISH[0])["input_ids"]
+        output = tokenizer(text_target=str(supervised[0]))["input_ids"][:-1]
+        model.set_attn_implementation("eager")
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([source_ids]), decoder_input_ids=torch.tensor([[0, *output]]),
+                        output_attentions=True)  # fmt: skip
+    finally:
+        model.config.alignment_head = None
+        model.set_attn_implementation("sdpa")
+    assert supervised == plain == mean  # the same tokens with and without alignments, by either method
+    assert torch.allclose(supervised[0].supervised, out.cross_attentions[1][0, 2].float(), atol=1e-5)
+    for s, m in zip(supervised, mean, strict=True):
+        assert torch.equal(realign(s, "supervised").soft, s.soft) and torch.equal(realign(s, "mean").soft, m.soft)
+    assert any(not torch.allclose(s.soft, m.soft) for s, m in zip(supervised, mean, strict=True))
 
 
 def test_hard_rules_argmax_intersection_and_threshold():

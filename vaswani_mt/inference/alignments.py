@@ -11,12 +11,15 @@ switched to eager attention for that pass and back). Its cross-attention becomes
   each with "shift-" in front (shift-att, Chen et al. 2020): target token i is read from the step whose decoder input
   is token i (the step that predicts i + 1) rather than from the step that predicts it. An ensemble averages its
   members' matrices.
+- "supervised": the one head trained to align (Garg et al. 2019; `--alignment_supervision`, whose (layer, head) the
+  model's `config.alignment_head` names); "default" (`DEFAULT_METHOD`): "supervised" for such a model, else "mean"
+  (`default_method`).
 - hard links (`rule`): "argmax", each target word to its likeliest source word (Marian's `--alignment hard`); a
   number t in (0, 1), every pair above t (Marian's `--alignment t`); "intersect", pairs that are the argmax of their
   row and of their column.
 
-`DEFAULT_METHOD`, "mean", from benchmarks/alignments.py on the main job's model (trained without alignment labels):
-dictionary-anchored precision 80.9% (layer2 86.4, layer1 74.1, shift-att 29-36), silver AER 46.4 (layer1 45.0,
+The default for a model trained without alignment labels, "mean", from benchmarks/alignments.py on the main job's
+model: dictionary-anchored precision 80.9% (layer2 86.4, layer1 74.1, shift-att 29-36), silver AER 46.4 (layer1 45.0,
 layer2 51.1); the mean does not depend on the model's depth.
 """
 
@@ -31,7 +34,7 @@ import torch
 
 from vaswani_mt.model.pipeline_vaswani import single_line
 
-DEFAULT_METHOD = "mean"
+DEFAULT_METHOD = "default"  # resolved per model by `default_method`: "supervised" or "mean"
 KINDS = ("hard", "soft")
 _WORD = re.compile(r"\S+")
 
@@ -41,7 +44,8 @@ class AlignedTranslation(str):
     split), `soft` (a target-words x source-words tensor, each row a distribution) and `links`, the hard alignment as
     (source word, target word) pairs, sorted by target word then source word. `kind` ("hard" or "soft") is what
     `format_alignment` prints by default. `attention` (layers x target tokens + 1 x source tokens, head means),
-    `source_index` and `target_index` (each token's word, -1 for none) keep what `realign` needs for another method."""
+    `source_index` and `target_index` (each token's word, -1 for none) keep what `realign` needs for another method;
+    `supervised` (target tokens + 1 x source tokens), the supervised head's weights where the model has one."""
 
     source_words: list[str]
     target_words: list[str]
@@ -49,6 +53,7 @@ class AlignedTranslation(str):
     links: list[tuple[int, int]]
     kind: str
     attention: torch.Tensor | None = None
+    supervised: torch.Tensor | None = None
     source_index: list[int] = []
     target_index: list[int] = []
 
@@ -103,14 +108,31 @@ def hard_links(soft: torch.Tensor, rule: str | float = "argmax") -> list[tuple[i
 
 
 def check_method(method: str) -> tuple[bool, int | None]:
-    """(shift-att?, layer or None for the mean of all) of a method name; ValueError for a name that is none."""
+    """(shift-att?, layer or None for the mean of all) of a method name; ValueError for a name that is none.
+    "default" and "supervised": (False, None)."""
+    if method in ("default", "supervised"):
+        return False, None
     shift = method.startswith("shift-")
     name = method.removeprefix("shift-")
     if name == "mean":
         return shift, None
     if name.startswith("layer") and name[5:].isdigit():
         return shift, int(name[5:])
-    raise ValueError(f"alignment method must be mean, layerK or shift-mean, shift-layerK, not {method!r}")
+    raise ValueError(f"alignment method must be default, supervised, mean, layerK, shift-mean or shift-layerK, not "
+                     f"{method!r}")  # fmt: skip
+
+
+def supervised_head(config) -> tuple[int, int] | None:
+    """The (decoder layer, head) trained to align (`config.alignment_head`), or None."""
+    head = getattr(config, "alignment_head", None)
+    return (int(head[0]), int(head[1])) if head else None
+
+
+def default_method(model) -> str:
+    """The default alignment method of `model`: "supervised" where it (every member of an ensemble) was trained
+    with a supervised alignment head, else "mean"."""
+    members = list(getattr(model, "members", [model]))
+    return "supervised" if all(supervised_head(m.config) for m in members) else "mean"
 
 
 @contextlib.contextmanager
@@ -128,12 +150,15 @@ def _eager(model) -> Iterator[None]:
 
 @torch.no_grad()
 def cross_attention(model, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]],
-                    encoded: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:  # fmt: skip
+                    encoded: tuple[torch.Tensor, torch.Tensor] | None = None, *,
+                    with_head: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """Encoder-decoder attention of the teacher-forced pass on `sources` (ids ending in `</s>`) and `targets` (output
     ids without the decoder start, `</s>` or padding), averaged over heads: float32 (layers, batch, rows, columns),
     row i the step whose decoder input is `<s>` followed by `targets[:i]`, rows `len(target) + 1`. An ensemble gives
     its members' mean (members of different depths: their layers' means, as one layer). `encoded`: a single model's
-    encoder states and mask of `sources`, a row each, from the search (the encoder then does not run again)."""
+    encoder states and mask of `sources`, a row each, from the search (the encoder then does not run again).
+    `with_head`: also the supervised head's weights, (batch, rows, columns), the members' mean, or None where a
+    member names no supervised head (`supervised_head`)."""
     members = list(getattr(model, "members", [model]))
     config = members[0].config
     pad, start = config.pad_token_id, config.decoder_start_token_id
@@ -145,7 +170,7 @@ def cross_attention(model, sources: Sequence[Sequence[int]], targets: Sequence[S
         ids[row, : len(source)] = torch.tensor(source)
         mask[row, : len(source)] = 1
         decoder[row, : len(target) + 1] = torch.tensor([start, *target])
-    weights = []
+    weights, heads = [], []
     for member in members:
         device = member.device
         inputs = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
@@ -154,9 +179,15 @@ def cross_attention(model, sources: Sequence[Sequence[int]], targets: Sequence[S
         with _eager(member):
             out = member(**inputs, decoder_input_ids=decoder.to(device), output_attentions=True, use_cache=False)
         weights.append(torch.stack(out.cross_attentions).float().mean(2)[..., :width].cpu())
+        head = supervised_head(member.config)
+        if head is not None:
+            heads.append(out.cross_attentions[head[0]][:, head[1], :, :width].float().cpu())
     if len({w.shape[0] for w in weights}) > 1:
         weights = [w.mean(0, keepdim=True) for w in weights]
-    return torch.stack(weights).mean(0)
+    means = torch.stack(weights).mean(0)
+    if not with_head:
+        return means
+    return means, (torch.stack(heads).mean(0) if len(heads) == len(members) else None)
 
 
 def token_words(tokenizer, text: str, ids: Sequence[int]) -> tuple[list[str], list[int]]:
@@ -226,9 +257,16 @@ def word_matrix(attention: torch.Tensor, source_index: Sequence[int], target_ind
     return summed / summed.sum(1, keepdim=True).clamp(min=1e-12)
 
 
-def select(attention: torch.Tensor, method: str, length: int) -> torch.Tensor:
+def select(attention: torch.Tensor, method: str, length: int, supervised: torch.Tensor | None = None) -> torch.Tensor:
     """The (target tokens x source tokens) rows of one sentence's (layers, rows, columns) attention for `method`:
-    row i for token i, or row i + 1 with shift-att; `length` target tokens."""
+    row i for token i, or row i + 1 with shift-att; `length` target tokens. `supervised`: the supervised head's
+    (rows, columns), for "supervised" and "default"."""
+    if method == "default":
+        method = "supervised" if supervised is not None else "mean"
+    if method == "supervised":
+        if supervised is None:
+            raise ValueError("alignment method 'supervised' needs a model trained with --alignment_supervision")
+        return supervised[:length]
     shift, layer = check_method(method)
     weights = attention.mean(0) if layer is None else attention[min(layer, attention.shape[0] - 1)]
     return weights[1 : length + 1] if shift else weights[:length]
@@ -244,6 +282,8 @@ def align_outputs(model, tokenizer, sources: Sequence[str], source_ids: Sequence
     if kind not in KINDS:
         raise ValueError(f"alignments must be one of {', '.join(KINDS)}, not {kind!r}")
     check_method(method)
+    if method == "supervised" and default_method(model) != "supervised":
+        raise ValueError("alignment method 'supervised' needs a model trained with --alignment_supervision")
     rows = sequences.shape[0]
     per = rows // len(sources)
     specials = set(tokenizer.all_special_ids) - {tokenizer.unk_token_id}
@@ -254,10 +294,11 @@ def align_outputs(model, tokenizer, sources: Sequence[str], source_ids: Sequence
         rows_of = torch.tensor([i // per for i in keep])
         encoded = None if encoded is None else (encoded[0][rows_of.to(encoded[0].device)],
                                                 encoded[1][rows_of.to(encoded[1].device)])  # fmt: skip
-        attention = cross_attention(model, [source_ids[i // per] for i in keep], [outputs[i] for i in keep], encoded)
+        attention, head = cross_attention(model, [source_ids[i // per] for i in keep], [outputs[i] for i in keep],
+                                          encoded, with_head=True)  # fmt: skip
         for k, i in enumerate(keep):
-            aligned[i] = _aligned(tokenizer, sources[i // per], source_ids[i // per], outputs[i],
-                                  attention[:, k], kind, method, rule)  # fmt: skip
+            aligned[i] = _aligned(tokenizer, sources[i // per], source_ids[i // per], outputs[i], attention[:, k],
+                                  None if head is None else head[k], kind, method, rule)  # fmt: skip
     for i in range(rows):
         if aligned[i] is None:
             words = _WORD.findall(sources[i // per])
@@ -266,12 +307,13 @@ def align_outputs(model, tokenizer, sources: Sequence[str], source_ids: Sequence
     return aligned
 
 
-def _aligned(tokenizer, source: str, source_ids, output, attention, kind, method, rule) -> AlignedTranslation:
+def _aligned(tokenizer, source: str, source_ids, output, attention, head, kind, method, rule) -> AlignedTranslation:
     source_words, source_index = token_words(tokenizer, source, source_ids)
     target_words, target_index = _decoded_words(tokenizer, output)
     aligned = AlignedTranslation(single_line(tokenizer.decode(output, skip_special_tokens=True)), source_words,
                                  target_words, kind=kind)  # fmt: skip
     aligned.attention = attention[:, : len(output) + 1, : len(source_ids)]
+    aligned.supervised = None if head is None else head[: len(output) + 1, : len(source_ids)]
     aligned.source_index, aligned.target_index = source_index, target_index
     return realign(aligned, method, rule, into=aligned)
 
@@ -284,9 +326,10 @@ def realign(aligned: AlignedTranslation, method: str = DEFAULT_METHOD, rule: str
         into = AlignedTranslation(str(aligned), aligned.source_words, aligned.target_words, kind=aligned.kind)
         into.attention, into.source_index, into.target_index = (aligned.attention, aligned.source_index,
                                                                 aligned.target_index)  # fmt: skip
+        into.supervised = aligned.supervised
     if aligned.attention is None or not aligned.target_index:
         return into
-    weights = select(aligned.attention, method, len(aligned.target_index))
+    weights = select(aligned.attention, method, len(aligned.target_index), aligned.supervised)
     into.soft = word_matrix(weights, aligned.source_index, aligned.target_index, len(aligned.source_words),
                             len(aligned.target_words), merge)  # fmt: skip
     into.links = hard_links(into.soft, rule)
@@ -306,12 +349,14 @@ __all__ = [
     "align_outputs",
     "check_method",
     "cross_attention",
+    "default_method",
     "empty_aligned",
     "format_aligned_line",
     "format_alignment",
     "hard_links",
     "parse_alignment",
     "realign",
+    "supervised_head",
     "token_words",
     "word_matrix",
 ]
