@@ -16,8 +16,14 @@ Speed (`--speed`): the first sentences of the split with 4 or more German words 
 their 0, 1, 2 or 4 longest reference words as constraints, or the reference's first two words as a target prefix;
 beam 4 and 8, batch 16; interleaved rounds, medians, sentences/s and the ratio to no constraints.
 
+Against Marian (`--speed_marian N`, without the term test): the first N test sentences with a term, batch 16, rounds
+interleaved: MarianMTModel `generate()` in float32 with the same weights (`to_marian`; beam 4, |Y|^0.6, at most the
+longest source + 50 new tokens: speed_decode.py's test-split defaults), ours with its own search, and ours with the
+sentence's term as a constraint.
+
     python benchmarks/terminology.py outputs/ding-cpu --json benchmarks/terminology_2026-11-26.json
     python benchmarks/terminology.py outputs/ding-cpu --speed --sentences 128 --repeats 3
+    python benchmarks/terminology.py outputs/ding-cpu --speed_marian 160 --repeats 3
     python benchmarks/terminology.py outputs/ding-cpu --length_penalty 0.6   # the paper's alpha
     python benchmarks/terminology.py outputs/ding-cpu --constrained_length_penalty 1.2   # terms at the model's alpha
 """
@@ -152,11 +158,38 @@ def speed(model, tokenizer, sources, references, sentences: int, repeats: int) -
     return rows
 
 
+def speed_against_marian(model, tokenizer, sources, terms, sentences: int, repeats: int) -> dict:
+    """Sentences/s of Marian float32, ours and ours with one term per sentence (the module's docstring)."""
+    from vaswani_mt.export.marian import to_marian
+
+    chosen = [(source, wanted) for source, wanted in zip(sources, terms, strict=True) if wanted][:sentences]
+    texts = [source for source, _ in chosen]
+    marian = to_marian(model).eval()
+    budget = max(len(ids) for ids in tokenizer(texts)["input_ids"]) + 50
+    runs = {
+        "marian": lambda: translate(
+            marian, tokenizer, texts, BATCH, num_beams=4, length_penalty=0.6, max_new_tokens=budget
+        ),
+        "ours": lambda: translate(model, tokenizer, texts, BATCH),
+        "ours, 1 constraint": lambda: translate(model, tokenizer, texts, BATCH, constraints=[t for _, t in chosen]),
+    }
+    times = interleave(runs, repeats, warmup=1)
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    return {
+        "sentences": len(texts), "repeats": repeats, "rounds_s": times,
+        "sentences_per_second": {name: round(len(texts) / m, 2) for name, m in medians.items()},
+        "x_marian": {name: round(medians["marian"] / m, 3) for name, m in medians.items()},
+        "constrained_x_ours": round(medians["ours"] / medians["ours, 1 constraint"], 3),
+    }  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="the main job's output folder (its averaged model)")
     parser.add_argument("--speed", action="store_true", help="also the speed cost of 0, 1, 2, 4 constraints, a prefix")
     parser.add_argument("--sentences", type=int, default=128, help="sentences of the speed runs")
+    parser.add_argument("--speed_marian", type=int, default=None, metavar="N",
+                        help="only the speed against Marian, on the first N term sentences")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--length_penalty", type=float, default=None, help="GNMT alpha (default: the model's)")
     parser.add_argument(
@@ -177,6 +210,13 @@ def main() -> None:
         "sentences": len(sources), "term_sentences": sum(map(bool, terms)),
         "examples": [(s, t) for s, t in zip(sources, terms, strict=True) if t][:8],
     }  # fmt: skip
+    if args.speed_marian:
+        result["speed_marian"] = speed_against_marian(model, tokenizer, sources, terms, args.speed_marian, args.repeats)
+        result.update(record.finish())
+        print(json.dumps(result, indent=1, ensure_ascii=False))
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        return
     search = {} if args.length_penalty is None else {"length_penalty": args.length_penalty}
     if args.constrained_length_penalty is not None:
         search["constrained_length_penalty"] = args.constrained_length_penalty
