@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
-from transformers.cache_utils import DynamicCache, EncoderDecoderCache, StaticCache
+from transformers.cache_utils import EncoderDecoderCache, StaticCache
 from transformers.generation import (
     ForcedBOSTokenLogitsProcessor,
     ForcedEOSTokenLogitsProcessor,
@@ -40,73 +40,11 @@ def _cache_of(outputs):
     return cache if cache is not None else getattr(outputs, "past_key_values", None)
 
 
-try:  # transformers' layered caches (5.x)
-    from transformers.cache_utils import DynamicLayer
-except ImportError:
-    DynamicLayer = None
-
-
-def _append_reordered(past: torch.Tensor, rows: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """`torch.cat((past.index_select(0, rows), new), dim=-2)` in one copy of `past`, not two."""
-    length = past.shape[-2]
-    out = past.new_empty((*past.shape[:-2], length + new.shape[-2], past.shape[-1]))
-    torch.index_select(past, 0, rows, out=out[..., :length, :])
-    out[..., length:, :] = new
-    return out
-
-
-if DynamicLayer is not None:
-
-    class _LazilyReorderedLayer(DynamicLayer):
-        """A `DynamicLayer` whose beam reorder waits for the next `update`, which writes the reordered keys and
-        values and the new ones into one new tensor: one copy of the cache a step, where `reorder_cache`
-        (index_select) then `update` (cat) make two. The same numbers; `settle` applies a reorder still waiting."""
-
-        pending: torch.Tensor | None = None
-
-        def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-            if self.is_initialized and self.keys.numel():
-                beam_idx = beam_idx.to(self.keys.device)
-                self.pending = beam_idx if self.pending is None else self.pending.index_select(0, beam_idx)
-
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-            if self.pending is None:
-                return super().update(key_states, value_states, *args, **kwargs)
-            self.keys = _append_reordered(self.keys, self.pending, key_states)
-            self.values = _append_reordered(self.values, self.pending, value_states)
-            self.pending = None
-            return self.keys, self.values
-
-        def settle(self) -> None:
-            if self.pending is not None:
-                self.keys = self.keys.index_select(0, self.pending)
-                self.values = self.values.index_select(0, self.pending)
-                self.pending = None
-
-
-def _beam_self_attention_cache(model):
-    """transformers' `DynamicCache` for the decoder's self-attention, its layers reordered lazily
-    (`_LazilyReorderedLayer`); None (the decoder makes its own) where its layers are not plain `DynamicLayer`s."""
-    cache = DynamicCache(config=model.config)
-    if DynamicLayer is None or not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
-        return None
-    cache.layers = [_LazilyReorderedLayer() for _ in cache.layers]
-    return EncoderDecoderCache(cache, DynamicCache(config=model.config))
-
-
-def _settle(cache) -> None:
-    """Applies the beam reorders a lazily reordered cache still holds (before the cache is returned)."""
-    for layer in getattr(getattr(cache, "self_attention_cache", None), "layers", ()):
-        if hasattr(layer, "settle"):
-            layer.settle()
-
-
 def _new_cache(model, config: GenerationConfig, max_length: int, source_length: int):
-    """The KV cache the search starts with: transformers' dynamic one with lazily reordered self-attention layers
-    (None where that does not apply: the decoder makes its own), or with `cache_implementation="static"` a
-    preallocated `StaticCache`, which torch.compile'd decoding needs."""
+    """The KV cache the search starts with: None (the decoder makes a dynamic one), or with
+    `cache_implementation="static"` a preallocated `StaticCache`, which torch.compile'd decoding needs."""
     if getattr(config, "cache_implementation", None) in (None, "dynamic"):
-        return _beam_self_attention_cache(model)
+        return None
     if config.cache_implementation != "static":
         raise ValueError(f"the paper's beam search takes cache_implementation 'static' or none, not "
                          f"{config.cache_implementation!r}")  # fmt: skip
@@ -303,9 +241,7 @@ class _Decoder:
         self.cache = _cache_of(outputs) if self.use_cache else None
         if generated == 1 and self.cache is not None and getattr(self.config, "compile_config", None) is not None:
             self.forward = _compiled(self.model, self.config.compile_config)  # after the first step, as transformers
-        logits = outputs.logits[:, -1, :]  # with the cache, the whole (B * K, 1, V) logits: not copied again
-        if not (logits.is_contiguous() and logits.dtype == torch.float32 and logits.device == self.device):
-            logits = logits.to(copy=True, dtype=torch.float32, device=self.device)
+        logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32, device=self.device)
         processed = self.processors(flat, torch.nn.functional.log_softmax(logits, dim=-1))
         log_probs = restrict(self.prefixed(processed, generated))
         if self.want["output_logits"]:
@@ -519,7 +455,6 @@ def _output(finished: _Finished, decoder: _Decoder, choice, config: GenerationCo
         "cross_attentions": tuple(decoder.cross_attentions) if want["output_attentions"] else None,
         "decoder_hidden_states": tuple(decoder.hidden) if want["output_hidden_states"] else None,
     }
-    _settle(decoder.cache)
     names = GenerateBeamEncoderDecoderOutput.__dataclass_fields__
     fields.update({name: decoder.cache for name in ("cache", "past_key_values") if name in names})
     output = GenerateBeamEncoderDecoderOutput(**fields)
