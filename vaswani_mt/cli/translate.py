@@ -278,8 +278,9 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--alignment_method", default=None, metavar="M",
-        help="which attention aligns: mean (all layers and heads), layerK, shift-mean or shift-layerK (shift-att); "
-        "default: the one benchmarks/alignments.py measured best",
+        help="which attention aligns: mean (all layers and heads), layerK, shift-mean or shift-layerK (shift-att), "
+        "supervised (the head a model trained with --alignment_supervision names); default: supervised for such a "
+        "model, else mean (measured best by benchmarks/alignments.py)",
     )  # fmt: skip
     parser.add_argument(
         "--markup", choices=("xml",), default=None,
