@@ -17,6 +17,9 @@ The packed float32 products (`mkl::_mkl_linear`, fast_paths_vaswani.py) have no 
 come from their shapes.
 
     python benchmarks/decode_profile.py --model outputs/ding-cpu --json benchmarks/decode_profile_2026-11-26.json
+
+`--terms N` adds the first N test sentences with a Ding term (benchmarks/terminology.py), translated without and with
+that term as a constraint: where the constrained search's time goes.
 """
 
 from __future__ import annotations
@@ -171,6 +174,28 @@ def test_split_call(folder: str, batch: int):
     return (lambda: translate(model, tokenizer, sources, batch_size=batch)), model, len(sources)
 
 
+def term_calls(folder: str, batch: int, sentences: int) -> dict:
+    """translate() of the first `sentences` test sentences with a Ding term (terminology.py's term test), without
+    and with that term as a constraint: {name: (call, model)}."""
+    from terminology import noun_pairs, term_test
+
+    from vaswani_mt.data.corpus import BUILTIN_CORPUS, _fetch_ding_dictionary, cache_dir, load_corpus, source_target
+    from vaswani_mt.inference.loading import load_for_inference
+    from vaswani_mt.inference.translate import translate
+
+    model, tokenizer = load_for_inference(folder, device="cpu")
+    sources, references = source_target(load_corpus(BUILTIN_CORPUS, None, "en", "de")["test"], "en", "de")
+    terms = term_test(sources, references, noun_pairs(_fetch_ding_dictionary(cache_dir() / "ding")))
+    chosen = [(source, term) for source, term in zip(sources, terms, strict=True) if term][:sentences]
+    texts, wanted = [source for source, _ in chosen], [term for _, term in chosen]
+    name = f"{len(texts)} term sentences, batch {batch}"
+    return {
+        f"{name}, unconstrained": ((lambda: translate(model, tokenizer, texts, batch_size=batch)), model),
+        f"{name}, one constraint each": ((lambda: translate(model, tokenizer, texts, batch_size=batch,
+                                                            constraints=wanted)), model),
+    }  # fmt: skip
+
+
 def base_shape_call(beams: int, batch: int, steps: int, length: int = 24):
     torch.manual_seed(0)
     model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("base", vocab_size=32000)).eval()
@@ -186,6 +211,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=30, help="forced steps of the base-shape runs")
     parser.add_argument("--peak_size", type=int, default=2048)
+    parser.add_argument("--terms", type=int, default=0, help="also N term sentences without and with a constraint")
+    parser.add_argument("--no_base", action="store_true", help="skip the base-shape runs")
     parser.add_argument("--json", help="write the result here too")
     args = parser.parse_args()
     record = MachineRecord()
@@ -197,7 +224,9 @@ def main() -> None:
     if args.model:
         call, model, sentences = test_split_call(args.model, args.batch)
         runs[f"test split ({sentences} sentences), the model's search, batch {args.batch}"] = (call, model)
-    for beams in (4, 1):
+    if args.model and args.terms:
+        runs.update(term_calls(args.model, args.batch, args.terms))
+    for beams in () if args.no_base else (4, 1):
         name = f"base shapes, {'beam 4' if beams > 1 else 'greedy'}, batch {args.batch}, {args.steps} forced steps"
         runs[name] = base_shape_call(beams, args.batch, args.steps)
     result["profiles"] = {}
