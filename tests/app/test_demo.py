@@ -117,6 +117,24 @@ def test_demo_outlines_the_word_alignment_and_keeps_tags_and_placeholders(demo_m
     assert "markup: broken (<b> is not closed): translated as plain text" in notes
 
 
+def test_demo_outlines_the_supervised_heads_links_for_a_model_that_has_one(demo_model):
+    from vaswani_mt.inference.attention_plots import link_boxes
+    from vaswani_mt.inference.translate import translate
+
+    model, tokenizer = demo_model
+    text = "The girl ate an apple."
+    model.config.alignment_head = [1, 2]
+    try:
+        _, figure, _ = translate_for_demo(model, tokenizer, text, num_beams=4, alpha=0.6, extra_tokens=10)
+        aligned = translate(model, tokenizer, [text], num_beams=4, length_penalty=0.6, max_len_b=10, alignments="hard")
+    finally:
+        model.config.alignment_head = None
+    boxes = [patch for patch in figure.axes[0].patches if patch.get_edgecolor()[:3] == (1.0, 0.0, 0.0)]
+    assert aligned[0].supervised is not None  # translate() aligned by the head: the page outlines those links
+    expected = sorted((column - 0.5, row - 0.5) for column, row, _, _ in link_boxes(aligned[0]))
+    assert sorted((box.get_x(), box.get_y()) for box in boxes) == expected
+
+
 def test_heatmap_draws_tokens_that_hold_dollar_signs_as_they_are():
     # A token with two "$" is matplotlib mathtext: "$\\frac{$" cannot be drawn, and the page would get an error.
     from vaswani_mt.data.tokenization import train_tokenizer

@@ -118,7 +118,7 @@ def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, alpha: f
         ))  # fmt: skip
     num_layers = attentions.cross.shape[0]
     index = int(layer) - 1 if 1 <= int(layer) <= num_layers else num_layers - 1
-    aligned = word_alignment(tokenizer, text, attentions)
+    aligned = word_alignment(tokenizer, text, attentions, config=model.config)
     figure = heatmap_figure(attentions, "cross", layer=index, boxes=link_boxes(aligned))
     figure.set_dpi(min(figure.get_dpi(), DEMO_MAX_FIGURE_PIXELS / max(figure.get_size_inches())))
     notes = "\n".join(f"- {note}" for note in [*notes, *attentions.notes])

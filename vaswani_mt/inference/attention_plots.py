@@ -85,11 +85,17 @@ def translate_with_attention(
     )
 
 
-def word_alignment(tokenizer, text: str, attentions: Attentions, method: str | None = None):
+def word_alignment(tokenizer, text: str, attentions: Attentions, method: str | None = None, config=None):
     """The hard word alignment (`alignments.AlignedTranslation`) of `attentions`' translation of `text`, from its
-    encoder-decoder attention (heads averaged) by `method` (default: `alignments.DEFAULT_METHOD`), as
-    `translate(..., alignments="hard")` aligns it."""
-    from vaswani_mt.inference.alignments import DEFAULT_METHOD, AlignedTranslation, realign, token_words
+    encoder-decoder attention (heads averaged; `config`'s supervised head, if it names one) by `method` (default:
+    `alignments.DEFAULT_METHOD`), as `translate(..., alignments="hard")` aligns it."""
+    from vaswani_mt.inference.alignments import (
+        DEFAULT_METHOD,
+        AlignedTranslation,
+        realign,
+        supervised_head,
+        token_words,
+    )
 
     output = attentions.output_ids
     source_words, source_index = token_words(tokenizer, text, attentions.source_ids)
@@ -97,6 +103,9 @@ def word_alignment(tokenizer, text: str, attentions: Attentions, method: str | N
     aligned = AlignedTranslation(attentions.translation, source_words, target_words, kind="hard")
     aligned.attention = attentions.cross.mean(1)[:, : len(output) + 1, : len(attentions.source_ids)]
     aligned.source_index, aligned.target_index = source_index, target_index[: len(output)]
+    head = supervised_head(config) if config is not None else None
+    if head is not None:
+        aligned.supervised = attentions.cross[head[0], head[1], : len(output) + 1, : len(attentions.source_ids)]
     return realign(aligned, method or DEFAULT_METHOD, into=aligned)
 
 
