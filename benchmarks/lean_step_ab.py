@@ -13,7 +13,6 @@ in place of the working tree's (its cache reordered as transformers' `DynamicCac
 
 import argparse
 import importlib.util
-import json
 import statistics
 import sys
 import time
@@ -106,10 +105,7 @@ def main() -> None:
     medians = {name: statistics.median(values) for name, values in times.items()}
     result = {"mode": args.mode, "native_bf16": native_bf16(), "bit_equal": equal, "rounds_s": times,
               "median_s": medians, "new_x_old": round(medians["old"] / medians["new"], 3)}  # fmt: skip
-    result.update(record.finish())
-    print(json.dumps(result, indent=1))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    record.report(result, args.json)
 
 
 if __name__ == "__main__":

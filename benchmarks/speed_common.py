@@ -70,6 +70,15 @@ class MachineRecord:
             record["machine_shared"] = record["others_cpu_share"] > 0.1
         return record
 
+    def report(self, result: dict, json_path: str | None = None) -> dict:
+        """`result` with this record added, printed as JSON and written to `json_path` (when given)."""
+        result.update(self.finish())
+        text = json.dumps(result, indent=1, ensure_ascii=False)
+        print(text)
+        if json_path:
+            Path(json_path).write_text(text + "\n", encoding="utf-8")
+        return result
+
 
 def _own_cpu_seconds() -> float:
     """CPU seconds of this process and of its finished children (the peak-memory runs are ours, not others')."""

@@ -30,7 +30,6 @@ sentence's term as a constraint.
 
 import argparse
 import itertools
-import json
 import re
 import statistics
 import sys
@@ -212,10 +211,7 @@ def main() -> None:
     }  # fmt: skip
     if args.speed_marian:
         result["speed_marian"] = speed_against_marian(model, tokenizer, sources, terms, args.speed_marian, args.repeats)
-        result.update(record.finish())
-        print(json.dumps(result, indent=1, ensure_ascii=False))
-        if args.json:
-            Path(args.json).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        record.report(result, args.json)
         return
     search = {} if args.length_penalty is None else {"length_penalty": args.length_penalty}
     if args.constrained_length_penalty is not None:
@@ -233,10 +229,7 @@ def main() -> None:
     result["unconstrained_lines_identical"] = f"{sum(same)} of {len(same)}"
     if args.speed:
         result["speed"] = speed(model, tokenizer, sources, references, args.sentences, args.repeats)
-    result.update(record.finish())
-    print(json.dumps(result, indent=1, ensure_ascii=False))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    record.report(result, args.json)
 
 
 if __name__ == "__main__":
