@@ -57,3 +57,10 @@ def test_markup_from_the_construction_puts_the_tags_back(fitted_folder, fitted):
     for line, result in zip(lines, results, strict=True):
         assert well_formed(result["translation_text"]) and sorted(tags(result["translation_text"])) == sorted(tags(line))
     assert result["translation_text"].count("{0}") == 1
+
+
+def test_the_constructions_search_terms_and_batch_size_apply_to_aligned_calls(fitted_folder, fitted):
+    model, tokenizer = fitted
+    built = translation_pipeline(str(fitted_folder), device="cpu", num_beams=2, constraints=["Apfel"], batch_size=2)
+    expected = translate(model, tokenizer, ENGLISH[:3], num_beams=2, constraints=[["Apfel"]] * 3, alignments="hard")
+    assert [r["translation_text"] for r in built(ENGLISH[:3], alignments="hard")] == expected

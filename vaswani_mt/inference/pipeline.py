@@ -14,6 +14,10 @@ from vaswani_mt.inference.translate import translate, translate_nbest
 from vaswani_mt.model.pipeline_vaswani import TranslationPipeline
 
 _OPTIONS = ("alignments", "alignment_method", "markup")
+# Pipeline's own construction arguments: not options of a translation.
+_PIPELINE_ARGUMENTS = {"model", "tokenizer", "feature_extractor", "image_processor", "video_processor", "processor",
+                       "task", "device", "binary_output", "dtype", "torch_dtype", "args_parser", "num_workers",
+                       "framework", "device_map"}  # fmt: skip
 
 
 class AligningTranslationPipeline(TranslationPipeline):
@@ -30,8 +34,9 @@ class AligningTranslationPipeline(TranslationPipeline):
     def __init__(self, *args, alignments: str | None = None, alignment_method: str | None = None,
                  markup: str | None = None, **kwargs):  # fmt: skip
         self._extras = {"alignments": alignments, "alignment_method": alignment_method, "markup": markup}
-        terms = kwargs.get("constraints")  # the construction's terms, for the calls that go through translate()
-        self._terms = [terms] if isinstance(terms, str) else terms
+        # The construction's options (generate() keywords, terms, batch size, ...), for the calls that go through
+        # translate(): kept here rather than read back from Pipeline's private attributes.
+        self._defaults = {k: v for k, v in kwargs.items() if k not in _PIPELINE_ARGUMENTS}
         super().__init__(*args, **kwargs)
 
     def __call__(self, inputs: str | list[str], *args, **kwargs) -> list:
@@ -50,16 +55,14 @@ class AligningTranslationPipeline(TranslationPipeline):
     def _translate(self, texts: Sequence[str], extras: dict, kwargs: dict) -> list:
         """One result per text (a list of them with n-best), through `translate` or `translate_nbest`."""
         options = {name: value for name, value in extras.items() if value is not None}
-        generate_kwargs = {**self._generate_kwargs, **self._forward_params.get("generate_kwargs", {}), **kwargs}
-        generate_kwargs.pop("constraint_forms", None)  # the construction's constraints, as terms below
+        generate_kwargs = {**self._defaults, **kwargs}
         generate_kwargs.pop("clean_up_tokenization_spaces", None)  # translate() decodes as the command does
-        terms = generate_kwargs.pop("constraints", None) or self._terms
+        terms = generate_kwargs.pop("constraints", None)
         if terms is not None:
             terms = [terms] if isinstance(terms, str) else list(terms)
             options["constraints"] = [terms] * len(texts)
-        batch_size = generate_kwargs.pop("batch_size", self._batch_size) or 32
+        batch_size = generate_kwargs.pop("batch_size", None) or 32
         max_source_tokens = generate_kwargs.pop("max_source_tokens", None)
-        max_source_tokens = max_source_tokens or self._preprocess_params.get("max_source_tokens")
         nbest = generate_kwargs.pop("num_return_sequences", None)
         common = {"batch_size": batch_size, "max_source_tokens": max_source_tokens, **options, **generate_kwargs}
         if nbest is not None and nbest > 1:
