@@ -69,6 +69,7 @@ def translate_with_attention(
         input_ids=source, attention_mask=mask, decoder_input_ids=decoder_input, output_attentions=True, use_cache=False
     )
     tokens = tokenizer.convert_ids_to_tokens
+    specials = set(tokenizer.all_special_ids) - {tokenizer.unk_token_id}  # <unk> stands for characters of a word
     return Attentions(
         source_tokens=tokens(ids),
         target_tokens=tokens(sequence[1:].tolist()),
@@ -79,9 +80,7 @@ def translate_with_attention(
         cross=torch.stack(out.cross_attentions)[:, 0].float().cpu(),
         notes=notes,
         source_ids=list(ids),
-        output_ids=[
-            t for t in sequence[1:].tolist() if t not in set(tokenizer.all_special_ids) - {tokenizer.unk_token_id}
-        ],
+        output_ids=[t for t in sequence[1:].tolist() if t not in specials],
     )
 
 
