@@ -25,18 +25,12 @@ import contextlib
 import copy
 import importlib.metadata
 import importlib.util
-import json
-import statistics
-import time
 import warnings
-from pathlib import Path
 
 import torch
-from speed_common import MachineRecord
+from speed_common import MachineRecord, run_sides, split_pairs
 from torch import nn
 
-from vaswani_mt.data.corpus import BUILTIN_CORPUS, load_corpus, source_target
-from vaswani_mt.evaluation.metrics import bleu
 from vaswani_mt.inference.compute_types import apply_compute_type
 from vaswani_mt.inference.loading import load_for_inference
 from vaswani_mt.inference.translate import translate
@@ -96,54 +90,25 @@ def main() -> None:
     warnings.filterwarnings("ignore", category=UserWarning, module="torchao")
     record = MachineRecord()
     model, tokenizer = load_for_inference(args.model, device="cpu")
-    sources, references = source_target(load_corpus(BUILTIN_CORPUS, None, "en", "de")["test"], "en", "de")
-    if args.max_sentences:
-        sources, references = sources[: args.max_sentences], references[: args.max_sentences]
+    sources, references = split_pairs("test", args.max_sentences)
     sides = make_sides(model)
-    names = list(sides)
     torchao = importlib.util.find_spec("torchao") and importlib.metadata.version("torchao")
     result = {"model": args.model, "native_bf16": native_bf16(), "torchao": torchao or None,
-              "sentences": len(sources), "batch": args.batch, "sides": names, "searches": []}  # fmt: skip
-    for side, context in sides.values():  # untimed: first calls pack weights, allocate, warm caches
-        with context():
-            translate(side, tokenizer, sources[:32], batch_size=args.batch)
+              "sentences": len(sources), "batch": args.batch, "sides": list(sides), "searches": []}  # fmt: skip
+
+    def side(model, context, kwargs):
+        def call(sentences):
+            with context():
+                return translate(model, tokenizer, sentences, batch_size=args.batch, **kwargs)
+
+        return call
+
     for search, kwargs in {"beam 4 (the model's search)": {}, "greedy": {"num_beams": 1}}.items():
-        seconds = {name: [] for name in names}
-        outputs = {}
-        for round_ in range(args.repeats):
-            shift = round_ % len(names)
-            for name in names[shift:] + names[:shift]:
-                side, context = sides[name]
-                start = time.perf_counter()
-                with context():
-                    texts = translate(side, tokenizer, sources, batch_size=args.batch, **kwargs)
-                seconds[name].append(time.perf_counter() - start)
-                outputs.setdefault(name, texts)
-        base = seconds["float32"]
-        rows = {}
-        for name in names:
-            median = statistics.median(seconds[name])
-            per_round = [b / s for b, s in zip(base, seconds[name], strict=True)]
-            rows[name] = {
-                "sentences_per_s": round(len(sources) / median, 2),
-                "ratio_to_float32": round(statistics.median(base) / median, 3),
-                "median_of_round_ratios": round(statistics.median(per_round), 3),
-                "bleu": round(bleu(outputs[name], references)["score"], 2),
-                "identical_to_float32": round(
-                    sum(a == b for a, b in zip(outputs[name], outputs["float32"], strict=True)) / len(sources), 4
-                ),
-                "seconds": [round(s, 2) for s in seconds[name]],
-            }
-        result["searches"].append({"search": search, "sides": rows})
         print(f"\n{search}, batch {args.batch}, {len(sources)} sentences, native_bf16={native_bf16()}")
-        print(f"{'side':<20}{'sent/s':>9}{'x fp32':>8}{'BLEU':>7}{'= fp32':>8}")
-        for name, row in rows.items():
-            print(f"{name:<20}{row['sentences_per_s']:>9.2f}{row['ratio_to_float32']:>8.3f}{row['bleu']:>7.2f}"
-                  f"{row['identical_to_float32']:>8.1%}", flush=True)  # fmt: skip
-    result.update(record.finish())
-    print(json.dumps(result, indent=1))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        calls = {name: side(model, context, kwargs) for name, (model, context) in sides.items()}
+        rows, _ = run_sides(calls, sources, references, args.repeats, "float32")
+        result["searches"].append({"search": search, "sides": rows})
+    record.report(result, args.json)
 
 
 if __name__ == "__main__":

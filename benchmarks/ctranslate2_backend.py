@@ -24,17 +24,12 @@ by §6.1 (then CTranslate2's search stopped before finding it). Target: 95% of l
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from speed_common import MachineRecord
+from speed_common import MachineRecord, run_sides, split_pairs
 
-from vaswani_mt.data.corpus import BUILTIN_CORPUS, load_corpus, source_target
-from vaswani_mt.evaluation.metrics import bleu
 from vaswani_mt.export.ctranslate2 import CTranslate2Model, ctranslate2_nbest
 from vaswani_mt.export.marian import export_model
 from vaswani_mt.inference.loading import load_for_inference
@@ -96,42 +91,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     record = MachineRecord()
     model, tokenizer = load_for_inference(args.model, device="cpu")
-    sources, references = source_target(load_corpus(BUILTIN_CORPUS, None, "en", "de")["test"], "en", "de")
-    if args.max_sentences:
-        sources, references = sources[: args.max_sentences], references[: args.max_sentences]
+    sources, references = split_pairs("test", args.max_sentences)
     scratch = tempfile.TemporaryDirectory(prefix="ct2-backend-")
     sides, engines = make_sides(model, tokenizer, args.model, Path(scratch.name), args.threads, args.batch)
     torch.set_num_threads(args.threads)  # a CTranslate2 translator sets the OpenMP thread count, torch's too
-    names = list(sides)
-    for translate_side in sides.values():  # untimed: first calls pack weights, allocate, warm caches
-        translate_side(sources[:32])
-    seconds = {name: [] for name in names}
-    outputs = {}
-    for round_ in range(args.repeats):
-        shift = round_ % len(names)
-        for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
-            texts = sides[name](sources)
-            seconds[name].append(time.perf_counter() - start)
-            outputs.setdefault(name, texts)
-            if outputs[name] != texts:
-                raise SystemExit(f"{name}: another round gave other translations")
-    base = seconds["ours"]
-    rows = {}
-    for name in names:
-        median = statistics.median(seconds[name])
-        rows[name] = {
-            "sentences_per_s": round(len(sources) / median, 2),
-            "ratio_to_ours": round(statistics.median(base) / median, 3),
-            "median_of_round_ratios": round(
-                statistics.median(b / s for b, s in zip(base, seconds[name], strict=True)), 3
-            ),
-            "bleu": round(bleu(outputs[name], references)["score"], 2),
-            "identical_to_ours": round(
-                sum(a == b for a, b in zip(outputs[name], outputs["ours"], strict=True)) / len(sources), 4
-            ),
-            "seconds": [round(s, 2) for s in seconds[name]],
-        }
+    print(f"\n{len(sources)} test sentences, batch {args.batch}, {args.threads} threads, model {args.model}")
+    rows, outputs = run_sides(sides, sources, references, args.repeats, "ours")
     engine_of = {
         "ct2_float32_own_ranking": "float32",
         "ct2_float32_paper_ranking": "float32",
@@ -156,15 +121,9 @@ def main() -> None:
         and abs(rows["ct2_float32_paper_ranking"]["bleu"] - rows["ours"]["bleu"]) <= 0.1,
         "sides": rows,
     }
-    print(f"\n{len(sources)} test sentences, batch {args.batch}, {args.threads} threads, model {args.model}")
-    print(f"{'side':<38}{'sent/s':>9}{'x ours':>8}{'BLEU':>7}{'= ours':>8}")
     for name, row in rows.items():
-        print(f"{name:<38}{row['sentences_per_s']:>9.2f}{row['ratio_to_ours']:>8.3f}{row['bleu']:>7.2f}"
-              f"{row['identical_to_ours']:>8.1%}  {row.get('diagnosis', '')}", flush=True)  # fmt: skip
-    result.update(record.finish())
-    print(json.dumps(result, indent=1))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        print(f"{name:<38}{row.get('diagnosis', '')}")
+    record.report(result, args.json)
     scratch.cleanup()
 
 

@@ -5,13 +5,13 @@
 #      to it) and the model's own: modeling, generation, fast paths, training, callbacks, hardware, export, speed
 #      benchmarks (at most 240 s; the counts of passed and failed tests are recorded);
 #   2. bf16 training throughput (target tokens/s) and MFU at the base and big shapes with sdpa attention:
-#      speed_train.py step mode, 100 pairs x 30 tokens (3,000 target tokens, the per-GPU batch of the 8-GPU recipe),
+#      speed.py train, step mode, 100 pairs x 30 tokens (3,000 target tokens, the per-GPU batch of the 8-GPU recipe),
 #      ours and MarianMTModel under bf16 autocast, forward + loss + backward + fused AdamW; MFU = tokens/s x the
 #      training FLOPs per target token counted by vaswani_mt.flops / the device's dense bf16 peak (the table in
 #      vaswani_mt/training/flops.py, by torch.cuda.get_device_name(), or GPU_CHECK_PEAK_TFLOPS);
-#   3. decoding speed against MarianMTModel with the same weights: speed_decode.py synthetic mode, base shapes,
+#   3. decoding speed against MarianMTModel with the same weights: speed.py decode, synthetic mode, base shapes,
 #      beam 4 and greedy at batch 1, 16 and 64, float32 and bf16 weights;
-#   4. every visible GPU (benchmarks/multi_gpu_check.py): NCCL DDP at base shapes, target tokens/s per GPU and the
+#   4. every visible GPU (benchmarks/scale.py gpus): NCCL DDP at base shapes, target tokens/s per GPU and the
 #      weights equal on every rank; and whether the three-way tied matrix (§3.4) survives FSDP2 in the installed
 #      accelerate (it refused shared parameters before accelerate PR #4171), recorded as found.
 #
@@ -75,10 +75,10 @@ fi
 for preset in base big; do
     preset_args=("${shape[@]}")
     [[ $dry_run == 1 ]] || preset_args+=(--preset "$preset")
-    step "train_$preset" 90 "$PYTHON" benchmarks/speed_train.py --mode step --device "$device" "${preset_args[@]}" \
+    step "train_$preset" 90 "$PYTHON" benchmarks/speed.py train --mode step --device "$device" "${preset_args[@]}" \
         "${train_shape[@]}" --sides marian_bf16,vaswani_mt_bf16 --no-memory --json "$work/train_$preset.json"
 done
-step decode 120 "$PYTHON" benchmarks/speed_decode.py --mode synthetic --device "$device" "${shape[@]}" \
+step decode 120 "$PYTHON" benchmarks/speed.py decode --mode synthetic --device "$device" "${shape[@]}" \
     "${decode_shape[@]}" --bf16 --no-memory --json "$work/decode.json"
 
 # 4. Every visible GPU: NCCL DDP (tokens/s per GPU, the same weights on every rank), and the tied matrix under FSDP2.
@@ -93,10 +93,10 @@ else
     multi=(--preset base --batch 100 --length 30 --steps 20)
 fi
 launch=("$accelerate" launch --num_machines 1 --num_processes "$gpus" --main_process_port 29517 --dynamo_backend no)
-step multi_gpu_ddp 120 "${launch[@]}" --multi_gpu benchmarks/multi_gpu_check.py --mode ddp "${multi[@]}" \
+step multi_gpu_ddp 120 "${launch[@]}" --multi_gpu benchmarks/scale.py gpus --mode ddp "${multi[@]}" \
     --json "$work/multi_gpu_ddp.json"
 if [[ $dry_run != 1 ]]; then
-    step multi_gpu_fsdp 90 "${launch[@]}" --use_fsdp --fsdp_version 2 benchmarks/multi_gpu_check.py --mode fsdp \
+    step multi_gpu_fsdp 90 "${launch[@]}" --use_fsdp --fsdp_version 2 benchmarks/scale.py gpus --mode fsdp \
         "${multi[@]}" --steps 1 --json "$work/multi_gpu_fsdp.json"
 fi
 
@@ -146,7 +146,7 @@ result = {
         "cuda": torch.version.cuda,
         "transformers": transformers.__version__,
     },
-    # what speed_train.py builds: VaswaniForConditionalGeneration(config) with transformers' default choice
+    # what speed.py train builds: VaswaniForConditionalGeneration(config) with transformers' default choice
     "attn_implementation": VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny"))
     .to(device)
     .config._attn_implementation,

@@ -1,8 +1,14 @@
-"""What the speed benchmarks share: the machine record, interleaved timing, medians and ratios, peak memory.
+"""The harness every benchmark shares: the machine record, interleaved timing, medians and ratios, peak memory,
+the test split and its batches, the side-by-side runner on a split, a run's logged summary, the JSON output.
 
 Both sides of a comparison run in one process, interleaved (A, B, A, B, ... with the order rotated each round), so
 a busy machine slows both alike; ratios are reported two ways: the ratio of the medians, and the median of the
 per-round ratios (each round's two timings are seconds apart, so it cancels slow drifts in the load).
+
+The scripts, one per purpose: speed.py (against the peers: training step, decoding, stopping rules, batching),
+compute_types.py and ctranslate2_backend.py (faster inference), quality.py (BLEU of runs: curves, losses, searches,
+ensembles), train_vs_marian.py (quality against Marian), terminology.py and alignments.py (controls), data_scale.py,
+scale.py and demo_load.py (scale and faults), gpu_check.sh (the GPU path).
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # each script imports this one from benchmarks/
 
 import torch
 import transformers
@@ -136,6 +144,103 @@ def speedups(times: dict[str, list[float]], baseline: str) -> dict[str, dict]:
             row["median_of_ratios"] = statistics.median(b / v for b, v in zip(base, values, strict=False))
         out[name] = row
     return out
+
+
+def rows_against(
+    times: dict[str, list[float]], outputs: dict[str, list[str]], references: list[str], baseline: str
+) -> dict[str, dict]:
+    """The side-by-side runner's table on a split: per side sentences/s, the ratio to `baseline` (of medians and
+    median of per-round ratios), sacreBLEU, and the share of lines identical to the baseline's."""
+    from vaswani_mt.evaluation.metrics import bleu
+
+    count = len(references)
+    rows = {}
+    for name, row in speedups(times, baseline).items():
+        rows[name] = {
+            "sentences_per_s": round(count / row["median_s"], 2),
+            f"ratio_to_{baseline}": round(row.get("ratio_of_medians", 1.0), 3),
+            "median_of_round_ratios": round(row.get("median_of_ratios", 1.0), 3),
+            "bleu": round(bleu(outputs[name], references)["score"], 2),
+            f"identical_to_{baseline}": round(
+                sum(a == b for a, b in zip(outputs[name], outputs[baseline], strict=True)) / count, 4
+            ),
+            "seconds": [round(s, 2) for s in times[name]],
+        }
+        print(
+            f"{name:<38}{rows[name]['sentences_per_s']:>9.2f} sent/s {rows[name][f'ratio_to_{baseline}']:>7.3f}x"
+            f"{rows[name]['bleu']:>7.2f} BLEU {rows[name][f'identical_to_{baseline}']:>8.1%} = {baseline}"
+        )
+    return rows
+
+
+def run_sides(
+    sides: dict[str, Callable[[list[str]], list[str]]],
+    sources: list[str],
+    references: list[str],
+    repeats: int,
+    baseline: str,
+) -> tuple[dict[str, dict], dict[str, list[str]]]:
+    """The side-by-side runner: each side (sentences -> translations) translates `sources` once untimed (first
+    calls pack weights, allocate, warm caches), then `repeats` rounds interleaved; a side whose rounds disagree is
+    an error. Returns `rows_against(...)` and each side's translations."""
+    for translate in sides.values():
+        translate(sources[:32])
+    outputs: dict[str, list[str]] = {}
+
+    def timed(name):
+        def call():
+            texts = sides[name](sources)
+            if outputs.setdefault(name, texts) != texts:
+                raise SystemExit(f"{name}: another round gave other translations")
+
+        return call
+
+    times = interleave({name: timed(name) for name in sides}, repeats, warmup=0)
+    return rows_against(times, outputs, references, baseline), outputs
+
+
+def split_pairs(split: str = "test", limit: int | None = None) -> tuple[list[str], list[str]]:
+    """The built-in corpus's English sources and German references of `split`, the first `limit` of them."""
+    from vaswani_mt.data.corpus import BUILTIN_CORPUS, load_corpus, source_target
+
+    sources, references = source_target(load_corpus(BUILTIN_CORPUS, None, "en", "de")[split], "en", "de")
+    return sources[:limit], references[:limit]
+
+
+def length_batches(tokenizer, sources: list[str], size: int, device: str = "cpu") -> tuple[list[int], list]:
+    """The order (by source length) and the padded batches of `size` sentences, as `translate()` forms them."""
+    encoded = tokenizer(sources)["input_ids"]
+    order = sorted(range(len(sources)), key=lambda i: len(encoded[i]))
+    batches = [
+        tokenizer.pad({"input_ids": [encoded[i] for i in order[start : start + size]]}, return_tensors="pt").to(device)
+        for start in range(0, len(order), size)
+    ]
+    return order, batches
+
+
+def run_summary(run: str | os.PathLike) -> dict:
+    """What a finished run's log says about it: updates, epochs, the median of its logged target tokens per second
+    (the upper one for an even count) and its last logged training loss."""
+    from vaswani_mt.training.checkpoints import log_history
+
+    history = log_history(run)
+    rows = [row for row in history if "loss" in row]
+    speeds = sorted(row["target_tokens_per_second"] for row in rows if "target_tokens_per_second" in row)
+    return {
+        "steps": max((row["step"] for row in history), default=0),
+        "epochs": max((row["epoch"] for row in history if "epoch" in row), default=None),
+        "final_train_loss": rows[-1]["loss"] if rows else None,
+        "median_target_tokens_per_second": speeds[len(speeds) // 2] if speeds else None,
+    }
+
+
+def dispatch(doc: str, commands: dict[str, Callable], argv: list[str] | None):
+    """`SCRIPT COMMAND [options]`: runs `commands[COMMAND](options)`; without one, or with -h, prints `doc`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in commands:
+        print(f"{doc}\ncommands: {', '.join(commands)} (each takes --help)")
+        raise SystemExit(0 if argv[:1] in (["-h"], ["--help"]) else 2)
+    return commands[argv[0]](argv[1:])
 
 
 def child_argv(argv: list[str]) -> list[str]:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from run_logs import run_summary
+from speed_common import run_summary
 from torch.nn import functional as F
 from transformers import MarianMTModel
 

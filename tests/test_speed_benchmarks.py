@@ -24,15 +24,14 @@ def bench(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     with torch_threads(), rng_kept():
         yield lambda name: importlib.import_module(name)
-    for name in ("speed_common", "speed_train", "speed_decode", "checkpoint_curve", "paper_time",
-                 "search_and_averaging", "loss_at_minutes", "run_logs"):  # fmt: skip
+    for name in ("speed_common", "speed", "quality", "scale"):
         sys.modules.pop(name, None)
 
 
 def test_training_step_benchmark_checks_the_same_function_and_prints_ratios(bench, tmp_path, capsys):
     out = tmp_path / "train.json"
-    bench("speed_train").main(
-        ["--preset", "tiny", "--vocab_size", "300", "--batch", "4", "--length", "6", "--repeats", "2",
+    bench("speed").main(
+        ["train", "--preset", "tiny", "--vocab_size", "300", "--batch", "4", "--length", "6", "--repeats", "2",
          "--warmup", "1", "--threads", "1", "--no-memory", "--profile", "--json", str(out)]
     )  # fmt: skip
     result = json.loads(out.read_text())
@@ -49,8 +48,8 @@ def test_training_step_benchmark_checks_the_same_function_and_prints_ratios(benc
 
 
 def test_checkpointed_step_sides_train_with_activation_checkpointing_and_the_same_losses(bench, tmp_path):
-    train = bench("speed_train")
-    args = train.parse_args(["--preset", "tiny", "--vocab_size", "300", "--dropout", "0"])
+    train = bench("speed")
+    args = train.train_args(["--preset", "tiny", "--vocab_size", "300", "--dropout", "0"])
     config = train.model_config(args)
     names = ["vaswani_mt", "vaswani_mt_checkpointed", "marian", "marian_checkpointed"]
     models = dict(zip(names, train.build_models(config, names, seed=0), strict=True))
@@ -68,16 +67,17 @@ def test_checkpointed_step_sides_train_with_activation_checkpointing_and_the_sam
         assert losses[f"{name}_checkpointed"] == pytest.approx(losses[name], rel=1e-5)
     out = tmp_path / "step.json"
     train.main(
-        ["--preset", "tiny", "--vocab_size", "300", "--batch", "4", "--length", "6", "--repeats", "1", "--warmup",
-         "0", "--threads", "1", "--no-memory", "--sides", "vaswani_mt,vaswani_mt_checkpointed", "--json", str(out)]
+        ["train", "--preset", "tiny", "--vocab_size", "300", "--batch", "4", "--length", "6", "--repeats", "1",
+         "--warmup", "0", "--threads", "1", "--no-memory", "--sides", "vaswani_mt,vaswani_mt_checkpointed",
+         "--json", str(out)]
     )  # fmt: skip
     assert json.loads(out.read_text())["sides"]["vaswani_mt_checkpointed"]["ratio_of_medians"] > 0
 
 
 def test_decoding_benchmark_finds_identical_tokens_and_prints_ratios(bench, tmp_path, capsys):
     out = tmp_path / "decode.json"
-    bench("speed_decode").main(
-        ["--preset", "tiny", "--vocab_size", "300", "--length", "6", "--steps", "4", "--batches", "1,3",
+    bench("speed").main(
+        ["decode", "--preset", "tiny", "--vocab_size", "300", "--length", "6", "--steps", "4", "--batches", "1,3",
          "--repeats", "1", "--threads", "1", "--no-memory", "--profile", "--json", str(out)]
     )  # fmt: skip
     cases = json.loads(out.read_text())["cases"]
@@ -92,8 +92,9 @@ def test_decoding_benchmark_finds_identical_tokens_and_prints_ratios(bench, tmp_
 
 def test_decoding_benchmark_times_the_opt_in_bf16_sides_against_marian_fp32(bench, tmp_path, capsys):
     out = tmp_path / "decode.json"
-    bench("speed_decode").main(
-        ["--preset", "tiny", "--vocab_size", "300", "--length", "6", "--steps", "4", "--batches", "3", "--bf16",
+    bench("speed").main(
+        ["decode", "--preset", "tiny", "--vocab_size", "300", "--length", "6", "--steps", "4", "--batches", "3",
+         "--bf16",
          "--searches", "beam4", "--repeats", "1", "--threads", "1", "--no-memory", "--json", str(out)]
     )  # fmt: skip
     (case,) = json.loads(out.read_text())["cases"]
@@ -110,8 +111,8 @@ def test_decoding_benchmark_times_the_static_cache_and_compiled_sides_with_the_s
     torch._dynamo.reset()
     try:
         with environ_kept(), recursion_limit_kept():  # inductor sets variables and raises the recursion limit
-            bench("speed_decode").main(
-                ["--preset", "tiny", "--vocab_size", "300", "--length", "6", "--steps", "4", "--batches", "3",
+            bench("speed").main(
+                ["decode", "--preset", "tiny", "--vocab_size", "300", "--length", "6", "--steps", "4", "--batches", "3",
                  "--searches", "greedy", "--static_cache", "--compile", "--repeats", "1", "--threads", "1",
                  "--no-memory", "--json", str(out)]
             )  # fmt: skip
@@ -130,27 +131,27 @@ def test_decoding_benchmark_times_the_static_cache_and_compiled_sides_with_the_s
 def test_peak_memory_is_measured_in_a_separate_process(bench):
     common = bench("speed_common")
     peaks = common.measure_peak_rss(
-        str(BENCHMARKS / "speed_decode.py"),
-        ["--preset", "tiny", "--vocab_size", "300", "--length", "6", "--steps", "2", "--threads", "1"],
+        str(BENCHMARKS / "speed.py"),
+        ["decode", "--preset", "tiny", "--vocab_size", "300", "--length", "6", "--steps", "2", "--threads", "1"],
         ["marian"],
     )
     assert 50 < peaks["marian"] < 4000
 
 
 def test_real_data_modes_batch_each_side_its_own_way(bench, tmp_path, monkeypatch):
-    train = bench("speed_train")
+    train = bench("speed")
     pairs = [(f"the house number {i} is small .", f"das haus nummer {i} ist klein .") for i in range(60)]
     monkeypatch.setattr(train, "load_training_rows", lambda args: _rows(pairs))
     out = tmp_path / "data.json"
     train.main(
-        ["--mode", "data", "--preset", "tiny", "--seconds", "0.3", "--warmup", "1", "--threads", "1",
+        ["train", "--mode", "data", "--preset", "tiny", "--seconds", "0.3", "--warmup", "1", "--threads", "1",
          "--sides", "vaswani_mt:tokens=128,marian:sentences=8", "--json", str(out)]
     )  # fmt: skip
     sides = json.loads(out.read_text())["sides"]
     assert 7 <= sides["marian:sentences=8"]["sentences_per_batch"] <= 8  # an epoch ends with a short batch
     assert sides["vaswani_mt:tokens=128"]["sentences_per_batch"] > 8 and sides["vaswani_mt:tokens=128"]["ratio"] > 0
     train.main(
-        ["--mode", "curve", "--preset", "tiny", "--steps", "20", "--threads", "1", "--json", str(out),
+        ["train", "--mode", "curve", "--preset", "tiny", "--steps", "20", "--threads", "1", "--json", str(out),
          "--sides", "vaswani_mt:tokens=128,vaswani_mt_bf16:tokens=128"]
     )  # fmt: skip
     curve = json.loads(out.read_text())
@@ -171,7 +172,7 @@ def _rows(pairs):
 
 
 def test_checkpoint_curve_names_runs_of_one_folder_name_apart(bench, tmp_path):
-    run_labels = bench("checkpoint_curve").run_labels
+    run_labels = bench("quality").run_labels
     runs = [tmp_path / "marian_s2" / "marian", tmp_path / "s2", tmp_path / "marian_s3" / "marian"]
     assert run_labels(runs) == ["marian_s2/marian", "s2", "marian_s3/marian"]
     assert run_labels([tmp_path / "a", tmp_path / "b"]) == ["a", "b"]
@@ -181,17 +182,16 @@ def test_checkpoint_curve_names_runs_of_one_folder_name_apart(bench, tmp_path):
 
 def test_the_speed_benchmarks_run_on_cuda_where_there_is_one_else_on_the_cpu(bench):
     expected = "cuda" if torch.cuda.is_available() else "cpu"
-    for name in ("speed_train", "speed_decode"):
-        module = bench(name)
-        assert module.parse_args([]).device == expected
-        assert module.parse_args(["--device", "cpu"]).device == "cpu"
-    train = bench("speed_train")
-    config = train.model_config(train.parse_args(["--preset", "tiny", "--vocab_size", "300"]))
-    assert {t.device.type for t in train.synthetic_batch(config, 2, 3, seed=0, device="meta").values()} == {"meta"}
+    speed = bench("speed")
+    for parse_args in (speed.train_args, speed.decode_args):
+        assert parse_args([]).device == expected
+        assert parse_args(["--device", "cpu"]).device == "cpu"
+    config = speed.model_config(speed.train_args(["--preset", "tiny", "--vocab_size", "300"]))
+    assert {t.device.type for t in speed.synthetic_batch(config, 2, 3, seed=0, device="meta").values()} == {"meta"}
 
 
 def test_paper_time_derives_the_hours_from_the_counted_flops(bench, capsys):
-    result = bench("paper_time").main(["--models", "base", "--gpus", "H100,P100", "--mfu", "0.5"])
+    result = bench("scale").main(["paper_time", "--models", "base", "--gpus", "H100,P100", "--mfu", "0.5"])
     base = result["models"]["base"]
     assert base["flops_per_target_token"] == pytest.approx(base["analytic_flops_per_target_token"], rel=1e-9)
     assert base["flops_per_target_token"] / 1e6 == pytest.approx(381, rel=0.01)
@@ -221,7 +221,7 @@ def test_gpu_check_without_cuda_fails_with_one_line_and_writes_nothing(tmp_path)
 
 def test_gpu_check_and_its_multi_gpu_worker_parse():
     assert subprocess.run(["bash", "-n", str(GPU_CHECK)], capture_output=True).returncode == 0
-    compile((BENCHMARKS / "multi_gpu_check.py").read_text(), "multi_gpu_check.py", "exec")
+    compile((BENCHMARKS / "scale.py").read_text(), "scale.py", "exec")
 
 
 @pytest.mark.slow
@@ -278,7 +278,7 @@ def test_marian_benchmark_runs_both_models_through_the_same_pipeline(tmp_path):
     # the BLEU-vs-minutes curve of both runs, from their checkpoints
     curves = tmp_path / "curves.json"
     result = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "checkpoint_curve.py"), str(tmp_path / "bench" / "vaswani_mt"),
+        [sys.executable, str(BENCHMARKS / "quality.py"), "curve", str(tmp_path / "bench" / "vaswani_mt"),
          str(tmp_path / "bench" / "marian"), "--dataset", str(data), "--max_samples", "8", "--average_last", "2",
          "--json", str(curves), "--plot", str(tmp_path / "curves.png")],
         capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -300,14 +300,14 @@ def _logged_rows(output: Path) -> tuple[list[dict], list[dict]]:
 
 
 def test_search_and_averaging_scores_each_weights_under_each_search_on_the_same_test_pairs(bench, job_run, tmp_path):
-    """benchmarks/search_and_averaging.py: {final, mean of last 2, mean of last 3} x {beam 4, greedy, the saved
+    """benchmarks/quality.py search: {final, mean of last 2, mean of last 3} x {beam 4, greedy, the saved
     search, the alphas and the searches given} on the same 12 test pairs."""
-    search_and_averaging = bench("search_and_averaging")
+    quality = bench("quality")
     output, data = job_run.output, job_run.data
     results = json.loads((output / "results.json").read_text())
     table = tmp_path / "search.json"
-    search_and_averaging.main([
-        str(output), "--dataset", str(data), "--average_last", "2,3", "--length_penalties", "1.0",
+    quality.main([
+        "search", str(output), "--dataset", str(data), "--average_last", "2,3", "--length_penalties", "1.0",
         "--search", "max_len_a=0,max_len_b=1", "--max_samples", "12", "--json", str(table),
     ])  # fmt: skip
     rows = {(r["weights"].split(" (")[0], r["search"]): r for r in json.loads(table.read_text())["rows"]}
@@ -322,8 +322,8 @@ def test_search_and_averaging_scores_each_weights_under_each_search_on_the_same_
     # --search reaches generate(): at most one token per sentence (its EOS) leaves nothing to score
     assert rows["final", "beam 4, max_len_a=0,max_len_b=1"]["bleu"] == 0.0
     with pytest.raises(SystemExit, match="'no_repeat_ngram_size' is not KEY=VALUE"):
-        search_and_averaging.parse_search("length_penalty=1.0,no_repeat_ngram_size")
-    assert search_and_averaging.parse_search("length_penalty=1.2,no_repeat_ngram_size=3,do_sample=false") == {
+        quality.parse_search("length_penalty=1.0,no_repeat_ngram_size")
+    assert quality.parse_search("length_penalty=1.2,no_repeat_ngram_size=3,do_sample=false") == {
         "length_penalty": 1.2,
         "no_repeat_ngram_size": 3,
         "do_sample": False,
@@ -331,33 +331,33 @@ def test_search_and_averaging_scores_each_weights_under_each_search_on_the_same_
 
 
 def test_loss_at_minutes_reads_a_runs_logged_losses_summary_and_equal_steps(bench, job_run, tmp_path):
-    """benchmarks/loss_at_minutes.py: the losses logged near each minute mark, from the last checkpoint's log; the
+    """benchmarks/quality.py losses: the losses logged near each minute mark, from the last checkpoint's log; the
     run's summary; the steps at which two runs logged the same loss."""
-    loss_at_minutes = bench("loss_at_minutes")
+    quality = bench("quality")
     output = job_run.output
     history, logged = _logged_rows(output)
-    points = loss_at_minutes.logged_losses(output)
+    points = quality.logged_losses(output)
     assert len(points) == len(logged) and points[-1][1] == logged[-1]["loss"]
     minute = points[-1][0]
     mean = sum(r["loss"] for r in logged) / len(logged)
-    assert loss_at_minutes.loss_at(points, minute, window=1e9) == mean
-    assert loss_at_minutes.loss_at(points, minute + 10, window=1.0) is None
-    rows = loss_at_minutes.table([output], [minute + 10, minute], window=1.0).splitlines()
+    assert quality.loss_at(points, minute, window=1e9) == mean
+    assert quality.loss_at(points, minute + 10, window=1.0) is None
+    rows = quality.table([output], [minute + 10, minute], window=1.0).splitlines()
     assert rows[0] == f"| minute | {output.name} |" and rows[2] == f"| {minute + 10:g} |  |"
-    assert rows[3] == f"| {minute:g} | {loss_at_minutes.loss_at(points, minute, 1.0):.3f} |"
+    assert rows[3] == f"| {minute:g} | {quality.loss_at(points, minute, 1.0):.3f} |"
     with pytest.raises(FileNotFoundError, match="no checkpoint-N folder"):
-        loss_at_minutes.logged_losses(tmp_path)
+        quality.logged_losses(tmp_path)
     # run_summary (printed under the table): updates, epochs, the median logged tokens per second, the last loss
-    summary = loss_at_minutes.run_summary(output)
+    summary = quality.run_summary(output)
     speeds = sorted(r["target_tokens_per_second"] for r in logged)
     assert summary["steps"] == 8 and summary["epochs"] == history[-1]["epoch"] > 0
     assert summary["final_train_loss"] == logged[-1]["loss"]
     assert summary["median_target_tokens_per_second"] == speeds[len(speeds) // 2]
-    rows = loss_at_minutes.summary([output]).splitlines()
+    rows = quality.summary([output]).splitlines()
     median, epochs = speeds[len(speeds) // 2], summary["epochs"]
     assert rows[2] == f"| {output.name} | 8 | {epochs:.2f} | {median:,.0f} | {logged[-1]['loss']:.3f} |"
     # same_steps: a run against itself has every logged loss equal; a changed loss is found at its step
-    same = loss_at_minutes.same_steps(output, output)
+    same = quality.same_steps(output, output)
     assert same == {
         "common": len(logged),
         "last_common": logged[-1]["step"],
@@ -369,5 +369,5 @@ def test_loss_at_minutes_reads_a_runs_logged_losses_summary_and_equal_steps(benc
     edited = [dict(row, loss=row["loss"] + 1) if row.get("step") == logged[1]["step"] and "loss" in row else row
               for row in history]  # fmt: skip
     (changed / "trainer_state.json").write_text(json.dumps({"log_history": edited}))
-    same = loss_at_minutes.same_steps(output, changed)
+    same = quality.same_steps(output, changed)
     assert (same["equal"], same["first_different"]) == (len(logged) - 1, logged[1]["step"])

@@ -1,0 +1,449 @@
+#!/usr/bin/env python
+"""Quality of training runs: what a run's checkpoints, averaging and search score, and how its loss fell.
+
+    python benchmarks/quality.py curve RUN...      # BLEU (and NLL) of every checkpoint against training minutes
+    python benchmarks/quality.py losses RUN...     # training loss at minute marks; steps, speed; equal losses
+    python benchmarks/quality.py search RUN        # {final, mean of last K} x {beam 4, greedy, other searches}
+    python benchmarks/quality.py ensemble RUN      # the last K checkpoints ensembled, averaged, or the last alone
+
+`python benchmarks/quality.py COMMAND --help` describes each. MarianMTModel trained beside ours through the same
+pipeline: train_vs_marian.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from speed_common import MachineRecord, dispatch, run_summary
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
+
+from vaswani_mt.data.corpus import BUILTIN_CORPUS, load_corpus, source_target
+from vaswani_mt.evaluation.metrics import bleu, evaluate_bleu, token_nll
+from vaswani_mt.model.generation_vaswani import PAPER_SEARCH
+from vaswani_mt.training.checkpoints import average_checkpoints, list_checkpoints, log_history
+
+CURVE_DOC = """"""
+LOSSES_DOC = """"""
+SEARCH_DOC = """"""
+ENSEMBLE_DOC = """"""
+
+
+def _parser(command: str, doc: str) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(prog=f"quality.py {command}", description=doc,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# curve: BLEU against wall-clock minutes
+
+
+def checkpoint_minutes(run: Path, step: int) -> float | None:
+    """Training minutes at `step`, interpolated between the run's logged `train_minutes`."""
+    try:
+        history = log_history(run)
+    except FileNotFoundError:
+        return None
+    points = sorted((row["step"], row["train_minutes"]) for row in history if "train_minutes" in row)
+    if points:
+        below = [p for p in points if p[0] <= step] or [(0, 0.0)]
+        above = [p for p in points if p[0] >= step]
+        (s0, m0), (s1, m1) = below[-1], (above[0] if above else points[-1])
+        return m0 if s1 == s0 else m0 + (m1 - m0) * (step - s0) / (s1 - s0)
+    runtime = [row for row in history if "train_runtime" in row]
+    if runtime:
+        return step * runtime[-1]["train_runtime"] / 60 / max(runtime[-1]["step"], 1)
+    return None
+
+
+def run_labels(runs: list[Path]) -> list[str]:
+    """Each run's name in the results: its folder name, or as many trailing folders as make it unique among `runs`.
+
+    `a/marian` and `b/marian` are `a/marian` and `b/marian`; `s2` beside them stays `s2`. Two runs under one name
+    would overwrite each other's points in the JSON file.
+    """
+    parts = [Path(run).resolve().parts for run in runs]
+    if len(set(parts)) < len(parts):
+        raise SystemExit("quality.py curve: a run is named twice")
+    labels = []
+    for own in parts:
+        depth = 1
+        while any(other != own and other[-depth:] == own[-depth:] for other in parts):
+            depth += 1
+        labels.append("/".join(own[-depth:]))
+    return labels
+
+
+def curve_score(folder: Path, sources, references, batch_size: int, train=None) -> dict:
+    """BLEU and chrF with the model's own search, and the per-token NLL of the references (and of `train`
+    pairs, the same number of training pairs, to show the generalisation gap)."""
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+    result = evaluate_bleu(model, tokenizer, sources, references, batch_size=batch_size)
+    out = {"bleu": round(result["score"], 2), "chrf": round(result["chrf"], 2)}
+    out["nll"] = round(token_nll(model, tokenizer, sources, references, batch_size), 4)
+    if train is not None:
+        out["train_nll"] = round(token_nll(model, tokenizer, *train, batch_size), 4)
+    return out
+
+
+def curve(argv=None) -> None:
+    parser = _parser("curve", CURVE_DOC)
+    parser.add_argument("runs", nargs="+", help="training output folders holding checkpoint-N folders")
+    parser.add_argument(
+        "--dataset", default=BUILTIN_CORPUS, help="the corpus the runs trained on (see --dataset of train.py)"
+    )
+    parser.add_argument("--split", default="validation", choices=["validation", "test"])
+    parser.add_argument("--max_samples", type=int, default=None)
+    parser.add_argument("--average_last", type=int, default=0, help="also score the mean of the last K checkpoints")
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--json", help="write the points here (merged with what the file already holds)")
+    parser.add_argument("--plot", help="draw BLEU against minutes to this PNG")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", torch.get_num_threads())))
+
+    corpus = load_corpus(args.dataset)
+    sources, references = source_target(corpus[args.split], "en", "de")
+    sources, references = sources[: args.max_samples], references[: args.max_samples]
+    train_sources, train_references = source_target(corpus["train"], "en", "de")
+    train = (train_sources[: len(sources)], train_references[: len(sources)])
+    results = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).is_file() else {}
+    for run, label in zip(map(Path, args.runs), run_labels(args.runs), strict=True):
+        points = []
+        checkpoints = list_checkpoints(run)
+        for index, checkpoint in enumerate(checkpoints):
+            step = int(checkpoint.name.split("-")[1])
+            point = {"step": step, "minutes": checkpoint_minutes(run, step)}
+            point.update(curve_score(checkpoint, sources, references, args.batch_size, train))
+            if args.average_last > 1 and index + 1 >= args.average_last:
+                with tempfile.TemporaryDirectory() as tmp:
+                    staging = Path(tmp) / "checkpoints"
+                    staging.mkdir()
+                    for previous in checkpoints[index + 1 - args.average_last : index + 1]:
+                        os.symlink(previous.resolve(), staging / previous.name)
+                    averaged = average_checkpoints(staging, args.average_last, Path(tmp) / "averaged")
+                    averaged_score = curve_score(averaged, sources, references, args.batch_size)
+                point.update({f"avg{args.average_last}_{k}": v for k, v in averaged_score.items()})
+            print(label, json.dumps(point), flush=True)
+            points.append(point)
+        results[f"{label}:{args.split}"] = points
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        figure, axis = plt.subplots(figsize=(7, 4.5))
+        for name, points in sorted(results.items()):
+            xy = [(p["minutes"], p["bleu"]) for p in points if p["minutes"] is not None]
+            if xy:
+                axis.plot(*zip(*xy, strict=True), marker=".", label=name)
+        axis.set_xlabel("training minutes (wall clock, 2 CPU threads)")
+        axis.set_ylabel("sacreBLEU (beam 4)")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize="small")
+        figure.tight_layout()
+        figure.savefig(args.plot, dpi=100)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# losses: training loss at minute marks
+
+
+def logged_losses(run: Path) -> list[tuple[float, float]]:
+    """(training minute, loss) of every logged training step of `run`."""
+    return [(row["train_minutes"], row["loss"]) for row in log_history(run) if "loss" in row and "train_minutes" in row]
+
+
+def loss_at(points: list[tuple[float, float]], minute: float, window: float) -> float | None:
+    """The mean loss logged within `window` minutes of `minute`; None where the run logged none there."""
+    near = [loss for at, loss in points if abs(at - minute) <= window]
+    return sum(near) / len(near) if near else None
+
+
+def table(runs: list[Path], marks: list[float], window: float) -> str:
+    points = {run: logged_losses(run) for run in runs}
+    lines = ["| minute | " + " | ".join(run.name for run in runs) + " |", "|---" * (len(runs) + 1) + "|"]
+    for mark in marks:
+        values = (loss_at(points[run], mark, window) for run in runs)
+        lines.append(f"| {mark:g} | " + " | ".join("" if v is None else f"{v:.3f}" for v in values) + " |")
+    return "\n".join(lines)
+
+
+def summary(runs: list[Path]) -> str:
+    lines = ["| run | steps | epochs | median target tok/s | final train loss |", "|---|---|---|---|---|"]
+    for run in runs:
+        r = run_summary(run)
+        epochs = "" if r["epochs"] is None else f"{r['epochs']:.2f}"
+        speed = "" if r["median_target_tokens_per_second"] is None else f"{r['median_target_tokens_per_second']:,.0f}"
+        loss = "" if r["final_train_loss"] is None else f"{r['final_train_loss']:.3f}"
+        lines.append(f"| {run.name} | {r['steps']:,} | {epochs} | {speed} | {loss} |")
+    return "\n".join(lines)
+
+
+def same_steps(first: Path, other: Path) -> dict:
+    """The training steps both runs logged a loss at, how many of those losses are equal, and the first that is not."""
+    losses = [{row["step"]: row["loss"] for row in log_history(run) if "loss" in row} for run in (first, other)]
+    common = sorted(set(losses[0]) & set(losses[1]))
+    differ = [step for step in common if losses[0][step] != losses[1][step]]
+    return {
+        "common": len(common),
+        "last_common": common[-1] if common else None,
+        "equal": len(common) - len(differ),
+        "first_different": differ[0] if differ else None,
+    }
+
+
+def losses(argv=None) -> None:
+    parser = _parser("losses", LOSSES_DOC)
+    parser.add_argument("runs", nargs="+", type=Path, help="training output folders holding checkpoint-N folders")
+    parser.add_argument("--first", type=float, default=2.0, help="first mark, in minutes")
+    parser.add_argument("--every", type=float, default=4.0, help="minutes between marks")
+    parser.add_argument("--last", type=float, default=27.0, help="no mark after this minute")
+    parser.add_argument("--window", type=float, default=1.0, help="average the losses within this many minutes")
+    args = parser.parse_args(argv)
+    marks, mark = [], args.first
+    while mark <= args.last:
+        marks.append(mark)
+        mark += args.every
+    print(table(args.runs, marks, args.window))
+    print()
+    print(summary(args.runs))
+    for other in args.runs[1:]:
+        same = same_steps(args.runs[0], other)
+        print(
+            f"\n{other.name} against {args.runs[0].name}: {same['equal']} of the {same['common']} steps both logged "
+            f"(up to step {same['last_common']}) have equal losses; first different: {same['first_different']}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# search: checkpoint averaging and beam search, each with and without
+
+
+SEARCHES = {"beam 4 (paper)": dict(PAPER_SEARCH), "greedy": {**PAPER_SEARCH, "num_beams": 1}}
+
+
+def parse_search(text: str) -> dict:
+    """`length_penalty=1.2,no_repeat_ngram_size=3` -> {"length_penalty": 1.2, "no_repeat_ngram_size": 3}."""
+    kwargs = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or not key or not value:
+            raise SystemExit(f"--search {text!r}: {item!r} is not KEY=VALUE")
+        try:
+            kwargs[key] = json.loads(value)  # 3, 1.2, true, false
+        except json.JSONDecodeError:
+            raise SystemExit(f"--search {text!r}: {value!r} is not a number or true/false") from None
+    if not kwargs:
+        raise SystemExit(f"--search {text!r}: no KEY=VALUE given")
+    return kwargs
+
+
+def saved_search(run: Path) -> str | None:
+    """The row name of the search a run saved in its generation config, when it is not the paper's."""
+    checkpoints = list_checkpoints(run)
+    if not checkpoints:
+        return None
+    config = GenerationConfig.from_pretrained(checkpoints[-1])
+    if all(getattr(config, key, None) == value for key, value in PAPER_SEARCH.items()):
+        return None
+    return f"beam {config.num_beams}, alpha {config.length_penalty} (saved)"
+
+
+def score_run(
+    run: Path,
+    sources,
+    references,
+    average_last: list[int],
+    batch_size: int = 64,
+    searches: dict[str, dict] = SEARCHES,
+) -> list[dict]:
+    """One row per (weights, search): the final checkpoint and the mean of each last K, each with every search
+    (name -> `generate()` keyword arguments)."""
+    checkpoints = list_checkpoints(run)
+    if not checkpoints:
+        raise SystemExit(f"{run}: no complete checkpoint-N folders")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        weights = {f"final ({checkpoints[-1].name})": checkpoints[-1]}
+        for last in average_last:
+            if last > 1 and len(checkpoints) > 1:
+                used = checkpoints[-last:]
+                weights[f"mean of last {len(used)} ({used[0].name} .. {used[-1].name})"] = average_checkpoints(
+                    run, last, Path(tmp) / f"averaged-{last}"
+                )
+        tokenizer = AutoTokenizer.from_pretrained(checkpoints[-1])
+        for name, folder in weights.items():
+            model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+            for search, kwargs in searches.items():
+                start = time.perf_counter()
+                result = evaluate_bleu(model, tokenizer, sources, references, batch_size=batch_size, **kwargs)
+                rows.append(
+                    {
+                        "weights": name,
+                        "search": search,
+                        "bleu": round(result["score"], 2),
+                        "chrf": round(result["chrf"], 2),
+                        "bp": round(result["bp"], 3),
+                        "seconds": round(time.perf_counter() - start, 1),
+                        "signature": result["signature"],
+                    }
+                )
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def search(argv=None) -> None:
+    parser = _parser("search", SEARCH_DOC)
+    parser.add_argument("run", help="a training output folder holding checkpoint-N folders")
+    parser.add_argument("--dataset", default=BUILTIN_CORPUS, help="the corpus the run trained on (train.py's)")
+    parser.add_argument("--split", default="test", choices=["validation", "test"])
+    parser.add_argument("--average_last", default="5", help="K, or several: 3,5,8")
+    parser.add_argument("--length_penalties", default="", help="also beam 4 with these GNMT alphas: 0.8,1.0")
+    parser.add_argument(
+        "--search", action="append", default=[], help="another beam-4 search as generate() kwargs: KEY=VALUE,KEY=VALUE"
+    )
+    parser.add_argument("--max_samples", type=int, default=None)
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--json", help="also write the rows here")
+    args = parser.parse_args(argv)
+
+    sources, references = source_target(load_corpus(args.dataset)[args.split], "en", "de")
+    if args.max_samples:
+        sources, references = sources[: args.max_samples], references[: args.max_samples]
+    average_last = [int(value) for value in args.average_last.split(",")]
+    searches = dict(SEARCHES)
+    saved = saved_search(Path(args.run))
+    if saved is not None:
+        searches[saved] = {}  # the model's own generation config
+    for alpha in filter(None, args.length_penalties.split(",")):
+        searches[f"beam 4, alpha {float(alpha)}"] = {"length_penalty": float(alpha)}
+    searches.update({f"beam 4, {text}": parse_search(text) for text in args.search})
+    rows = score_run(Path(args.run), sources, references, average_last, args.batch_size, searches)
+    print(f"\n{args.run}, {args.split} split ({len(sources)} sentences), sacreBLEU {rows[0]['signature']}\n")
+    print("| weights | search | BLEU | chrF | BP | seconds |\n|---|---|---|---|---|---|")
+    for row in rows:
+        print(
+            f"| {row['weights']} | {row['search']} | {row['bleu']} | {row['chrf']} | {row['bp']} | {row['seconds']} |"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"run": args.run, "split": args.split, "rows": rows}, indent=2) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ensemble: the last K checkpoints ensembled against their average
+
+
+WARMUP_SENTENCES = 4
+
+
+def ensemble_score(load, sources: list[str], references: list[str], batch_size: int) -> dict:
+    """Loads a model (`load()` -> model, tokenizer), translates `sources` with its own search, scores them."""
+    from vaswani_mt.hub.card import search_summary
+    from vaswani_mt.inference.translate import translate
+
+    model, tokenizer = load()
+    translate(model, tokenizer, sources[:WARMUP_SENTENCES], batch_size=batch_size)
+    start = time.perf_counter()
+    translations = translate(model, tokenizer, sources, batch_size=batch_size)
+    seconds = time.perf_counter() - start
+    result = bleu(translations, references)
+    return {
+        "bleu": round(result["score"], 2),
+        "chrf": round(result["chrf"], 2),
+        "bp": round(result["bp"], 3),
+        "seconds": round(seconds, 1),
+        "sentences_per_second": round(len(sources) / seconds, 2),
+        "search": search_summary(model.generation_config),
+        "signature": result["signature"],
+    }
+
+
+def run_benchmark(run: Path, last: int, sources, references, batch_size: int, device: str | None) -> list[dict]:
+    from vaswani_mt.inference.ensemble import load_ensemble
+    from vaswani_mt.inference.loading import load_for_inference
+
+    checkpoints = list_checkpoints(run, resumable=False)
+    if not checkpoints:
+        raise SystemExit(f"error: {run}: no complete checkpoint-N folders")
+    chosen = checkpoints[-last:]
+    window = f"{chosen[0].name} .. {chosen[-1].name}"
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        averaged = average_checkpoints(run, last, Path(tmp) / "averaged")
+        candidates = {
+            f"ensemble of the last {len(chosen)} ({window})": (
+                len(chosen), lambda: load_ensemble([str(c) for c in reversed(chosen)], device=device)
+            ),
+            f"average of the last {len(chosen)} ({window}; published)": (
+                1, lambda: load_for_inference(str(averaged), device=device)
+            ),
+            f"last checkpoint ({chosen[-1].name})": (1, lambda: load_for_inference(str(chosen[-1]), device=device)),
+        }  # fmt: skip
+        for name, (models, load) in candidates.items():
+            rows.append({"weights": name, "models": models, **ensemble_score(load, sources, references, batch_size)})
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
+def ensemble(argv=None) -> None:
+    from vaswani_mt.system import native_bf16
+
+    parser = _parser("ensemble", ENSEMBLE_DOC)
+    parser.add_argument("run", help="a finished training run's folder, holding checkpoint-N folders")
+    parser.add_argument("--last", type=int, default=5, help="K: the last K checkpoints (default 5, as §6.1's base)")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N test sentences")
+    parser.add_argument("--dataset", default=BUILTIN_CORPUS, help="the corpus the run trained on")
+    parser.add_argument("--split", default="test", choices=["validation", "test"])
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--device", default=None, help="default: GPU if there is one")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--json", help="also write the JSON here")
+    args = parser.parse_args(argv)
+    if args.last < 1:
+        parser.error(f"--last must be at least 1, got {args.last}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    record = MachineRecord()
+    sources, references = source_target(load_corpus(args.dataset)[args.split], "en", "de")
+    if args.limit:
+        sources, references = sources[: args.limit], references[: args.limit]
+    rows = run_benchmark(Path(args.run), args.last, sources, references, args.batch_size, args.device)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    result = {
+        "run": args.run,
+        "split": args.split,
+        "sentences": len(sources),
+        "limited": bool(args.limit),
+        "device": device,
+        "native_bf16": native_bf16(),
+        "rows": rows,
+        **record.finish(),
+    }
+    print(json.dumps(result, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\n{args.run}, {args.split} split ({len(sources)} sentences), {device}, native_bf16() = {native_bf16()}")
+    print(f"search: {rows[0]['search']}; sacreBLEU {rows[0]['signature']}\n")
+    print("| weights | models per step | BLEU | chrF | BP | sentences/s |\n|---|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['weights']} | {row['models']} | {row['bleu']} | {row['chrf']} | {row['bp']} | "
+              f"{row['sentences_per_second']} |")  # fmt: skip
+
+
+def main(argv=None):
+    return dispatch(__doc__, {"curve": curve, "losses": losses, "search": search, "ensemble": ensemble}, argv)
+
+
+if __name__ == "__main__":
+    main()
