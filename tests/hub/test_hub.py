@@ -31,7 +31,7 @@ from vaswani_mt.hub.card import (
 )
 from vaswani_mt.hub.publish import HubUploadError, build_hub_folder, check_hub_files, check_hub_folder, upload_folder
 
-pytestmark = pytest.mark.transformers_internals
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.transformers_internals]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCORE = {

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_mt.model.configuration_vaswani import PRESETS
 
-pytestmark = pytest.mark.transformers_internals
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.transformers_internals]
 
 
 def test_base_and_big_presets_match_table_3():

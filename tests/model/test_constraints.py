@@ -9,7 +9,7 @@ from transformers import GenerationConfig
 from vaswani_mt import VaswaniForConditionalGeneration, gnmt_length_penalty
 from vaswani_mt.model.constraints_vaswani import LexicalConstraints, allocate, phrase_forms
 
-pytestmark = pytest.mark.transformers_internals
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.transformers_internals]
 
 
 def contains(sequence: list[int], phrase: list[int]) -> int:

@@ -13,7 +13,7 @@ import vaswani_mt.model.modeling_vaswani as modeling
 from vaswani_mt import sinusoidal_position_encoding
 from vaswani_mt.export.marian import to_marian
 
-pytestmark = pytest.mark.transformers_internals
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.transformers_internals]
 
 LABELS = torch.tensor([[5, 6, 7, 8, 2, -100, -100], [9, 10, 2, 1, 1, 1, 1], [11, 12, 13, 14, 15, 16, 2]])
 

@@ -22,7 +22,7 @@ from vaswani_mt.model import beam_search_vaswani, generation_vaswani
 from vaswani_mt.model.generation_vaswani import PerSentenceMaxLength
 from vaswani_mt.model.modeling_vaswani import VaswaniForConditionalGeneration
 
-pytestmark = pytest.mark.transformers_internals
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.transformers_internals]
 
 
 def teacher_forced_log_prob(model, ids, mask, sequence, eos=2):

@@ -11,7 +11,7 @@ from transformers import AutoModel, AutoModelForSeq2SeqLM, Seq2SeqTrainer, Seq2S
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel, sinusoidal_position_encoding
 from vaswani_mt.model.modeling_vaswani import _CACHE_OUTPUT_FIELD, shift_tokens_right
 
-pytestmark = pytest.mark.transformers_internals
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.transformers_internals]
 
 
 def test_positional_encoding_is_the_papers_interleaved_formula():

@@ -13,7 +13,7 @@ from vaswani_mt.inference.loading import load_for_inference
 from vaswani_mt.inference.translate import translate
 from vaswani_mt.model.pipeline_vaswani import TranslationPipeline, encode_source
 
-pytestmark = pytest.mark.transformers_internals
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.transformers_internals]
 
 FRESH_PROCESS = r"""
 import json, sys

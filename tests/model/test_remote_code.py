@@ -18,7 +18,7 @@ from vaswani_mt.hub.card import REMOTE_CODE_FILES
 from vaswani_mt.hub.publish import check_hub_files
 from vaswani_mt.inference.loading import PICKLE_SUFFIXES
 
-pytestmark = pytest.mark.transformers_internals
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.transformers_internals]
 
 PACKAGE = Path(vaswani_mt.model.__file__).parent  # the remote-code payload
 

@@ -9,7 +9,7 @@ from vaswani_mt.training import job as training
 from vaswani_mt.training.arguments import check_dataset_options, parse_args
 from vaswani_mt.training.job import build_model
 
-pytestmark = pytest.mark.transformers_internals
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.transformers_internals]
 
 ROOT = Path(__file__).resolve().parents[2]
 MAIN_JOB = str(ROOT / "configs" / "ding_cpu.yaml")

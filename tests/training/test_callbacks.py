@@ -16,7 +16,7 @@ from vaswani_mt.training.callbacks import (
     trained_seconds,
 )
 
-pytestmark = pytest.mark.transformers_internals
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.transformers_internals]
 
 
 def test_the_clock_counts_on_after_a_resume_and_stops_at_the_budget():

@@ -23,7 +23,7 @@ from vaswani_mt.training.checkpoints import (
     resume_point,
 )
 
-pytestmark = pytest.mark.transformers_internals
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.transformers_internals]
 
 TINY_VOCABULARY = 1000  # the tiny preset's own vocabulary size
 

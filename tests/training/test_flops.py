@@ -17,7 +17,7 @@ from vaswani_mt.training.flops import (
 )
 
 # count_training_flops seeds torch's global RNG (torch.manual_seed) to initialise its model: put back after each test
-pytestmark = pytest.mark.usefixtures("restore_rng")
+pytestmark = pytest.mark.usefixtures("restore_rng", "one_thread")
 
 
 def test_base_at_length_30_costs_381_mflop_per_target_token_as_counted_by_hand():

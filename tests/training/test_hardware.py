@@ -20,7 +20,7 @@ from vaswani_mt.training.hardware import (
 from vaswani_mt.training.job import build_model
 from vaswani_mt.training.trainer import VaswaniTrainer
 
-pytestmark = pytest.mark.transformers_internals
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.transformers_internals]
 
 ROOT = Path(__file__).resolve().parents[2]
 

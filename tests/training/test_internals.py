@@ -15,7 +15,7 @@ from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
 from vaswani_mt.training.checkpoints import CheckpointError, is_complete
 from vaswani_mt.training.trainer import VaswaniTrainer, _pass_every_batch
 
-pytestmark = pytest.mark.transformers_internals
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.transformers_internals]
 
 
 def _budget_trainer(output_dir, tokenizer, max_steps: int = 2, save_steps: int = 1) -> VaswaniTrainer:
