@@ -4,6 +4,7 @@ commands."""
 
 import json
 import math
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -22,6 +23,10 @@ from vaswani_mt.evaluation.metrics import (
     token_nll,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# The scripts run the tiny model: one thread is many times faster on a busy 2-core machine.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -119,7 +124,7 @@ def test_evaluate_script_scores_existing_output_without_a_model(tmp_path):
     references.write_text("\n".join(REFERENCES) + "\n", encoding="utf-8")
     script = [sys.executable, str(ROOT / "scripts" / "evaluate_model.py")]
     result = subprocess.run([*script, "--hypotheses", str(hypotheses), "--references", str(references)],
-                            capture_output=True, text=True)  # fmt: skip
+                            capture_output=True, text=True, env=ENV)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
     sacre = sacrebleu.corpus_bleu(list(HYPOTHESES), [list(REFERENCES)]).score
@@ -131,7 +136,7 @@ def test_evaluate_script_scores_existing_output_without_a_model(tmp_path):
 
     references.write_text("\n".join(list(REFERENCES)[:4]) + "\n", encoding="utf-8")
     mismatch = subprocess.run([*script, "--hypotheses", str(hypotheses), "--references", str(references)],
-                              capture_output=True, text=True)  # fmt: skip
+                              capture_output=True, text=True, env=ENV)  # fmt: skip
     assert mismatch.returncode != 0 and mismatch.stdout == ""
     message = f"error: {hypotheses} has 6 lines but {references} has 4: the files are not aligned"
     assert mismatch.stderr.strip() == message
@@ -156,6 +161,7 @@ def test_translate_script_reads_stdin_and_writes_a_line_per_line(tokenizer, tmp_
         input="The girl ate an apple.\n\nHow are you?\n",
         capture_output=True,
         text=True,
+        env=ENV,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert len(result.stdout.splitlines()) == 3 and result.stdout.splitlines()[1] == ""
@@ -171,7 +177,7 @@ def test_evaluate_script_prints_the_signature(tokenizer, tmp_path):
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "evaluate_model.py"), "--model", str(tmp_path / "m"),
          "--source_file", str(tmp_path / "src.en"), "--reference_file", str(tmp_path / "ref.de")],
-        capture_output=True, text=True,
+        capture_output=True, text=True, env=ENV,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert "sacreBLEU = " in result.stdout and "signature: nrefs:1|case:mixed|eff:no|tok:13a" in result.stdout
@@ -180,6 +186,6 @@ def test_evaluate_script_prints_the_signature(tokenizer, tmp_path):
         [sys.executable, str(ROOT / "scripts" / "evaluate_model.py"), "--model", str(tmp_path / "m"),
          "--length_penalty", "0.6", "--source_file", str(tmp_path / "src.en"),
          "--reference_file", str(tmp_path / "ref.de")],
-        capture_output=True, text=True,
+        capture_output=True, text=True, env=ENV,
     )  # fmt: skip
     assert explicit.stdout == result.stdout  # alpha 0.6 is the model's own (the paper's)

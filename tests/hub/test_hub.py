@@ -5,6 +5,7 @@ and keep the folder."""
 import ast
 import copy
 import json
+import os
 import re
 import subprocess
 import sys
@@ -220,6 +221,7 @@ def test_dry_run_builds_the_hub_folder_that_loads_in_a_fresh_process_without_vas
         [sys.executable, str(ROOT / "scripts" / "push_to_hub.py"), "--model", str(fitted_folder),
          "--repo_id", "alice/tiny-en-de", "--output", str(output), "--dry_run"],
         capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "same greedy tokens" in result.stdout and "dry run: not uploaded" in result.stdout

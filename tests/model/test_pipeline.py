@@ -47,7 +47,8 @@ def test_pipeline_in_a_fresh_process_returns_translation_text_per_input(fitted_f
     result = subprocess.run(
         [sys.executable, "-c", FRESH_PROCESS, str(fitted_folder), json.dumps(sentences)],
         capture_output=True, text=True, timeout=300, cwd=tmp_path, stdin=subprocess.DEVNULL,
-        env={"PATH": "/usr/bin:/bin", "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"},
+        env={"PATH": "/usr/bin:/bin", "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1",
+             "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])

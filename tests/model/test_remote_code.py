@@ -185,7 +185,12 @@ def test_fresh_process_without_package_loads_and_generates_the_same_tokens(tmp_p
         text=True,
         timeout=300,
         cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin", "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"},
+        env={
+            "PATH": "/usr/bin:/bin",
+            "HF_MODULES_CACHE": str(tmp_path / "modules"),
+            "HF_HUB_OFFLINE": "1",
+            "OMP_NUM_THREADS": "1",
+        },
         stdin=subprocess.DEVNULL,
     )
     assert result.returncode == 0, result.stderr
