@@ -40,7 +40,7 @@ from terminology import dictionary_entries
 
 from vaswani_mt.data.alignment_labels import eflomal_links, grow_diag_final_and, require_eflomal
 from vaswani_mt.data.corpus import BUILTIN_CORPUS, _fetch_ding_dictionary, cache_dir, load_corpus, source_target
-from vaswani_mt.inference.alignments import default_method, hard_links, realign
+from vaswani_mt.inference.alignments import default_method, hard_links, realign, supervised_head
 from vaswani_mt.inference.controls import ControlReport
 from vaswani_mt.inference.loading import load_for_inference
 from vaswani_mt.inference.markup import tags, well_formed
@@ -110,7 +110,7 @@ def diagonal_links(aligned) -> list[tuple[int, int]]:
 
 def methods_of(model) -> list[str]:
     layers = model.config.num_decoder_layers
-    supervised = ["supervised"] if default_method(model) == "supervised" else []
+    supervised = ["supervised"] if supervised_head(model.config) else []
     return [*supervised, *(f"{shift}{name}" for name in ["mean", *(f"layer{k}" for k in range(layers))]
                            for shift in ("", "shift-"))]  # fmt: skip
 

@@ -4,9 +4,10 @@ CTranslate2 (float32, and int8 through `quantization="int8"`) in a temporary fol
 translated, interleaved in one process, by
 
 - `ours`: vaswani_mt's own search (`translate()`, float32): the model's beam, GNMT alpha, |X| + 50, exact stop;
-- `ct2_float32_own_ranking`: CTranslate2's search and ranking, log P / |Y|^alpha (`ranking="ctranslate2"`);
-- `ct2_float32_paper_ranking`: CTranslate2's hypotheses re-ranked by §6.1's GNMT score (`CTranslate2Model.translate`,
-  the default; `ctranslate2_nbest`);
+- `ct2_float32_own_ranking`: CTranslate2's search and ranking, log P / |Y|^alpha
+  (`CTranslate2Model(folder, ranking="ctranslate2")`);
+- `ct2_float32_paper_ranking`: CTranslate2's hypotheses re-ranked by §6.1's GNMT score (`CTranslate2Model`'s
+  default; `ctranslate2_nbest`);
 - `ct2_int8_paper_ranking`: the same on the int8 export;
 - `ct2_float32_paper_ranking_patience2`: with `patience=2` (CTranslate2 stops once 8 hypotheses have ended, not 4).
 
@@ -34,6 +35,7 @@ from vaswani_mt.export.ctranslate2 import CTranslate2Model, ctranslate2_nbest
 from vaswani_mt.export.marian import export_model
 from vaswani_mt.inference.loading import load_for_inference
 from vaswani_mt.inference.translate import translate, translate_nbest
+from vaswani_mt.inference.translator import Translator
 
 
 def make_sides(model, tokenizer, saved: str, folder: Path, threads: int, batch: int) -> tuple[dict, dict]:
@@ -44,16 +46,15 @@ def make_sides(model, tokenizer, saved: str, folder: Path, threads: int, batch: 
         engines[compute_type] = CTranslate2Model(folder / compute_type, intra_threads=threads, inter_threads=1)
     engines["float32_patience2"] = CTranslate2Model(folder / "float32", patience=2, intra_threads=threads,
                                                     inter_threads=1)  # fmt: skip
+    engines["float32_own"] = CTranslate2Model(folder / "float32", ranking="ctranslate2", intra_threads=threads,
+                                              inter_threads=1)  # fmt: skip
+    translators = {name: Translator(engine, batch_size=batch) for name, engine in engines.items()}
     sides = {
         "ours": lambda sentences: translate(model, tokenizer, sentences, batch_size=batch),
-        "ct2_float32_own_ranking": lambda sentences: engines["float32"].translate(
-            sentences, ranking="ctranslate2", max_batch_size=batch
-        ),
-        "ct2_float32_paper_ranking": lambda sentences: engines["float32"].translate(sentences, batch_size=batch),
-        "ct2_int8_paper_ranking": lambda sentences: engines["int8"].translate(sentences, batch_size=batch),
-        "ct2_float32_paper_ranking_patience2": lambda sentences: engines["float32_patience2"].translate(
-            sentences, batch_size=batch
-        ),
+        "ct2_float32_own_ranking": translators["float32_own"].translate,
+        "ct2_float32_paper_ranking": translators["float32"].translate,
+        "ct2_int8_paper_ranking": translators["int8"].translate,
+        "ct2_float32_paper_ranking_patience2": translators["float32_patience2"].translate,
     }
     return sides, engines
 
@@ -66,7 +67,9 @@ def diagnose(texts: list[str], ours: list[str], sources: list[str], engine, mode
         return {"lines_that_differ": 0}
     subset = [sources[i] for i in differ]
     tokens = [engine.tokenizer.convert_ids_to_tokens(engine.tokenizer(s)["input_ids"]) for s in subset]
-    lists = ctranslate2_nbest(engine.translator, tokens, engine.search, None, engine.patience, max_batch_size=batch)
+    lists = ctranslate2_nbest(
+        engine.translator, tokens, engine.search_options, None, engine.patience, max_batch_size=batch
+    )
     mine = translate_nbest(model, tokenizer, subset, 1, batch_size=batch)
     among = sum(ours[i] in [engine._text(h[0]) for h in hypotheses] for i, hypotheses in zip(differ, lists,
                                                                                             strict=True))  # fmt: skip

@@ -46,13 +46,13 @@ def test_demo_answers_blank_and_over_long_input_with_a_message(fitted_folder):
 def test_the_demo_forces_the_terms_it_must_contain_and_says_which_it_met(fitted_folder):
     model, tokenizer = load_for_inference(str(fitted_folder), attn_implementation="eager")
     text = "The girl ate an apple."
-    translation, _, notes = translate_for_demo(model, tokenizer, text, num_beams=1, extra_tokens=12,
-                                               must_contain="Buch, Kaffee")  # fmt: skip
+    translation, _, notes = translate_for_demo(model, tokenizer, text, num_beams=1, max_len_b=12,
+                                               terms="Buch, Kaffee")  # fmt: skip
     assert "Buch" in translation and "Kaffee" in translation
     assert "must contain: Buch ✓ met, Kaffee ✓ met" in notes and "searched with 4" in notes
-    _, _, notes = translate_for_demo(model, tokenizer, text, must_contain="Bu漢ch")
+    _, _, notes = translate_for_demo(model, tokenizer, text, terms="Bu漢ch")
     assert "outside the vocabulary: '漢'; translated without the terms" in notes
-    _, _, notes = translate_for_demo(model, tokenizer, text, num_beams=2, extra_tokens=8, must_contain="Kafee")
+    _, _, notes = translate_for_demo(model, tokenizer, text, num_beams=2, max_len_b=8, terms="Kafee")
     assert "must contain: 'Kafee' splits into 3 short pieces" in notes
 
 
@@ -85,7 +85,7 @@ CHARACTERS = st.one_of(
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
 @given(text=st.text(CHARACTERS, max_size=80))
 def test_demo_gives_a_translation_or_a_note_for_any_text(demo_model, text):
-    translation, figure, notes = translate_for_demo(*demo_model, text, num_beams=1, extra_tokens=5)
+    translation, figure, notes = translate_for_demo(*demo_model, text, num_beams=1, max_len_b=5)
     assert isinstance(translation, str) and isinstance(notes, str)
     if text.strip():
         figure.savefig(io.BytesIO(), format="png", dpi=10)  # as Gradio draws it (the text layout is the same)
@@ -95,7 +95,7 @@ def test_demo_gives_a_translation_or_a_note_for_any_text(demo_model, text):
 
 def test_demo_cuts_text_over_its_character_limit_and_says_so(demo_model):
     text = "The girl ate an apple. " * 10
-    _, _, notes = translate_for_demo(*demo_model, text, num_beams=1, extra_tokens=5, max_characters=50)
+    _, _, notes = translate_for_demo(*demo_model, text, num_beams=1, max_len_b=5, max_characters=50)
     assert f"text of {len(text):,} characters cut to the first 50" in notes
 
 
@@ -105,32 +105,32 @@ def test_demo_outlines_the_word_alignment_and_keeps_tags_and_placeholders(demo_m
 
     model, tokenizer = demo_model
     text = "The girl ate an apple."
-    translation, figure, _ = translate_for_demo(model, tokenizer, text, num_beams=4, alpha=0.6, extra_tokens=10)
+    translation, figure, _ = translate_for_demo(model, tokenizer, text, num_beams=4, length_penalty=0.6, max_len_b=10)
     aligned = translate(model, tokenizer, [text], num_beams=4, length_penalty=0.6, max_len_b=10, alignments="hard")[0]
     assert translation == aligned
     boxes = [patch for patch in figure.axes[0].patches if patch.get_edgecolor()[:3] == (1.0, 0.0, 0.0)]
     assert len(boxes) == len(aligned.links) > 0  # one red outline a link
     line = "The <b>girl</b> ate {0} apples.<br/>"
-    marked, _, _ = translate_for_demo(model, tokenizer, line, num_beams=4, extra_tokens=10, markup=True)
+    marked, _, _ = translate_for_demo(model, tokenizer, line, num_beams=4, max_len_b=10, markup=True)
     assert well_formed(marked) and sorted(tags(marked)) == sorted(tags(line)) and marked.count("{0}") == 1
     _, _, notes = translate_for_demo(model, tokenizer, "The <b>girl ate.", num_beams=1, markup=True)
     assert "markup: broken (<b> is not closed): translated as plain text" in notes
 
 
-def test_demo_outlines_the_supervised_heads_links_for_a_model_that_has_one(demo_model):
-    from vaswani_mt.inference.attention_plots import link_boxes
+def test_demo_outlines_the_links_translate_gives_for_a_model_with_a_supervised_head(demo_model):
+    from vaswani_mt.app.attention_plots import link_boxes
     from vaswani_mt.inference.translate import translate
 
     model, tokenizer = demo_model
     text = "The girl ate an apple."
     model.config.alignment_head = [1, 2]
     try:
-        _, figure, _ = translate_for_demo(model, tokenizer, text, num_beams=4, alpha=0.6, extra_tokens=10)
+        _, figure, _ = translate_for_demo(model, tokenizer, text, num_beams=4, length_penalty=0.6, max_len_b=10)
         aligned = translate(model, tokenizer, [text], num_beams=4, length_penalty=0.6, max_len_b=10, alignments="hard")
     finally:
         model.config.alignment_head = None
     boxes = [patch for patch in figure.axes[0].patches if patch.get_edgecolor()[:3] == (1.0, 0.0, 0.0)]
-    assert aligned[0].supervised is not None  # translate() aligned by the head: the page outlines those links
+    assert aligned[0].supervised is not None  # the head is kept; the page outlines the links translate() gives
     expected = sorted((column - 0.5, row - 0.5) for column, row, _, _ in link_boxes(aligned[0]))
     assert sorted((box.get_x(), box.get_y()) for box in boxes) == expected
 
@@ -142,7 +142,7 @@ def test_heatmap_draws_tokens_that_hold_dollar_signs_as_they_are():
     tokenizer = train_tokenizer(["$\\frac{$ costs $x$"] * 20 + [en for en, _ in SENTENCES], 120, min_frequency=1)
     assert "▁$\\frac{$" in tokenizer.get_vocab()
     model = make_model(vocab_size=120)
-    _, figure, _ = translate_for_demo(model, tokenizer, "$\\frac{$ costs $x$", num_beams=1, extra_tokens=3)
+    _, figure, _ = translate_for_demo(model, tokenizer, "$\\frac{$ costs $x$", num_beams=1, max_len_b=3)
     figure.savefig(io.BytesIO(), format="png")
     labels = [label.get_text() for label in figure.axes[0].get_xticklabels()]
     assert "▁$\\frac{$" in [label.replace("\\$", "$") for label in labels]

@@ -69,7 +69,7 @@ def test_bad_decoding_options_are_refused_before_the_model_loads(options, messag
     folder = tmp_path / "model"  # its search alone, read as JSON: there is no model to load
     folder.mkdir()
     (folder / "generation_config.json").write_text(json.dumps({"num_beams": 4, "length_penalty": 0.6}))
-    monkeypatch.setattr("vaswani_mt.inference.ensemble.load_ensemble", lambda *_: pytest.fail("the model loaded"))
+    monkeypatch.setattr("vaswani_mt.inference.ensemble.load_ensemble", lambda *_, **__: pytest.fail("the model loaded"))
     code = _exit_message(translate.main, ["--model", str(folder), *options])
     assert isinstance(code, str) and code.startswith("error: ") and message in code
     if "--sampling" not in options and "--seed" not in options:  # evaluate does not sample

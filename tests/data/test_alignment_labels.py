@@ -9,7 +9,7 @@ from datasets import Dataset
 
 from vaswani_mt.data import alignment_labels
 from vaswani_mt.data.alignment_labels import grow_diag_final_and, token_links
-from vaswani_mt.inference.alignments import token_words
+from vaswani_mt.data.words import token_words
 from vaswani_mt.training.alignment_supervision import add_alignment_labels
 
 needs_eflomal = pytest.mark.skipif(importlib.util.find_spec("eflomal") is None,

@@ -40,10 +40,10 @@ def test_undone_scores_are_the_log_probs_score_batch_gives_and_the_best_is_the_b
     sources = _sources(engine, SOURCES)
     prefix = engine.tokenizer.convert_ids_to_tokens(engine.tokenizer(text_target="Das")["input_ids"])[:-1]
     prefixes = [prefix if i % 2 else [] for i in range(len(sources))]
-    ranked = ctranslate2_nbest(engine.translator, sources, engine.search, prefixes, length_penalty=ALPHA)
+    ranked = ctranslate2_nbest(engine.translator, sources, engine.search_options, prefixes, length_penalty=ALPHA)
     reordered = 0
     for source, hypotheses, own_prefix in zip(sources, ranked, prefixes, strict=True):
-        assert len(hypotheses) == engine.search["beam_size"]
+        assert len(hypotheses) == engine.search_options["beam_size"]
         tokens = [h[0] for h in hypotheses]
         assert all(t[: len(own_prefix)] == own_prefix for t in tokens)
         # Computed independently: score_batch scores the whole target, prefix and </s> included
@@ -65,19 +65,19 @@ def test_greedy_and_beam_translations_are_our_searchs(engine, folders):
 
     model, tokenizer = load_for_inference(str(folders[0]), device="cpu")
     greedy = translate(model, tokenizer, SOURCES, num_beams=1)
-    assert engine.translate(SOURCES, num_beams=1) == greedy and len(set(greedy)) >= 6  # varied: not vacuous
+    assert translate(engine, None, SOURCES, num_beams=1) == greedy and len(set(greedy)) >= 6  # varied: not vacuous
     ours = translate_nbest(model, tokenizer, SOURCES, 1, num_beams=1)
-    theirs = engine.translate_nbest(SOURCES, 1, num_beams=1)
+    theirs = translate_nbest(engine, None, SOURCES, 1, num_beams=1)
     assert [h[0].log_prob for h in theirs] == pytest.approx([h[0].log_prob for h in ours], abs=1e-4)
     for alpha in (0.6, ALPHA):  # the saved search's alpha, and the main job's
-        assert engine.translate(SOURCES, length_penalty=alpha) == translate(model, tokenizer, SOURCES,
+        assert translate(engine, None, SOURCES, length_penalty=alpha) == translate(model, tokenizer, SOURCES,
                                                                              length_penalty=alpha)  # fmt: skip
     prefixes = ["Das", "", "Die Straße", "", "Sie", "", "Das", "", "Die", ""]
     # ours with the exact bound (early_stopping="never"), which searches on past fairseq's rule (the default)
     ours = translate(model, tokenizer, SOURCES, target_prefixes=prefixes, length_penalty=ALPHA, early_stopping="never")
-    theirs = engine.translate(SOURCES, target_prefixes=prefixes, length_penalty=ALPHA)
+    theirs = translate(engine, None, SOURCES, target_prefixes=prefixes, length_penalty=ALPHA)
     assert all(text.startswith(prefix) for text, prefix in zip(theirs, prefixes, strict=True))
     # CTranslate2 stops once 4 hypotheses have ended, ours while one running could still win: here (patience 1)
     # "Das Mädchen hat einen Apfel gegessen." ends after 4 shorter ones; with patience 2 it is among the 8 kept.
     engine.patience = 2
-    assert engine.translate(SOURCES, target_prefixes=prefixes, length_penalty=ALPHA) == ours
+    assert translate(engine, None, SOURCES, target_prefixes=prefixes, length_penalty=ALPHA) == ours

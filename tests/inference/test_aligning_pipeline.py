@@ -55,7 +55,9 @@ def test_markup_from_the_construction_puts_the_tags_back(fitted_folder, fitted):
     results = marked(lines)
     assert [r["translation_text"] for r in results] == translate(model, tokenizer, lines, markup="xml")
     for line, result in zip(lines, results, strict=True):
-        assert well_formed(result["translation_text"]) and sorted(tags(result["translation_text"])) == sorted(tags(line))
+        assert well_formed(result["translation_text"]) and sorted(tags(result["translation_text"])) == sorted(
+            tags(line)
+        )
     assert result["translation_text"].count("{0}") == 1
 
 

@@ -24,6 +24,7 @@ from vaswani_mt.inference.alignments import (
 from vaswani_mt.inference.ensemble import ensemble
 from vaswani_mt.inference.streams import translate_stream
 from vaswani_mt.inference.translate import translate, translate_nbest
+from vaswani_mt.inference.translator import Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -93,7 +94,7 @@ def test_shift_att_aligns_a_target_word_from_the_step_that_reads_it():
         select(layers, "layers", 4)
 
 
-def test_a_model_with_a_supervised_head_aligns_from_that_head_by_default_with_the_same_tokens(fitted):
+def test_a_model_with_a_supervised_head_aligns_from_that_head_by_name_with_the_same_tokens(fitted):
     model, tokenizer = fitted
     plain = translate(model, tokenizer, ENGLISH[:3])
     mean = translate(model, tokenizer, ENGLISH[:3], alignments="soft")
@@ -102,8 +103,10 @@ def test_a_model_with_a_supervised_head_aligns_from_that_head_by_default_with_th
         translate(model, tokenizer, ENGLISH[:1], alignments="hard", alignment_method="supervised")
     model.config.alignment_head = [1, 2]
     try:
-        assert default_method(model) == "supervised"
-        supervised = translate(model, tokenizer, ENGLISH[:3], alignments="soft")
+        assert default_method(model) == "mean"  # the head measured below the mean (RESULTS.md): asked for by name
+        by_default = translate(model, tokenizer, ENGLISH[:3], alignments="soft")
+        assert all(torch.equal(a.soft, b.soft) for a, b in zip(by_default, mean, strict=True))
+        supervised = translate(model, tokenizer, ENGLISH[:3], alignments="soft", alignment_method="supervised")
         source_ids = tokenizer(ENGLISH[0])["input_ids"]
         output = tokenizer(text_target=str(supervised[0]))["input_ids"][:-1]
         model.set_attn_implementation("eager")
@@ -137,7 +140,7 @@ def test_an_ensembles_attention_is_the_mean_of_its_members():
 
 
 def test_the_searchs_encoder_states_give_the_attention_of_a_fresh_pass(fitted):
-    model, tokenizer = fitted
+    model, _ = fitted
     sources, targets = [[5, 6, 7, 2], [8, 9, 2]], [[10, 11, 12], [13]]
     ids = torch.tensor([[5, 6, 7, 2], [8, 9, 2, model.config.pad_token_id]])
     mask = (ids != model.config.pad_token_id).long()
@@ -175,7 +178,7 @@ def test_every_search_gives_its_own_tokens_aligned(fitted):
 def test_the_stream_and_the_command_write_marian_lines(fitted, fitted_folder, tmp_path, capfd):
     model, tokenizer = fitted
     sink = io.BytesIO()
-    translate_stream(model, tokenizer, io.BytesIO("\n".join(ENGLISH[:2]).encode()), sink, alignments="hard")
+    translate_stream(Translator(model, tokenizer, alignments="hard"), io.BytesIO("\n".join(ENGLISH[:2]).encode()), sink)
     lines = sink.getvalue().decode().splitlines()
     plain = translate(model, tokenizer, ENGLISH[:2])
     assert [line.split(" ||| ")[0] for line in lines] == plain

@@ -1,7 +1,7 @@
 """Compute types at load time (`vaswani_mt.inference.compute_types`, `load_for_inference(folder, compute_type=...)`):
 float32 is the saved model bit for bit; bfloat16 and int8 give logits close to float32's and a search that still scores
 in float32; int8 quantizes every linear layer, the tied pre-softmax projection included, and leaves the shared
-embedding the float matrix it was; a model of another type than float32 is not saved; a type the machine cannot run
+embedding the float matrix it was; a compute type converts a copy and patches no instance; a type the machine cannot run
 well is refused in one line, by the library and by the commands, before a model loads."""
 
 import pytest
@@ -11,10 +11,11 @@ from torch import nn
 
 from vaswani_mt.cli import evaluate, translate
 from vaswani_mt.inference import compute_types
-from vaswani_mt.inference.compute_types import AUTO_COMPUTE_TYPES, Int8Linear, apply_compute_type
+from vaswani_mt.inference.compute_types import AUTO_COMPUTE_TYPES, Int8Linear, apply_compute_type, compute_type_of
 from vaswani_mt.inference.ensemble import load_ensemble
 from vaswani_mt.inference.loading import load_for_inference, translation_pipeline
 from vaswani_mt.inference.translate import translate as translate_lines
+from vaswani_mt.inference.translator import Translator
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.transformers_internals]
 
@@ -52,7 +53,7 @@ def test_float32_is_the_model_as_saved_bit_for_bit(folder, tokenizer):
     explicit, _ = load_for_inference(str(folder), device="cpu", compute_type="float32")
     assert torch.equal(_logits(today, tokenizer), _logits(explicit, tokenizer))
     assert all(type(m) is not Int8Linear for m in explicit.modules()) and explicit.dtype == torch.float32
-    assert "save_pretrained" not in vars(explicit)  # saved as ever
+    assert "save_pretrained" not in vars(explicit) and compute_type_of(explicit) == "float32"
 
 
 @pytest.mark.usefixtures("bf16_native")
@@ -81,18 +82,28 @@ def test_int8_quantizes_every_linear_layer_and_keeps_the_embedding_float(tokeniz
     # The embeddings read the same float matrix as before; lm_head multiplies with its own int8 copy.
     assert model.model.shared.weight is shared and shared.dtype == torch.float32
     assert model.model.encoder.embed_tokens.weight is shared and model.model.decoder.embed_tokens.weight is shared
-    assert model.lm_head.weight.dtype == torch.qint8
+    assert model.lm_head.weight().dtype == torch.qint8 and "weight" not in vars(model.lm_head)  # torch's own method
     logits = _logits(model, tokenizer)
     assert (logits - expected).abs().max() < 0.1 * expected.abs().max()
 
 
 @pytest.mark.usefixtures("bf16_native")
 @pytest.mark.parametrize("compute_type", ["bfloat16", "int8"])
-def test_a_model_of_another_compute_type_is_not_saved(folder, tmp_path, compute_type):
-    model, _ = load_for_inference(str(folder), device="cpu", compute_type=compute_type)
-    with pytest.raises(ValueError, match=f"loaded with compute_type='{compute_type}', for inference only"):
-        model.save_pretrained(tmp_path / "copy")
-    assert not (tmp_path / "copy").exists()
+def test_a_compute_type_converts_a_copy_and_patches_no_instance(folder, tokenizer, compute_type):
+    model, _ = load_for_inference(str(folder), device="cpu")
+    before = _logits(model, tokenizer)
+    translator = Translator(model, tokenizer, compute_type=compute_type, num_beams=1, max_new_tokens=5)
+    converted = translator.backend.model
+    assert converted is not model and compute_type_of(converted) == compute_type
+    assert compute_type_of(model) == "float32" and torch.equal(_logits(model, tokenizer), before)  # untouched
+    loaded, _ = load_for_inference(str(folder), device="cpu", compute_type=compute_type)
+    for instance in (converted, loaded):  # nothing of the instance replaced: no save_pretrained, no attribute
+        assert not {"save_pretrained", "compute_type"} & set(vars(instance))
+    assert Translator(loaded, tokenizer, num_beams=1, max_new_tokens=5).backend.model is loaded  # already converted
+    sources = [en for en, _ in SENTENCES[:3]]
+    assert translator.translate(sources) == Translator(loaded, tokenizer, num_beams=1, max_new_tokens=5).translate(
+        sources
+    )
 
 
 def test_bfloat16_is_refused_in_one_line_where_it_is_not_native(folder, monkeypatch):
@@ -102,7 +113,7 @@ def test_bfloat16_is_refused_in_one_line_where_it_is_not_native(folder, monkeypa
         load_for_inference(str(folder), device="cpu", compute_type="bfloat16")
     assert str(error.value) == NOT_NATIVE + "float32 or int8"
     model, _ = load_for_inference(str(folder), device="cpu", compute_type="auto")
-    assert AUTO_COMPUTE_TYPES["AVX2 CPU"] == "float32" and "save_pretrained" not in vars(model)
+    assert AUTO_COMPUTE_TYPES["AVX2 CPU"] == "float32" and compute_type_of(model) == "float32"
 
 
 def test_unknown_types_and_int8_off_the_cpu_are_refused_in_one_line():

@@ -13,6 +13,7 @@ from vaswani_mt.inference.controls import ControlReport
 from vaswani_mt.inference.ensemble import ensemble
 from vaswani_mt.inference.streams import translate_stream
 from vaswani_mt.inference.translate import translate, translate_nbest
+from vaswani_mt.inference.translator import Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -137,7 +138,7 @@ def test_controls_refuse_greedy_search_and_sampling(fitted):
     model, tokenizer = fitted
     with pytest.raises(ValueError, match="constraints need beam search"):
         translate(model, tokenizer, ENGLISH, constraints=[["Buch"]] * 6, num_beams=1)
-    with pytest.raises(ValueError, match="2 constraints for 6 sentences"):
+    with pytest.raises(ValueError, match="2 terms for 6 lines"):
         translate(model, tokenizer, ENGLISH, constraints=[["Buch"]] * 2)
 
 
@@ -148,8 +149,12 @@ def test_a_stream_of_tab_lines_is_translated_as_the_lists_are(fitted, plain):
     terms = _terms(plain)
     lines = ["\t".join([source, *wanted]) for source, wanted in zip(ENGLISH, terms, strict=True)]
     sink = io.BytesIO()
-    translate_stream(model, tokenizer, io.BytesIO("\n".join(lines).encode()), sink, chunk_size=4,
-                     constraints="unordered", target_prefixes=iter(["", "", "", "Wie", "", ""]), **SHORT)  # fmt: skip
+    translate_stream(
+        Translator(model, tokenizer, chunk_size=4, constraints="unordered", generate_kwargs=SHORT),
+        io.BytesIO("\n".join(lines).encode()),
+        sink,
+        prefixes=iter(["", "", "", "Wie", "", ""]),
+    )
     expected = translate(model, tokenizer, ENGLISH, constraints=terms, target_prefixes=["", "", "", "Wie", "", ""],
                          **SHORT)  # fmt: skip
     assert sink.getvalue().decode().splitlines() == expected
@@ -218,8 +223,11 @@ def test_misuse_is_named_a_tab_without_constraints_no_tab_with_them_and_a_term_i
     assert "'\\t'" not in caplog.text  # not reported as a character outside the vocabulary
     caplog.clear()
     sink = io.BytesIO()
-    translate_stream(model, tokenizer, io.BytesIO("\n".join(ENGLISH[:3]).encode()), sink, constraints="unordered",
-                     **SHORT)  # fmt: skip
+    translate_stream(
+        Translator(model, tokenizer, constraints="unordered", generate_kwargs=SHORT),
+        io.BytesIO("\n".join(ENGLISH[:3]).encode()),
+        sink,
+    )
     assert sink.getvalue().decode().count("\n") == 3
     assert "constraints: none of the 3 input lines has a tab (source<TAB>term<TAB>...): nothing was constrained" in (
         caplog.text

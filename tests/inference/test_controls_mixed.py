@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from vaswani_mt.inference.controls import ControlReport
 from vaswani_mt.inference.ensemble import ensemble
 from vaswani_mt.inference.streams import translate_stream
-from vaswani_mt.inference.translate import translate, translate_nbest
+from vaswani_mt.inference.translate import split_options, translate, translate_nbest
+from vaswani_mt.inference.translator import Translator
 from vaswani_mt.model.constraints_vaswani import ORDERS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -62,9 +63,13 @@ def _run(model, tokenizer, mix: dict, report: ControlReport) -> list[list[str]]:
     if mix["stream"]:
         tsv = ["\t".join([line["source"], *line["terms"]]) if mix["terms"] else line["source"] for line in lines]
         sink = io.BytesIO()
-        count = translate_stream(model, tokenizer, io.BytesIO("\n".join(tsv).encode()), sink, chunk_size=2,
-                                 nbest=mix["nbest"], constraints=mix["order"] if mix["terms"] else None,
-                                 target_prefixes=prefixes, **options)  # fmt: skip
+        keywords = {k: v for k, v in options.items() if k != "report"}
+        stream_options, _ = split_options(
+            {"chunk_size": 2, "nbest": mix["nbest"], **keywords, "constraints": mix["order"] if mix["terms"] else None}
+        )
+        translator = Translator(model, tokenizer, stream_options)
+        source = io.BytesIO("\n".join(tsv).encode())
+        count = translate_stream(translator, source, sink, prefixes=prefixes, report=report)
         rows = sink.getvalue().decode().split("\n")[:-1]
         assert count == len(lines) and len(rows) == len(lines) * (mix["nbest"] or 1)
         if mix["nbest"]:

@@ -18,9 +18,9 @@ from vaswani_mt.inference.translate import (
     Sampling,
     format_nbest,
     translate,
-    translate_chunks,
     translate_nbest,
 )
+from vaswani_mt.inference.translator import Translator
 from vaswani_mt.model.beam_search_vaswani import gnmt_length_penalty
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -70,8 +70,8 @@ def test_max_tokens_batches_translate_to_the_same_tokens_as_fixed_size_batches(f
     assert sum(len(text.split()) > 2 for text in fixed) >= 5  # real translations were compared
     # LINES[8] (three sentences, 30 tokens) is over the budget: translated alone, and the warning names its line
     assert "line 9: 30 source tokens, more than max_tokens=29: translated in a batch of its own" in caplog.text
-    chunks = translate_chunks(model, tokenizer, LINES, None, chunk_size=4, max_tokens=29, **search)
-    assert [text for chunk in chunks for text in chunk] == fixed
+    translator = Translator(model, tokenizer, batch_size=None, chunk_size=4, max_tokens=29, generate_kwargs=search)
+    assert list(translator.translate_iterable(LINES)) == fixed
 
 
 def _teacher_forced(model, source_ids: torch.Tensor, target: list[int]) -> float:
@@ -112,7 +112,10 @@ def test_nbest_stream_writes_k_marian_lines_per_line_with_ids_in_input_order(fit
     model, tokenizer = fitted
     sink = io.BytesIO()
     data = "\n".join(LINES).encode()
-    assert translate_stream(model, tokenizer, io.BytesIO(data), sink, batch_size=2, chunk_size=5, nbest=3) == 12
+    assert (
+        translate_stream(Translator(model, tokenizer, batch_size=2, chunk_size=5, nbest=3), io.BytesIO(data), sink)
+        == 12
+    )
     rows = _nbest_rows(sink.getvalue().decode())
     assert [row[0] for row in rows] == [i for i in range(len(LINES)) for _ in range(3)]
     assert rows[3 * 7 : 3 * 8] == [(7, "", 0.0, 0.0)] * 3  # the blank line keeps its 3 lines
@@ -127,11 +130,13 @@ def test_sampling_depends_on_the_seed_and_the_line_but_not_on_batches_or_chunks(
     search = {"max_new_tokens": 12}
     one = translate(model, tokenizer, lines, batch_size=1, sampling=Sampling(seed=5, temperature=1.5), **search)
     assert translate(model, tokenizer, lines, sampling=Sampling(seed=5, temperature=1.5), **search) == one
-    budget = translate(model, tokenizer, lines, None, max_tokens=25, sampling=Sampling(seed=5, temperature=1.5),
-                       **search)  # fmt: skip
+    budget = translate(model, tokenizer, lines, batch_size=None, max_tokens=25,
+                       sampling=Sampling(seed=5, temperature=1.5), **search)  # fmt: skip
     stream = io.BytesIO()
-    translate_stream(model, tokenizer, io.BytesIO("\n".join(lines).encode()), stream, batch_size=4, chunk_size=5,
-                     sampling=Sampling(seed=5, temperature=1.5), **search)  # fmt: skip
+    translator = Translator(
+        model, tokenizer, batch_size=4, chunk_size=5, sampling=True, seed=5, temperature=1.5, generate_kwargs=search
+    )
+    translate_stream(translator, io.BytesIO("\n".join(lines).encode()), stream)
     assert stream.getvalue().decode().splitlines() == one
     assert budget == one
     assert len(set(one)) > 6  # a line's draws depend on its position: the six sentences twice, sampled apart

@@ -38,6 +38,7 @@ from vaswani_mt.app.demo import translate_for_demo
 from vaswani_mt.inference.loading import load_for_inference
 from vaswani_mt.inference.streams import translate_stream
 from vaswani_mt.inference.translate import translate
+from vaswani_mt.inference.translator import Translator
 from vaswani_mt.model.pipeline_vaswani import TranslationPipeline, encode_source
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,7 +157,7 @@ def test_a_line_break_that_the_model_writes_becomes_a_space(fitted, monkeypatch)
     translations = translate(model, tokenizer, lines, **FAST)
     records = TranslationPipeline(model=model, tokenizer=tokenizer)(lines, **FAST)
     sink = io.BytesIO()
-    translate_stream(model, tokenizer, io.BytesIO("\n".join(lines).encode()), sink, **FAST)
+    translate_stream(Translator(model, tokenizer, generate_kwargs=FAST), io.BytesIO("\n".join(lines).encode()), sink)
     monkeypatch.undo()
     alone = translate(model, tokenizer, lines, **FAST)
     assert translations == [f"eins zwei drei {text}" for text in alone]
@@ -198,7 +199,7 @@ def test_pipeline_loaded_as_remote_code_takes_the_hostile_texts(fitted_folder, f
 @example(text="$\\frac{$ \x00 \u202e$x$")  # dollars: matplotlib's mathtext, unless escaped
 def test_demo_answers_hostile_text_with_a_translation_and_notes(demo_model, text):
     model, tokenizer = demo_model
-    translation, figure, notes = translate_for_demo(model, tokenizer, text, num_beams=1, extra_tokens=4,
+    translation, figure, notes = translate_for_demo(model, tokenizer, text, num_beams=1, max_len_b=4,
                                                     max_source_tokens=SHORT_SOURCE)  # fmt: skip
     assert isinstance(translation, str) and isinstance(notes, str)
     if text.strip():
@@ -210,7 +211,7 @@ def test_demo_answers_hostile_text_with_a_translation_and_notes(demo_model, text
         columns = [label.get_text() for label in heatmap.get_xticklabels()]
         rows = [label.get_text() for label in heatmap.get_yticklabels()]
         assert columns == [token.replace("$", r"\$") for token in source]
-        assert 1 <= len(rows) <= len(source) + 4  # at most |X| + b tokens (b = extra_tokens)
+        assert 1 <= len(rows) <= len(source) + 4  # at most |X| + b tokens (b = max_len_b)
         assert heatmap.images[0].get_array().shape == (len(rows), len(columns))
         output = tokenizer.convert_tokens_to_ids([row.replace(r"\$", "$") for row in rows])
         assert tokenizer.decode(output, skip_special_tokens=True).strip() == translation  # the rows are its tokens

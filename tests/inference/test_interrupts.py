@@ -11,8 +11,10 @@ import sys
 import pytest
 from conftest import ENGLISH
 
-from vaswani_mt.inference.streams import count_lines, interruptible, stopping_on_signals, translate_stream
+from vaswani_mt.inference.streams import count_lines, translate_stream
 from vaswani_mt.inference.translate import TranslationInterrupted, translate, translate_nbest
+from vaswani_mt.inference.translator import Translator
+from vaswani_mt.system.signals import interruptible, stopping_on_signals
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -60,12 +62,16 @@ def test_an_interrupted_stream_writes_every_whole_chunk_and_the_start_of_the_one
     lines = LONGEST_FIRST * 3
     source = ("\n".join(lines) + "\n").encode()
     whole = io.BytesIO()
-    translate_stream(model, tokenizer, io.BytesIO(source), whole, batch_size=2, chunk_size=6, **GREEDY)
+    translate_stream(
+        Translator(model, tokenizer, batch_size=2, chunk_size=6, generate_kwargs=GREEDY), io.BytesIO(source), whole
+    )
     # Chunks of 6 lines in batches of 2: the 5th batch is the 2nd of the 2nd chunk, so 6 + 2 lines are done.
     signal_at_batch(monkeypatch, model, batch=5)
     sink = io.BytesIO()
     with pytest.raises(TranslationInterrupted) as stop, stopping_on_signals():
-        translate_stream(model, tokenizer, io.BytesIO(source), sink, batch_size=2, chunk_size=6, **GREEDY)
+        translate_stream(
+            Translator(model, tokenizer, batch_size=2, chunk_size=6, generate_kwargs=GREEDY), io.BytesIO(source), sink
+        )
     assert stop.value.written == 8 and stop.value.signum == signal.SIGINT
     assert sink.getvalue().decode().splitlines() == whole.getvalue().decode().splitlines()[:8]
 
@@ -88,7 +94,7 @@ def test_a_signal_outside_an_interruptible_block_waits_for_the_next_one_or_the_e
 def test_a_second_signal_ends_the_process_at_once():
     code = (
         "import os, signal\n"
-        "from vaswani_mt.inference.streams import stopping_on_signals\n"
+        "from vaswani_mt.system.signals import stopping_on_signals\n"
         "with stopping_on_signals():\n"
         "    os.kill(os.getpid(), signal.SIGINT)  # held: not in an interruptible block\n"
         "    print('after the first', flush=True)\n"

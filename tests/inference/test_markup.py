@@ -11,6 +11,7 @@ from vaswani_mt.inference.alignments import AlignedTranslation
 from vaswani_mt.inference.markup import parse_markup, restore, tags, well_formed
 from vaswani_mt.inference.streams import translate_stream
 from vaswani_mt.inference.translate import translate
+from vaswani_mt.inference.translator import Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -88,7 +89,7 @@ def test_broken_lines_warn_by_number_and_the_rest_translate_as_usual(fitted, cap
     assert "line 4: broken markup (a '<' that starts no tag at character 5)" in caplog.text
     assert outputs == translate(model, tokenizer, lines)  # no markup taken out: each line as without the option
     sink = io.BytesIO()
-    translate_stream(model, tokenizer, io.BytesIO("\n".join(MARKED + lines).encode()), sink, markup="xml")
+    translate_stream(Translator(model, tokenizer, markup="xml"), io.BytesIO("\n".join(MARKED + lines).encode()), sink)
     assert sink.getvalue().decode().splitlines() == translate(model, tokenizer, MARKED + lines, markup="xml")
 
 
@@ -98,7 +99,6 @@ def test_markup_refuses_alignments_and_unknown_formats(fitted):
         translate(model, tokenizer, ENGLISH[:1], markup="html")
     with pytest.raises(ValueError, match="do not go together"):
         translate(model, tokenizer, ENGLISH[:1], markup="xml", alignments="hard")
-
 
 
 def test_placeholders_are_no_words_to_warn_about(tokenizer):

@@ -9,6 +9,7 @@ from conftest import ENGLISH, FAST, HOSTILE, make_model
 
 from vaswani_mt.inference.streams import read_text_lines, translate_stream
 from vaswani_mt.inference.translate import translate
+from vaswani_mt.inference.translator import Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -40,7 +41,12 @@ def test_stream_translation_equals_translating_the_whole_list(fitted):
     lines = [ENGLISH[i % 6] if i % 4 else HOSTILE[i % len(HOSTILE)].replace("\n", " ") for i in range(30)]
     data = "\n".join(lines).encode("utf-8", "surrogatepass")
     sink = io.BytesIO()
-    assert translate_stream(model, tokenizer, io.BytesIO(data), sink, batch_size=4, chunk_size=7, **FAST) == 30
+    assert (
+        translate_stream(
+            Translator(model, tokenizer, batch_size=4, chunk_size=7, generate_kwargs=FAST), io.BytesIO(data), sink
+        )
+        == 30
+    )
     whole = translate(model, tokenizer, [line.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
                                          for line in lines], batch_size=16, **FAST)  # fmt: skip
     assert sink.getvalue().decode("utf-8").split("\n") == [*whole, ""]

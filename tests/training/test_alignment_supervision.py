@@ -11,7 +11,7 @@ from datasets import Dataset
 from transformers import DataCollatorForSeq2Seq
 
 from vaswani_mt import VaswaniForConditionalGeneration
-from vaswani_mt.inference.alignments import default_method
+from vaswani_mt.inference.alignments import default_method, supervised_head
 from vaswani_mt.training.alignment_supervision import (
     AlignmentCollator,
     alignment_loss,
@@ -79,8 +79,8 @@ def test_two_steps_with_supervision_save_a_config_that_names_the_head(tmp_path, 
     assert any("alignment_loss" in row for row in trainer.state.log_history)
     trainer.save_model(str(tmp_path / "saved"))
     loaded = VaswaniForConditionalGeneration.from_pretrained(tmp_path / "saved")
-    assert loaded.config.alignment_head == [0, 0] and default_method(loaded) == "supervised"
-    assert default_method(make_model()) == "mean"  # a model trained without labels: today's default
+    assert loaded.config.alignment_head == [0, 0] and supervised_head(loaded.config) == (0, 0)
+    assert default_method(loaded) == default_method(make_model()) == "mean"  # the head is asked for by name
 
 
 def test_supervision_without_eflomal_fails_with_one_line_that_says_how_to_install_it(tmp_path, monkeypatch):

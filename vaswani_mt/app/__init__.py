@@ -1,2 +1,3 @@
-"""The demo web app (Gradio, `demo.py`): above inference, whose translation and attention it shows; only the
-commands (`cli/demo.py`, which `app.py` runs) import it."""
+"""What the page and `vaswani-mt-visualize` show: the demo web app (Gradio, `demo.py`) and the attention pictures
+(`attention_plots.py`), above inference, whose translations and attention they draw; only the commands
+(`cli/demo.py`, which `app.py` runs, and `cli/visualize.py`) import it."""

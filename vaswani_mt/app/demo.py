@@ -13,10 +13,12 @@ and proxy routes are refused outright rather than left to Gradio's allow-list an
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import os
 import re
-from functools import partial
+from collections.abc import Iterator
 
 from vaswani_mt.model.constraints_vaswani import phrase_forms
 from vaswani_mt.model.pipeline_vaswani import unusual_pieces
@@ -63,26 +65,23 @@ DEMO_MAX_FIGURE_PIXELS = 2_000
 _FILE_ROUTES = re.compile(r"/gradio_api/(file[=/]|proxy=|upload(_progress)?/?$|process_recording|stream/)")
 
 
-def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, alpha: float = 0.6, extra_tokens: int = 50,
-                       layer: int = 0, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS,
-                       max_characters: int = DEMO_MAX_CHARACTERS, must_contain: str = "",
+def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, length_penalty: float = 0.6,
+                       max_len_b: int = 50, layer: int = 0, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS,
+                       max_characters: int = DEMO_MAX_CHARACTERS, terms: str = "",
                        markup: bool = False) -> tuple:  # fmt: skip
-    """What the page shows for `text`: (translation, heatmap figure or None, notes in markdown).
+    """What the page shows for `text`: (translation, heatmap figure or None, notes in markdown), through the
+    `Translator` with these `TranslationOptions` fields and hard word alignments.
 
-    `extra_tokens` is b of the maximum output length |X| + b (§6.1: 50), `alpha` the GNMT length penalty, `layer`
+    `max_len_b` is b of the maximum output length |X| + b (§6.1: 50), `length_penalty` the GNMT alpha, `layer`
     the decoder layer whose encoder-decoder attention is drawn (1-based; 0 = the last), averaged over its heads,
     with the word alignment's links outlined. A text over `max_characters` is cut there before it is tokenized, and
-    the notes say so. `must_contain`: comma-separated terms the translation must contain (terminology constraints;
-    the notes say which it does). `markup`: inline XML tags and placeholders carried through by that alignment
-    (`translate(..., markup="xml")`).
+    the notes say so. `terms`: comma-separated terms the translation must contain (terminology constraints; the
+    notes say which it does). `markup`: inline XML tags and placeholders carried through by that alignment (the
+    translator's markup stage, `markup.restore`).
     """
-    from vaswani_mt.inference.attention_plots import (
-        heatmap_figure,
-        link_boxes,
-        translate_with_attention,
-        word_alignment,
-    )
+    from vaswani_mt.app.attention_plots import aligned_attentions, heatmap_figure, link_boxes
     from vaswani_mt.inference.markup import parse_markup, restore
+    from vaswani_mt.inference.translator import Translator
 
     notes = []
     if text and len(text) > max_characters:
@@ -95,34 +94,52 @@ def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, alpha: f
         notes.append(f"markup: broken ({plan.broken}): translated as plain text")
     if plan is not None:
         text = plan.text
-    terms = [term.strip() for term in (must_contain or "").split(",") if term.strip()]
-    controls = {}
+    wanted = [term.strip() for term in (terms or "").split(",") if term.strip()]
     try:
-        if terms:
-            controls["constraints"] = [[phrase_forms(tokenizer, term) for term in terms]]
-            notes += [f"must contain: {note}" for note in map(partial(unusual_pieces, tokenizer), terms) if note]
+        for term in wanted:
+            phrase_forms(tokenizer, term)
+            notes += [f"must contain: {note}" for note in [unusual_pieces(tokenizer, term)] if note]
     except ValueError as error:
         notes.append(f"must contain: {error}; translated without the terms")
-        terms = []
-    if terms and int(num_beams) < 2:
+        wanted = []
+    if wanted and int(num_beams) < 2:
         notes.append("must contain: terms need a beam of 2 or more; searched with 4")
         num_beams = 4
-    attentions = translate_with_attention(
-        model, tokenizer, text, max_source_tokens=max_source_tokens, num_beams=int(num_beams),
-        length_penalty=float(alpha), max_len_a=1, max_len_b=int(extra_tokens), **controls,
-    )  # fmt: skip
-    if terms:
+    translator = Translator(model, tokenizer, num_beams=int(num_beams), length_penalty=float(length_penalty),
+                            max_len_a=1, max_len_b=int(max_len_b), max_source_tokens=max_source_tokens,
+                            alignments="hard", constraints="unordered" if wanted else None)  # fmt: skip
+    with _warnings_as_notes() as warned:
+        aligned = translator.translate([text], terms=[wanted] if wanted else None)[0]
+    if wanted:
         notes.append("must contain: " + ", ".join(
-            f"{term} {'✓ met' if term in attentions.translation else '✗ not met (no room within the length limit)'}"
-            for term in terms
+            f"{term} {'✓ met' if term in aligned else '✗ not met (no room within the length limit)'}" for term in wanted
         ))  # fmt: skip
+    attentions = aligned_attentions(tokenizer, aligned, warned)
     num_layers = attentions.cross.shape[0]
     index = int(layer) - 1 if 1 <= int(layer) <= num_layers else num_layers - 1
-    aligned = word_alignment(tokenizer, text, attentions, config=model.config)
     figure = heatmap_figure(attentions, "cross", layer=index, boxes=link_boxes(aligned))
     figure.set_dpi(min(figure.get_dpi(), DEMO_MAX_FIGURE_PIXELS / max(figure.get_size_inches())))
     notes = "\n".join(f"- {note}" for note in [*notes, *attentions.notes])
-    return (attentions.translation if plan is None else restore(plan, aligned)), figure, notes
+    return (str(aligned) if plan is None else restore(plan, aligned)), figure, notes
+
+
+@contextlib.contextmanager
+def _warnings_as_notes() -> Iterator[list[str]]:
+    """The warnings that vaswani_mt logs inside the block (a source cut, characters outside the vocabulary, a term
+    that could not be met), without their "line 1: ", for the page's notes."""
+    notes: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                notes.append(record.getMessage().removeprefix("line 1: "))
+
+    handler, root = Collect(), logging.getLogger("vaswani_mt")
+    root.addHandler(handler)
+    try:
+        yield notes
+    finally:
+        root.removeHandler(handler)
 
 
 def build_demo(model_id: str, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS, *,
@@ -145,10 +162,10 @@ def build_demo(model_id: str, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS, *
     extra_tokens = int(getattr(search, "max_len_b", None) or 50)
     card = f"Model: `{model_id}` ({model.config.num_encoder_layers}+{layers} layers, d_model {model.config.d_model})"
 
-    def run(text, num_beams, alpha, extra_tokens, layer, must_contain="", markup=False):
+    def run(text, num_beams, length_penalty, max_len_b, layer, terms="", markup=False):
         # The sliders bound their values, but not against NaN (JSON from the API may carry one): refused here with
         # a message, as Gradio refuses a value out of range, rather than failing inside the search.
-        options = {"Beam size": num_beams, "α": alpha, "b": extra_tokens, "Layer": layer}
+        options = {"Beam size": num_beams, "α": length_penalty, "b": max_len_b, "Layer": layer}
         for name, value in options.items():
             if not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise gr.Error(f"{name} must be a number, not {value!r}")
@@ -159,12 +176,12 @@ def build_demo(model_id: str, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS, *
                 tokenizer,
                 text,
                 num_beams,
-                alpha,
-                extra_tokens,
+                length_penalty,
+                max_len_b,
                 layer,
                 max_source_tokens,
                 max_characters,
-                must_contain if isinstance(must_contain, str) else "",
+                terms if isinstance(terms, str) else "",
                 markup is True,
             )
         finally:
@@ -181,16 +198,17 @@ def build_demo(model_id: str, max_source_tokens: int = DEMO_MAX_SOURCE_TOKENS, *
             with gr.Column():
                 source = gr.Textbox(label="Source text", lines=3, max_length=max_characters, elem_id="source")
                 must = gr.Textbox(label="Must contain (comma-separated terms)", max_length=max_characters,
-                                  elem_id="must_contain")  # fmt: skip
+                                  elem_id="terms")  # fmt: skip
                 markup = gr.Checkbox(label="Keep XML tags and placeholders ({0}, %s) by word alignment", value=False,
                                      elem_id="markup")  # fmt: skip
                 with gr.Accordion("Search options", open=True):
                     num_beams = gr.Slider(1, 8, value=min(beams, 8), step=1, label="Beam size", elem_id="num_beams")
                     alpha = gr.Slider(0.0, 2.0, value=min(alpha, 2.0), step=0.1, label="Length penalty α (GNMT)",
-                                      elem_id="alpha")  # fmt: skip
+                                      elem_id="length_penalty")  # fmt: skip
                     extra = gr.Slider(1, 200, value=min(max(extra_tokens, 1), 200), step=1,
-                                      label="Maximum length: input length + b, b =")  # fmt: skip
-                    layer = gr.Slider(1, layers, value=layers, step=1, label="Decoder layer of the heatmap")
+                                      label="Maximum length: input length + b, b =", elem_id="max_len_b")  # fmt: skip
+                    layer = gr.Slider(1, layers, value=layers, step=1, label="Decoder layer of the heatmap",
+                                      elem_id="layer")  # fmt: skip
                 button = gr.Button("Translate", variant="primary", elem_id="translate")
             with gr.Column():
                 translation = gr.Textbox(label="Translation", lines=3, interactive=False, elem_id="translation")

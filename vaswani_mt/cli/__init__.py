@@ -69,12 +69,18 @@ def saved_search(model: str) -> SimpleNamespace | None:
 
 
 def add_compute_type(parser: argparse.ArgumentParser) -> None:
-    """--compute_type, CTranslate2's option by its name, for every command that loads a model to translate."""
+    """--compute_type, CTranslate2's option by its name, and --threads, for every command that loads a model to
+    translate."""
     parser.add_argument(
         "--compute_type", default=None, metavar="TYPE",
         help="float32 (default: the saved weights, exact), bfloat16 (matrix products in bf16, where the CPU or GPU "
         "has it natively), int8 (int8 linear layers, CPU), or auto (the fastest measured within 0.1 BLEU of "
         "float32 on this kind of hardware); the search scores in float32 with each",
+    )  # fmt: skip
+    parser.add_argument(
+        "--threads", type=int, default=None, metavar="N",
+        help="CPU threads of the matrix products (CTranslate2's intra_threads; default: torch's, one per core): on a "
+        "busy machine 1 can be several times faster than 2",
     )  # fmt: skip
 
 
@@ -92,38 +98,3 @@ def check_compute_type(args: argparse.Namespace) -> None:
         resolve_compute_type(args.compute_type)
     except ValueError as error:
         sys.exit(f"error: --compute_type: {error}")
-
-
-def check_ctranslate2_model(args: argparse.Namespace) -> bool:
-    """Whether the first --model is a CTranslate2 export (`vaswani-mt-export --format ctranslate2`), which translate
-    and evaluate take; the options it cannot take (`export.ctranslate2.check_ctranslate2_options`: --constraints,
-    --sampling, several --model, ...) then end the command with one line, `error: ...`, before anything loads."""
-    from vaswani_mt.inference.loading import is_ctranslate2_folder
-
-    if not is_ctranslate2_folder(args.model[0]):
-        return False
-    from vaswani_mt.export.ctranslate2 import OWN_SEARCH_ONLY, check_ctranslate2_options
-
-    try:
-        check_ctranslate2_options(
-            constraints=bool(args.constraints), sampling=bool(getattr(args, "sampling", False)), models=len(args.model),
-            **{name: getattr(args, name, None) for name in OWN_SEARCH_ONLY},
-        )  # fmt: skip
-    except ValueError as error:
-        sys.exit(f"error: {error}")
-    return True
-
-
-def load_models(args: argparse.Namespace):
-    """The model the --model folders name and its tokenizer: a CTranslate2 export's `CTranslate2Model`
-    (`export.ctranslate2.load_ctranslate2`, with --compute_type where the command has one), else our model, or the
-    ensemble of several (`inference.ensemble.load_ensemble`). A folder that cannot serve raises `ModelFolderError`."""
-    from vaswani_mt.inference.loading import is_ctranslate2_folder
-
-    if is_ctranslate2_folder(args.model[0]):
-        from vaswani_mt.export.ctranslate2 import load_ctranslate2
-
-        return load_ctranslate2(args.model[0], compute_type=getattr(args, "compute_type", None))
-    from vaswani_mt.inference.ensemble import load_ensemble
-
-    return load_ensemble(args.model, compute_type=getattr(args, "compute_type", None) or "float32")

@@ -10,29 +10,22 @@ python scripts/evaluate_model.py --model DIR --max_tokens 1200               # t
 python scripts/evaluate_model.py --model DIR --nbest 4 --nbest_file test.nbest  # also the 4-best lists
 python scripts/evaluate_model.py --model DIR --input terms.tsv --reference_file terms.de --constraints unordered
 
-SIGINT (Ctrl-C) or SIGTERM while translating writes the lines translated so far to --output (and --nbest_file), in
-order, says so in one line and exits with status 130 or 143, without scores; a second signal ends it at once.
+SIGINT (Ctrl-C) or SIGTERM while translating writes the lines translated so far, in order, to OUTPUT.partial (and
+NBEST_FILE.partial), leaves --output and --nbest_file as they were, says so in one line and exits with status 130 or
+143, without scores; a second signal ends it at once.
 """
 
 import argparse
 import json
+import os
 import sys
-from functools import partial
 from pathlib import Path
 
-from vaswani_mt.cli import (
-    add_compute_type,
-    check_compute_type,
-    check_ctranslate2_model,
-    load_models,
-    old_name,
-    quiet_library_bars,
-)
+from vaswani_mt.cli import add_compute_type, check_compute_type, old_name, quiet_library_bars
 from vaswani_mt.cli.translate import (
     add_decoding_options,
-    check_before_loading,
     decoding_options,
-    exit_interrupted,
+    load_translator,
     report_controls,
 )
 
@@ -66,14 +59,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hypotheses", help="score-only mode: translations, one per line (with --references)")
     parser.add_argument("--references", help="score-only mode: references, line by line with --hypotheses")
     parser.add_argument("--dataset", default=None, help="a corpus as --dataset of train.py (default: the built-in one)")
-    parser.add_argument("--dataset_config", default=None)
-    parser.add_argument("--split", default="test", choices=["train", "validation", "test"])
-    parser.add_argument("--source_lang", default="en")
+    parser.add_argument("--dataset_config", default=None, help="the Hub dataset's configuration (e.g. de-en)")
+    parser.add_argument("--split", default="test", choices=["train", "validation", "test"], help="the split scored")
+    parser.add_argument("--source_lang", default="en", help="the source language's key in the corpus")
     parser.add_argument("--target_lang", default="de", help="also the Moses tokenizer's language (compound-split)")
     parser.add_argument("--input", dest="source_file", help="plain text, one sentence per line (with --reference_file)")
     old_name(parser, "--source_file", "source_file")
-    parser.add_argument("--reference_file")
-    parser.add_argument("--max_samples", type=int, default=None)
+    parser.add_argument("--reference_file", help="the references of --input, line by line")
+    parser.add_argument("--max_samples", type=int, default=None, help="score only the first N sentences")
     parser.add_argument("--batch_size", type=int, default=None, help="default 32; with --max_tokens: no limit")
     parser.add_argument("--num_beams", type=int, default=None, help="beam size (default: the model's)")
     parser.add_argument("--output", help="also write the translations here")
@@ -96,19 +89,24 @@ def main(argv: list[str] | None = None) -> None:
 
     if bool(args.source_file) != bool(args.reference_file):
         parser.error("--input and --reference_file go together")
-    check_ctranslate2_model(args)
-    check_compute_type(args)
-    check_before_loading(args)
-    quiet_library_bars()
-    from vaswani_mt.inference.streams import TranslationInterrupted, interruptible, stopping_on_signals
+    try:  # until the signals are ours, Ctrl-C ends the start in one line
+        check_compute_type(args)
+        options = decoding_options(args)
+        quiet_library_bars()
+        from vaswani_mt.inference.controls import ControlReport
+        from vaswani_mt.system.signals import TranslationInterrupted, interruptible, stopping_on_signals
+    except KeyboardInterrupt:
+        print("interrupted while starting: nothing translated", file=sys.stderr)
+        sys.exit(130)
 
     outputs = " and ".join(path for path in (args.output, args.nbest_file) if path)
     translated = 0
     try:
         with stopping_on_signals():
             with interruptible():  # nothing is lost before translating
-                model, tokenizer, sources, references, kwargs = _load(args)
-            translations = _translate(args, model, tokenizer, sources, kwargs)
+                translator, sources, references, controls = _load(args, options)
+            control_report = ControlReport()
+            translations = _translate(args, translator, sources, controls, control_report)
             translated = len(translations)
             with interruptible():
                 from vaswani_mt.evaluation.metrics import score_translations
@@ -123,10 +121,13 @@ def main(argv: list[str] | None = None) -> None:
             print(f"interrupted at line {written}: {written} lines translated, not kept (no --output); no scores",
                   file=sys.stderr)  # fmt: skip
         else:
-            exit_interrupted(stop, getattr(stop, "written", 0), outputs)
+            written = getattr(stop, "written", 0)
+            partial = " and ".join(f"{path}.partial" for path in (args.output, args.nbest_file) if path)
+            print(f"interrupted at line {written}: {written} lines translated, written to {partial} ({outputs} "
+                  "left as they were); no scores", file=sys.stderr)  # fmt: skip
         sys.exit(128 + stop.signum)
     report(result, len(sources))
-    report_controls(kwargs["report"], len(sources))
+    report_controls(control_report, len(sources))
 
 
 def _score_only(args: argparse.Namespace) -> None:
@@ -146,20 +147,14 @@ def _score_only(args: argparse.Namespace) -> None:
     report(score_translations(hypotheses, references, args.target_lang), len(references))
 
 
-def _load(args: argparse.Namespace) -> tuple:
-    """The model, its tokenizer, the sources and references, and the keyword arguments of `translate`; one line,
-    `error: ...`, for a folder that cannot be served, bad options or a bad test set."""
+def _load(args: argparse.Namespace, options) -> tuple:
+    """The translator, the sources and references, and the per-line controls (`terms`, `prefixes`); one line,
+    `error: ...`, for a folder that cannot be served, options it cannot take or a bad test set."""
     from vaswani_mt.data.corpus import BUILTIN_CORPUS, DataError, load_corpus, read_parallel_text, source_target
-    from vaswani_mt.inference.controls import ControlReport, split_constrained_line, warn_no_tabs
-    from vaswani_mt.inference.loading import ModelFolderError
+    from vaswani_mt.inference.controls import split_constrained_line, warn_no_tabs
 
-    # The model first: a folder that cannot be served is reported before a corpus is read.
-    try:
-        model, tokenizer = load_models(args)  # ours, an ensemble, or a CTranslate2 export
-    except ModelFolderError as error:
-        sys.exit(f"error: {error}")
-    kwargs = decoding_options(args, model.generation_config, tokenizer)  # a bad combination of options too
-    order = kwargs.pop("constraints", None)
+    translator = load_translator(args, options)  # first: a folder that cannot serve is reported before a corpus
+    order = options.constraints
     try:  # a missing or unreadable file, bad bytes, files of different lengths: one line naming it
         if args.source_file:
             # With constraints a source line is `source<TAB>term...`: read unstripped, or "\tterm" would lose its tab
@@ -175,58 +170,55 @@ def _load(args: argparse.Namespace) -> tuple:
         sys.exit(f"error: {args.source_file or args.split}: no sentences to score")
     if args.max_samples:
         sources, references = sources[: args.max_samples], references[: args.max_samples]
+    controls = {}
     if order:  # fairseq's constrained input: source<TAB>term<TAB>term
         if not any("\t" in source for source in sources):
             warn_no_tabs(len(sources))
         sources, terms = map(list, zip(*map(split_constrained_line, sources), strict=True))
-        sources, terms = [s.strip() for s in sources], [[t.strip() for t in line] for line in terms]
-        kwargs.update(constraints=terms, constraint_order=order)
+        sources, controls["terms"] = [s.strip() for s in sources], [[t.strip() for t in line] for line in terms]
     if args.target_prefix_file:
         prefixes = read_lines(args.target_prefix_file)
         if len(prefixes) != len(sources):
             sys.exit(f"error: {args.target_prefix_file} has {len(prefixes)} lines for {len(sources)} sources")
-        kwargs["target_prefixes"] = prefixes
-    kwargs["report"] = ControlReport()
-    return model, tokenizer, sources, references, kwargs
+        controls["prefixes"] = prefixes
+    return translator, sources, references, controls
 
 
-def _translate(args: argparse.Namespace, model, tokenizer, sources: list[str], kwargs: dict) -> list[str]:
+def _translate(args: argparse.Namespace, translator, sources: list[str], controls: dict, report) -> list[str]:
     """The translations of `sources`, written to --output (and the n-best lists to --nbest_file). Stopped by a
     signal, it writes those of the lines translated so far, and raises `TranslationInterrupted` with `written`."""
-    from vaswani_mt.inference.streams import TranslationInterrupted, interruptible
-    from vaswani_mt.inference.translate import translate, translate_nbest
+    from vaswani_mt.system.signals import TranslationInterrupted, interruptible
 
-    kwargs = dict(kwargs)
-    nbest = kwargs.pop("nbest", None)
-    if hasattr(model, "translate_nbest"):  # a CTranslate2 export translates itself (export.ctranslate2)
-        run, run_nbest = model.translate, model.translate_nbest
-    else:
-        run, run_nbest = partial(translate, model, tokenizer), partial(translate_nbest, model, tokenizer)
     try:
         with interruptible():
-            if nbest:
-                lists = run_nbest(sources, nbest, args.batch_size, progress=True, **kwargs)
-            else:
-                lists = run(sources, batch_size=args.batch_size, progress=True, **kwargs)
-    except TranslationInterrupted as stop:
-        stop.written = len(_write_translations(args, stop.done, nbest))
+            outputs = translator.translate(sources, **controls, report=report, progress=True)
+    except TranslationInterrupted as stop:  # the lines done go beside the files, which stay as they were
+        stop.written = len(_write_translations(args, stop.done, ".partial"))
         raise
-    return _write_translations(args, lists, nbest)
+    return _write_translations(args, outputs)
 
 
-def _write_translations(args: argparse.Namespace, lists: list, nbest: int | None) -> list[str]:
-    """Writes --output and --nbest_file (where given) from `lists` (translations, or with `nbest` n-best lists);
-    returns the translations (each list's best)."""
-    from vaswani_mt.inference.translate import format_nbest
+def _write_translations(args: argparse.Namespace, outputs: list, suffix: str = "") -> list[str]:
+    """Writes --output and --nbest_file (where given, their names + `suffix`) from `outputs` (translations, or
+    n-best lists), each file whole before it replaces what was there; returns the translations (each list's best)."""
+    from vaswani_mt.inference.translate import format_output
 
-    translations = [hypotheses[0].text for hypotheses in lists] if nbest else lists
-    if nbest:
-        with open(args.nbest_file, "w", encoding="utf-8") as f:
-            f.write("".join(format_nbest(i, hypotheses) for i, hypotheses in enumerate(lists)))
+    nbest = bool(outputs) and isinstance(outputs[0], list)
+    translations = [hypotheses[0].text for hypotheses in outputs] if nbest else outputs
+    if args.nbest_file:
+        text = "".join(format_output(hypotheses, i) for i, hypotheses in enumerate(outputs))
+        _write_whole(args.nbest_file + suffix, text)
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write("".join(f"{translation}\n" for translation in translations))
+        _write_whole(args.output + suffix, "".join(f"{translation}\n" for translation in translations))
     return translations
+
+
+def _write_whole(path: str, text: str) -> None:
+    """`text` into `path` through a temporary file beside it: what was there stays until the new file is whole."""
+    partial = f"{path}.partial"
+    with open(partial, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(partial, path)
 
 
 def report(result: dict, sentences: int) -> None:

@@ -13,15 +13,18 @@ each term forced into that line's translation; --target_prefix_file F forces lin
 line i (with an --input file, F's length is checked before anything is translated); --block_file F keeps F's phrases
 out of every translation; --disable_unk keeps <unk> out.
 
-SIGINT (Ctrl-C) or SIGTERM writes every line translated so far, in order, says in one line where to rerun from, and
-exits with status 130 or 143; a second signal ends it at once. Status 1: bad input, or some lines not translated.
+SIGINT (Ctrl-C) or SIGTERM writes every line translated so far up to the first one not finished, in order, says in
+one line where to rerun from, and exits with status 130 or 143; a second signal ends it at once. With --output F,
+the lines go to F.partial until all are done, the finished ones past the first unfinished to F.resume, and the same
+command continues where it stopped. Status 1: bad input, or some lines not translated.
 
 echo "The house is small." | python scripts/translate.py --model outputs/run
 python scripts/translate.py --model outputs/run --input text.en > text.de
+python scripts/translate.py --model outputs/run --input big.en --output big.de --threads 1   # resumable
 python scripts/translate.py --model outputs/run --input text.en --nbest 4 > text.nbest
 python scripts/translate.py --model outputs/run --input mono.de --sampling --seed 1 > mono.bt.en
 python scripts/translate.py --model outputs/run --input text.en --max_tokens 1200 > text.de
-printf 'The house is small.\tGebäude\n' | python scripts/translate.py --model outputs/run --constraints unordered
+printf 'The house is small.\\tGebäude\\n' | python scripts/translate.py --model outputs/run --constraints unordered
 """
 
 from __future__ import annotations
@@ -29,21 +32,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from vaswani_mt.cli import (
-    add_compute_type,
-    check_compute_type,
-    check_ctranslate2_model,
-    load_models,
-    quiet_library_bars,
-    saved_search,
-)
+from vaswani_mt.cli import add_compute_type, check_compute_type, quiet_library_bars, saved_search
 from vaswani_mt.model.constraints_vaswani import ORDERS  # loaded with vaswani_mt itself
 
 if TYPE_CHECKING:
     from vaswani_mt.inference.controls import ControlReport
-    from vaswani_mt.inference.translate import TranslationInterrupted
+    from vaswani_mt.inference.options import TranslationOptions
+    from vaswani_mt.system.signals import TranslationInterrupted
 
 SAMPLING_OPTIONS = ("topk", "topp", "temperature", "seed")
 # --early_stopping's words and the values transformers' `early_stopping` takes (beam_search_vaswani.can_improve).
@@ -142,47 +140,53 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def decoding_options(args: argparse.Namespace, search, tokenizer=None) -> dict:
-    """The keyword arguments of `translate_stream`/`translate` that the decoding options ask for, checked against
-    `search` (the model's generation config, or `saved_search`'s before it loads), and the --block_file phrases
-    against `tokenizer` when given; a bad combination ends the program with one line, `error: ...`."""
-    from vaswani_mt.inference.controls import LineControls, block_kwargs
-    from vaswani_mt.inference.translate import Sampling, check_decoding_options
+def decoding_options(args: argparse.Namespace, **fields) -> TranslationOptions:
+    """The `TranslationOptions` of the command's options (their names are its field names, `fields` added), checked
+    against the search the first --model folder saved (`saved_search`: its beam, whether it is a CTranslate2
+    export) before any model loads; a bad combination ends the program with one line, `error: ...`."""
+    from vaswani_mt.inference.loading import is_ctranslate2_folder
+    from vaswani_mt.inference.options import BackendFacts, TranslationOptions
 
-    kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
-    for name in ("length_penalty", "constrained_length_penalty"):
-        if getattr(args, name, None) is not None:
-            kwargs[name] = getattr(args, name)
+    names = ("num_beams", "length_penalty", "constrained_length_penalty", "max_tokens", "nbest", "constraints",
+             "disable_unk", "batch_size", "chunk_size", "compute_type", "threads", "alignments", "alignment_method",
+             "markup", "sampling", *SAMPLING_OPTIONS)  # fmt: skip
+    values = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    values = {name: value for name, value in values.items() if value is not False}  # store_true flags not given
     if getattr(args, "early_stopping", None) is not None:
-        kwargs["early_stopping"] = EARLY_STOPPING[args.early_stopping]
-    given = [f"--{name}" for name in SAMPLING_OPTIONS if getattr(args, name, None) is not None]
-    if given and not getattr(args, "sampling", False):
-        sys.exit(f"error: {', '.join(given)} only go{'es' if len(given) == 1 else ''} with --sampling")
-    sampling = None
+        values["early_stopping"] = EARLY_STOPPING[args.early_stopping]
+    values["batch_size"] = args.batch_size  # None with --max_tokens: no limit on rows
+    if args.block_file:
+        values["block"] = read_phrases(args.block_file)
+    ctranslate2 = is_ctranslate2_folder(args.model[0])
+    if ctranslate2 and len(args.model) > 1:
+        sys.exit("error: an ensemble (several --model) needs vaswani_mt's own models: a CTranslate2 folder translates "
+                 "alone; translate the vaswani_mt folders they came from")  # fmt: skip
     try:
-        if getattr(args, "sampling", False):
-            values = {name: getattr(args, name) for name in SAMPLING_OPTIONS if getattr(args, name) is not None}
-            sampling = Sampling(
-                seed=values.get("seed", 1), top_k=values.get("topk"), top_p=values.get("topp", 1.0),
-                temperature=values.get("temperature", 1.0),
-            )  # fmt: skip
-        controls = None
-        if args.constraints or args.target_prefix_file:
-            controls = LineControls([] if args.constraints else None, [] if args.target_prefix_file else None)
-        check_decoding_options(search, args.nbest, args.max_tokens, sampling, controls, **kwargs)
-        block = read_phrases(args.block_file) if args.block_file else []
-        if tokenizer is not None:
-            block_kwargs(tokenizer, block, where=f"{args.block_file}: ")
+        options = TranslationOptions(**values, **fields)
+        search = saved_search(args.model[0])
+        if search is not None:
+            facts = BackendFacts(args.model[0], search.num_beams, "ctranslate2" if ctranslate2 else "torch")
+            options.check(facts, prefixes=bool(args.target_prefix_file))
     except ValueError as error:
+        given = [f"--{name}" for name in SAMPLING_OPTIONS if getattr(args, name, None) is not None]
+        if given and not getattr(args, "sampling", False):
+            sys.exit(f"error: {', '.join(given)} only go{'es' if len(given) == 1 else ''} with --sampling")
         sys.exit(f"error: {error}")
-    options = {name: value for name, value in (("nbest", args.nbest), ("max_tokens", args.max_tokens)) if value}
-    if sampling is not None:
-        options["sampling"] = sampling
-    if args.constraints:
-        options["constraints"] = args.constraints
-    if block or args.disable_unk:
-        options.update(block=block, disable_unk=args.disable_unk)
-    return {**options, **kwargs}
+    return options
+
+
+def load_translator(args: argparse.Namespace, options: TranslationOptions):
+    """The `Translator` of the --model folders (ours, an ensemble, or a CTranslate2 export) with `options`; one line,
+    `error: ...`, for a folder that cannot serve or options this model cannot take."""
+    from vaswani_mt.inference.translator import Translator
+
+    try:
+        return Translator(args.model if len(args.model) > 1 else args.model[0], options=options)
+    except ValueError as error:  # ModelFolderError among them
+        message = str(error)
+        if message.startswith("blocked phrase") and args.block_file:
+            message = f"{args.block_file}: {message}"
+        sys.exit(f"error: {message}")
 
 
 def read_phrases(path: str) -> list[str]:
@@ -196,14 +200,6 @@ def read_phrases(path: str) -> list[str]:
     except UnicodeDecodeError as error:
         line = data.count(b"\n", 0, error.start) + 1
         sys.exit(f"error: {path}:{line}: bytes that are not UTF-8 ({data[error.start : error.end]!r})")
-
-
-def check_before_loading(args: argparse.Namespace) -> None:
-    """`decoding_options` against the search the first --model folder saved, before any model loads (the first
-    model's search is the ensemble's); nothing for a Hub id, whose search is known once it loads."""
-    search = saved_search(args.model[0])
-    if search is not None:
-        decoding_options(args, search)
 
 
 def report_controls(report: ControlReport, lines: int) -> None:
@@ -254,6 +250,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--input", help="text file, one sentence per line (default: standard input)")
     parser.add_argument(
+        "--output", default=None,
+        help="write the translations to this file (default: standard output); it appears once every line is done, "
+        "until then OUTPUT.partial; after Ctrl-C or SIGTERM the same command continues where it stopped",
+    )  # fmt: skip
+    parser.add_argument(
         "--batch_size",
         type=int,
         default=None,
@@ -288,79 +289,91 @@ def main(argv: list[str] | None = None) -> None:
         "alignment (docs/markup.md); a line with broken markup is translated as plain text, with a warning",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    if (args.batch_size is not None and args.batch_size < 1) or (args.chunk_size is not None and args.chunk_size < 1):
-        parser.error(f"--batch_size and --chunk_size must be at least 1, got {args.batch_size} and {args.chunk_size}")
     if args.batch_size is None and args.max_tokens is None:
         args.batch_size = 32
-    check_ctranslate2_model(args)
-    check_compute_type(args)
-    check_before_loading(args)
-    quiet_library_bars()
-    from vaswani_mt.inference.streams import TranslationInterrupted, stopping_on_signals
+    try:  # until the signals are ours, Ctrl-C ends the start in one line
+        check_compute_type(args)
+        options = decoding_options(args)
+        quiet_library_bars()
+        from vaswani_mt.system.signals import TranslationInterrupted, stopping_on_signals
+    except KeyboardInterrupt:
+        print("interrupted while starting: nothing translated", file=sys.stderr)
+        sys.exit(130)
 
     written = 0
     try:
         with stopping_on_signals():
-            written = _translate_input(args)
+            written = _translate_input(args, options)
     except TranslationInterrupted as stop:  # the lines translated are written; from the stream, it says how many
         exit_interrupted(stop, getattr(stop, "written", written), "<stdout>")
 
 
-def _alignment_options(args: argparse.Namespace) -> dict:
-    """`translate_stream`'s keywords for --alignments, --alignment_method and --markup; `error: ...` where they do
-    not go together."""
-    from vaswani_mt.inference.alignments import check_method
-    from vaswani_mt.inference.markup import check_markup_options
+def _translate_input(args: argparse.Namespace, options: TranslationOptions) -> int:
+    """What `main` does once the arguments are checked: translates --input (or standard input) to --output (or
+    standard output); returns how many lines."""
+    import contextlib
+    import itertools
 
-    options = {name: getattr(args, name) for name in ("alignments", "alignment_method", "markup")
-               if getattr(args, name, None) is not None}  # fmt: skip
-    try:
-        if args.alignment_method is not None:
-            check_method(args.alignment_method)
-        if args.markup is not None:
-            check_markup_options(args.markup, args.alignments, args.nbest)
-    except ValueError as error:
-        sys.exit(f"error: {error}")
-    return options
-
-
-def _translate_input(args: argparse.Namespace) -> int:
-    """What `main` does once the arguments are checked: translates --input (or standard input) to standard output;
-    returns how many lines."""
     from vaswani_mt.inference.controls import ControlReport
-    from vaswani_mt.inference.loading import ModelFolderError
-    from vaswani_mt.inference.streams import interruptible, read_text_lines, translate_stream
+    from vaswani_mt.inference.streams import read_text_lines, translate_stream
+    from vaswani_mt.inference.translate import FormattedOutput, format_output
+    from vaswani_mt.inference.translator import Resume
+    from vaswani_mt.system.outputs import ResumableOutput
+    from vaswani_mt.system.signals import TranslationInterrupted, interruptible
 
     check_prefix_lines(args.input, args.target_prefix_file)
-    try:
-        with interruptible():
-            model, tokenizer = load_models(args)  # ours, an ensemble, or a CTranslate2 export
-    except ModelFolderError as error:
-        sys.exit(f"error: {error}")
-    kwargs = decoding_options(args, model.generation_config, tokenizer)
-    kwargs.update(_alignment_options(args))
+    output = ResumableOutput(args.output, _run_identity(args, options)) if args.output else None
+    resume = Resume()
+    if output is not None:
+        try:
+            written, kept = output.resume()
+        except ValueError as error:
+            sys.exit(f"error: {error}")
+        resume = Resume(written + 1, {line: FormattedOutput(text) for line, text in kept.items()})
+    with interruptible():
+        translator = load_translator(args, options)
     report = ControlReport()
     try:
         stream = open(args.input, "rb") if args.input else sys.stdin.buffer
         prefix_stream = open(args.target_prefix_file, "rb") if args.target_prefix_file else None
+        sink = output.open() if output is not None else sys.stdout.buffer
     except OSError as error:
-        sys.exit(f"error: cannot read {error.filename}: {error.strerror or error}")
+        sys.exit(f"error: cannot open {error.filename}: {error.strerror or error}")
     prefixes = read_text_lines(prefix_stream, args.target_prefix_file) if prefix_stream else None
+    if resume.first_line > 1 and prefixes is not None:  # the prefixes of the lines already written
+        prefixes = itertools.islice(prefixes, resume.first_line - 1, None)
     try:
-        with stream:
-            lines = translate_stream(
-                model, tokenizer, stream, sys.stdout.buffer, args.input or "<stdin>", batch_size=args.batch_size,
-                chunk_size=args.chunk_size, progress=True, target_prefixes=prefixes, report=report, **kwargs,
-            )  # fmt: skip
+        with stream, (sink if output is not None else contextlib.nullcontext()):  # standard output stays open
+            count = translate_stream(translator, stream, sink, args.input or "<stdin>", prefixes=prefixes,
+                                     report=report, resume=resume, progress=True)  # fmt: skip
         if prefixes is not None and next(prefixes, None) is not None:
-            sys.exit(f"error: {args.target_prefix_file} has more lines than the input ({lines})")
+            sys.exit(f"error: {args.target_prefix_file} has more lines than the input ({count})")
+    except TranslationInterrupted as stop:
+        if output is None:
+            raise
+        later = {line: format_output(result, line - 1) for line, result in stop.later.items()}
+        print(output.stopped(resume.first_line - 1 + stop.written, later), file=sys.stderr)
+        sys.exit(128 + stop.signum)
     except ValueError as error:  # the prefix file ended before the input
         sys.exit(f"error: {args.target_prefix_file}: {error}")
     except BrokenPipeError:  # the reader stopped early (`| head`): stop quietly, without a traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout again at exit
         sys.exit(1)
-    report_controls(report, lines)
-    return lines
+    if output is not None:
+        output.finished()
+    report_controls(report, count)
+    return count
+
+
+def _run_identity(args: argparse.Namespace, options: TranslationOptions) -> dict:
+    """What makes two runs of --output the same run: the options, the models and the input (path, size, time)."""
+    import dataclasses
+
+    source = Path(args.input) if args.input else None
+    stat = source.stat() if source is not None and source.is_file() else None
+    return {"options": dataclasses.asdict(options), "model": args.model, "input": args.input,
+            "prefixes": args.target_prefix_file, "input_stat": None if stat is None else [stat.st_size,
+            stat.st_mtime_ns]}  # fmt: skip
 
 
 if __name__ == "__main__":

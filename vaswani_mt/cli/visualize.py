@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
     quiet_library_bars()
-    from vaswani_mt.inference.attention_plots import visualize
+    from vaswani_mt.app.attention_plots import visualize
 
     try:
         attentions, paths = visualize(args.model, args.text, args.output, **kwargs)

@@ -4,7 +4,7 @@ every pair in both directions, grow-diag-final-and symmetrizes them (Koehn et al
 the tokenized data, and each target token gets the source tokens of the source words its word is linked to.
 
 Words and tokens: a text's words are its whitespace-separated words; a token belongs to the word that holds its
-first non-space character, by the tokenizer's character offsets (`vaswani_mt.inference.alignments.token_words`; the
+first non-space character, by the tokenizer's character offsets (`vaswani_mt.data.words.token_words`; the
 training split's labels are made in vaswani_mt/training/alignment_supervision.py, which may import both).
 """
 

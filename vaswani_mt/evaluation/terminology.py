@@ -56,7 +56,9 @@ def choose_constrained_alpha(
     controls_logger.setLevel(logging.ERROR)  # the dev terms' notes (rare words, unmet terms) are not the user's
     try:
         for alpha in alphas:
-            out = translate(model, tokenizer, texts, batch_size, constraints=wanted, constrained_length_penalty=alpha)
+            out = translate(
+                model, tokenizer, texts, batch_size=batch_size, constraints=wanted, constrained_length_penalty=alpha
+            )
             scores[alpha] = round(bleu(out, refs)["score"], 2)
     finally:
         controls_logger.setLevel(level)

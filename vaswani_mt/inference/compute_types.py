@@ -13,8 +13,8 @@
 - `auto`: the fastest of these whose test BLEU is within 0.1 of float32 on this kind of hardware, measured
   beforehand (`AUTO_COMPUTE_TYPES`), never at run time.
 
-Applied when a model is loaded (`load_for_inference(folder, compute_type=...)`); the saved folder is unchanged, and
-a model loaded with another type than float32 refuses `save_pretrained` (compute types are for inference only).
+Applied by the `Translator` (`TranslationOptions.compute_type`: a converted copy, the model given unchanged) or when a
+model is loaded (`load_for_inference(folder, compute_type=...)`); the saved folder is unchanged.
 """
 
 from __future__ import annotations
@@ -67,12 +67,8 @@ def resolve_compute_type(compute_type: str, device: str | torch.device | None = 
 
 
 class Int8Linear(torch.ao.nn.quantized.dynamic.Linear):
-    """PyTorch's dynamic int8 linear layer, with its int8 weight as the attribute `weight` (torch's is a method that
-    unpacks it): the model's float32 fast path reads `linear.weight.dtype` and, seeing qint8, calls the layer."""
-
-    def set_weight_bias(self, w: torch.Tensor, b: torch.Tensor | None) -> None:
-        super().set_weight_bias(w, b)
-        self.weight = w  # a plain attribute: not a parameter, not saved
+    """PyTorch's dynamic int8 linear layer (per-row weight scales), under a name of ours: the model's float32 fast path
+    (fast_paths_vaswani._project) takes plain `nn.Linear` layers only and calls any other."""
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, dtype=torch.qint8, per row"
@@ -91,33 +87,33 @@ def _quantize_int8(model: nn.Module) -> nn.Module:
         )
 
 
-def _refuse_saving(compute_type: str):
-    def save_pretrained(*args, **kwargs):
-        raise ValueError(
-            f"this model was loaded with compute_type={compute_type!r}, for inference only: it is not saved; save "
-            "the model loaded in float32"
-        )
+def compute_type_of(model: nn.Module) -> str:
+    """The compute type `model` runs at: "int8" where its linear layers are `Int8Linear`, "bfloat16" where its
+    weights are bf16, else "float32"."""
+    if any(isinstance(module, Int8Linear) for module in model.modules()):
+        return "int8"
+    return "bfloat16" if next(model.parameters()).dtype == torch.bfloat16 else "float32"
 
-    return save_pretrained
+
+def converted(model: nn.Module, compute_type: str) -> nn.Module:
+    """`model` (in eval mode, on its device) converted, in place, to run with `compute_type`, one of `COMPUTE_TYPES`
+    already resolved (`resolve_compute_type`); `float32` returns it untouched. Nothing else of the model changes:
+    a converted model is for inference (an int8 one has no float weights to save)."""
+    if compute_type == "float32" or compute_type_of(model) == compute_type:
+        return model
+    if compute_type == "bfloat16":
+        return model.to(torch.bfloat16)
+    if compute_type == "int8":
+        return _quantize_int8(model)
+    raise ValueError(f"compute type {compute_type!r} is not resolved: use resolve_compute_type first")
 
 
 def apply_compute_type(model: nn.Module, compute_type: str) -> nn.Module:
-    """`model` (in eval mode, on its device) set to run with `compute_type`, one of `COMPUTE_TYPES` already resolved
-    (`resolve_compute_type`); `float32` returns it untouched. Changes the model in place."""
-    if compute_type == "float32":
-        return model
-    if compute_type == "bfloat16":
-        model = model.to(torch.bfloat16)
-    elif compute_type == "int8":
-        model = _quantize_int8(model)
-    else:
-        raise ValueError(f"compute type {compute_type!r} is not resolved: use resolve_compute_type first")
-    model.save_pretrained = _refuse_saving(compute_type)  # an instance attribute: push_to_hub calls it too
-    model.compute_type = compute_type
-    return model
+    """`converted(model, compute_type)`: the name the benchmarks and older code use."""
+    return converted(model, compute_type)
 
 
 __all__ = [
-    "AUTO_COMPUTE_TYPES", "COMPUTE_TYPES", "Int8Linear", "apply_compute_type", "hardware_class",
-    "resolve_compute_type",
+    "AUTO_COMPUTE_TYPES", "COMPUTE_TYPES", "Int8Linear", "apply_compute_type", "compute_type_of", "converted",
+    "hardware_class", "resolve_compute_type",
 ]  # fmt: skip

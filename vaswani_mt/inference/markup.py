@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 
 logger = logging.getLogger(__name__)
 
-MARKUP_FORMATS = ("xml",)
 _NAME = r"[A-Za-z_][\w:.-]*"
 _ATTRIBUTES = r"""(?:\s+[^\s<>"'/=]+(?:\s*=\s*(?:"[^"<]*"|'[^'<]*'|[^\s"'<>=`]+))?)*"""
 _TOKEN = re.compile(
@@ -83,16 +82,6 @@ class MarkupPlan:
     points: list[_Point] = field(default_factory=list)
     broken: str | None = None
     marked: bool = False
-
-
-def check_markup_options(markup: str, alignments: str | None = None, nbest: int | None = None) -> None:
-    """ValueError (one line) for a markup format we do not read or options that do not go with markup."""
-    if markup not in MARKUP_FORMATS:
-        raise ValueError(f"markup must be one of {', '.join(MARKUP_FORMATS)}, not {markup!r}")
-    if alignments is not None:
-        raise ValueError("markup and alignments do not go together: the alignments would index the text without tags")
-    if nbest is not None:
-        raise ValueError("markup and n-best lists do not go together")
 
 
 def parse_markup(line: str) -> MarkupPlan:
@@ -296,26 +285,12 @@ def well_formed(text: str) -> bool:
     return True
 
 
-def translate_markup(model, tokenizer, sentences: Sequence[str], markup: str = "xml", **options) -> list[str]:
-    """`translate(..., markup=markup)`: the lines' markup taken out, the text translated with hard alignments
-    (`options`: `translate`'s, but `alignments`), the markup put back."""
-    from vaswani_mt.inference.translate import translate
-
-    check_markup_options(markup, options.pop("alignments", None), options.get("nbest"))
-    plans = take_out_markup(sentences)
-    translations = translate(model, tokenizer, [plan.text for plan in plans], alignments="hard", **options)
-    return restore_markup(plans, translations)
-
-
 __all__ = [
-    "MARKUP_FORMATS",
     "MarkupPlan",
-    "check_markup_options",
     "parse_markup",
     "restore",
     "restore_markup",
     "tags",
     "take_out_markup",
-    "translate_markup",
     "well_formed",
 ]

@@ -2,7 +2,8 @@
 
 The Hub payload's `TranslationPipeline` imports only torch and transformers; alignments and markup live in this
 package, so the pipeline that takes them is this subclass: the same pipeline, and where a call (or the construction)
-asks for `alignments` or `markup`, the texts go through `translate()` with them (one search, the same translations).
+asks for `alignments` or `markup`, the texts go through the `Translator` with them (one search, the same
+translations).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from vaswani_mt.inference.alignments import format_alignment
-from vaswani_mt.inference.translate import translate, translate_nbest
+from vaswani_mt.inference.translate import split_options
+from vaswani_mt.inference.translator import Translator
 from vaswani_mt.model.pipeline_vaswani import TranslationPipeline
 
 _OPTIONS = ("alignments", "alignment_method", "markup")
@@ -53,28 +55,25 @@ class AligningTranslationPipeline(TranslationPipeline):
         return results[0] if isinstance(inputs, str) and isinstance(results[0], list) else results
 
     def _translate(self, texts: Sequence[str], extras: dict, kwargs: dict) -> list:
-        """One result per text (a list of them with n-best), through `translate` or `translate_nbest`."""
-        options = {name: value for name, value in extras.items() if value is not None}
-        generate_kwargs = {**self._defaults, **kwargs}
-        generate_kwargs.pop("clean_up_tokenization_spaces", None)  # translate() decodes as the command does
-        terms = generate_kwargs.pop("constraints", None)
-        if terms is not None:
-            terms = [terms] if isinstance(terms, str) else list(terms)
-            options["constraints"] = [terms] * len(texts)
-        batch_size = generate_kwargs.pop("batch_size", None) or 32
-        max_source_tokens = generate_kwargs.pop("max_source_tokens", None)
-        nbest = generate_kwargs.pop("num_return_sequences", None)
-        common = {"batch_size": batch_size, "max_source_tokens": max_source_tokens, **options, **generate_kwargs}
+        """One result per text (a list of them with n-best), through the `Translator`."""
+        keywords = {**self._defaults, **kwargs, **{name: value for name, value in extras.items() if value is not None}}
+        keywords.pop("clean_up_tokenization_spaces", None)  # the translator decodes as the commands do
+        terms = keywords.pop("constraints", None)
+        if terms is not None:  # the pipeline's terms hold for every text
+            keywords["constraints"] = [[terms] if isinstance(terms, str) else list(terms)] * len(texts)
+        nbest = keywords.pop("num_return_sequences", None)
         if nbest is not None and nbest > 1:
-            if "markup" in options:
-                raise ValueError("markup and n-best lists do not go together")
-            lists = translate_nbest(self.model, self.tokenizer, texts, nbest, **common)
-            return [[self._record(h.text, options) for h in hypotheses] for hypotheses in lists]
-        return [self._record(text, options) for text in translate(self.model, self.tokenizer, texts, **common)]
+            keywords["nbest"] = nbest
+        keywords["batch_size"] = keywords.get("batch_size") or 32
+        options, data = split_options(keywords)
+        outputs = Translator(self.model, self.tokenizer, options).translate(texts, **data)
+        if options.nbest is not None:
+            return [[self._record(h.text, options) for h in hypotheses] for hypotheses in outputs]
+        return [self._record(text, options) for text in outputs]
 
     @staticmethod
-    def _record(text, options: dict) -> dict:
-        if options.get("alignments") is None:
+    def _record(text, options) -> dict:
+        if options.alignments is None:
             return {"translation_text": text}
         return {"translation_text": text, "alignment": format_alignment(text)}
 

@@ -1,33 +1,26 @@
 """Translation of byte streams (a file, a pipe, standard input) line by line: `read_text_lines` reads any bytes as
-text lines, `translate_stream` writes one translation per line as each chunk is done (`translate.translate_chunks`).
-Under `stopping_on_signals` (the commands), SIGINT and SIGTERM stop a translation with every line translated so far
-written, in order.
+text lines, `translate_stream` writes one translation per line as a `Translator` gives them. Under
+`system.signals.stopping_on_signals` (the commands), SIGINT and SIGTERM stop a translation with every finished line
+up to the first unfinished one written, in order.
 """
 
 from __future__ import annotations
 
 import codecs
-import contextlib
-import functools
+import copy
 import itertools
 import logging
 import os
 import select
-import signal
 import stat
-import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from vaswani_mt.inference.controls import ControlReport
-from vaswani_mt.inference.translate import (
-    Sampling,
-    TranslationInterrupted,
-    format_nbest,
-    format_translation,
-    translate_chunks,
-)
+from vaswani_mt.inference.translate import format_output
+from vaswani_mt.inference.translator import Resume, Translator
+from vaswani_mt.system.signals import TranslationInterrupted, interruptible
 
 logger = logging.getLogger(__name__)
 
@@ -109,154 +102,68 @@ def count_lines(path: str | Path) -> int:
     return lines + (last != b"\n")  # a last line without its end counts too
 
 
-class _Signals:
-    """What `stopping_on_signals` installs: the first SIGINT or SIGTERM is held (`signum`) until the program is in an
-    `interruptible` block, where it raises `TranslationInterrupted` at once; a second one ends the process at once,
-    by that signal (as if it had not been caught)."""
-
-    def __init__(self):
-        self.signum: int | None = None
-        self.raised, self.open = False, 0
-
-    def handle(self, signum, frame):
-        if self.signum is not None:
-            signal.signal(signum, signal.SIG_DFL)
-            signal.raise_signal(signum)
-            return
-        self.signum = signum
-        if self.open:
-            self.stop()
-
-    def stop(self):
-        self.raised = True
-        raise TranslationInterrupted(self.signum)
-
-    @contextlib.contextmanager
-    def interruptible(self) -> Iterator[None]:
-        if self.signum is not None and not self.raised:
-            self.stop()
-        self.open += 1
-        try:
-            yield
-        finally:
-            self.open -= 1
-
-
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
-_signals: _Signals | None = None  # the handler of the `stopping_on_signals` block that runs
-
-
-@contextlib.contextmanager
-def stopping_on_signals() -> Iterator[None]:
-    """While the block runs, the first SIGINT or SIGTERM raises `TranslationInterrupted` (128 + its `signum` is the
-    shell's exit status for it: 130, 143): at once within an `interruptible` block (translating, loading), else at
-    the start of the next one or at the end of this block, so that no output is cut and no count lost. A second
-    signal ends the process at once. A signal ignored when the block starts (`nohup`, a background job) stays
-    ignored; the previous handlers come back after the block. Main thread only: elsewhere (a notebook's worker
-    thread) nothing changes."""
-    global _signals
-    if threading.current_thread() is not threading.main_thread() or _signals is not None:
-        yield
-        return
-    handler = _Signals()
-    previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
-    caught = [signum for signum, old in previous.items() if old is not signal.SIG_IGN]
-    _signals = handler
-    for signum in caught:
-        signal.signal(signum, handler.handle)
-    try:
-        yield
-        if handler.signum is not None and not handler.raised:  # held to the end
-            handler.stop()
-    finally:
-        for signum in caught:
-            signal.signal(signum, previous[signum])
-        _signals = None
-
-
-def interruptible() -> contextlib.AbstractContextManager:
-    """Within `stopping_on_signals`, a block that a signal stops at once: one that loses nothing when stopped
-    anywhere (translating: `TranslationInterrupted.done` keeps what is done). Elsewhere it does nothing."""
-    return _signals.interruptible() if _signals is not None else contextlib.nullcontext()
-
-
-def translate_stream(
-    model,
-    tokenizer,
-    source: BinaryIO,
-    sink: BinaryIO,
-    name: str = "<stdin>",
-    batch_size: int | None = 32,
-    chunk_size: int | None = None,
-    progress: bool = False,
-    *,
-    nbest: int | None = None,
-    max_tokens: int | None = None,
-    sampling: Sampling | None = None,
-    constraints: str | None = None,
-    target_prefixes: Iterable[str] | None = None,
-    block: Sequence[str] = (),
-    disable_unk: bool = False,
-    report: ControlReport | None = None,
-    **generate_kwargs,
-) -> int:
+def translate_stream(translator: Translator, source: BinaryIO, sink: BinaryIO, name: str = "<stdin>", *,
+                     prefixes: Iterable[str] | None = None, report: ControlReport | None = None,
+                     resume: Resume | None = None, progress: bool = False) -> int:  # fmt: skip
     """Translates the lines of the byte stream `source` (`read_text_lines`) into `sink`, UTF-8, one line per line in
-    input order, and returns how many. Works `chunk_size` lines at a time (default 16 batches, or 1024 lines with
-    `max_tokens`; one line from a terminal) and flushes each chunk: memory stays flat, and output flows while input
-    still arrives. From a pipe, a chunk also ends where the input pauses.
+    input order (with `nbest`, that many lines each in Marian's n-best format, IDs from `resume.first_line - 1`), and
+    returns how many input lines. Reads `chunk_size` lines at a time (default 16 batches, or 1024 lines with
+    `max_tokens`; one line from a terminal; from a pipe, a chunk also ends where the input pauses) and flushes each
+    line: memory stays flat, and output flows while input still arrives. `resume`: the lines before its
+    `first_line` are skipped (written by a stopped run), its `done` outputs written as they are (`FormattedOutput`s);
+    `prefixes` (from the first line read), `report` and `progress` as `Translator.translate_iterable` takes them.
 
-    With `nbest`, each line gets `nbest` lines in Marian's n-best format (`format_nbest`), IDs from 0; the other
-    options as in `translate_chunks`. On `TranslationInterrupted` (`stopping_on_signals`) it writes the translations of
-    the chunk in progress that its `done` holds, flushes, and raises it again with `written`: the lines in `sink`.
-    `model` may also be a `CTranslate2Model` (export/ctranslate2.py), which translates the chunks itself."""
-    if chunk_size is None:
-        chunk_size = 1 if source.isatty() else 1024 if max_tokens is not None else 16 * (batch_size or 32)
+    On `TranslationInterrupted` (`system.signals.stopping_on_signals`) it writes the finished lines that follow the
+    last one written (the exception's `done`), flushes, and raises it again with `written`: the input lines whose
+    output is in `sink`; its `later` keeps the lines finished past them."""
     ready = None
     try:
         fd = source.fileno()
     except (AttributeError, OSError):  # an in-memory stream: everything is there already
         fd = None
+    interactive = source.isatty()
     if fd is not None and not stat.S_ISREG(os.fstat(fd).st_mode):
-        # A pipe, a socket or a terminal: a chunk ends where the input pauses (see translate_chunks' `ready`).
+        # A pipe, a socket or a terminal: a chunk ends where the input pauses (see translate_iterable's `ready`).
         source = _PipeReader(fd)
         ready = source.ready
-    count = 0
-    lines = read_text_lines(source, name)
-    # A model with a `translate_chunks` of its own translates itself (export.ctranslate2.CTranslate2Model)
-    own = getattr(model, "translate_chunks", None)
-    chunker = own if own is not None else functools.partial(translate_chunks, model, tokenizer)
-    chunks = chunker(lines, batch_size, chunk_size, progress, ready=ready, nbest=nbest, max_tokens=max_tokens,
-                     sampling=sampling, constraints=constraints, target_prefixes=target_prefixes, block=block,
-                     disable_unk=disable_unk, report=report, **generate_kwargs)  # fmt: skip
+    if interactive and translator.options.chunk_size is None:
+        translator = copy.copy(translator)
+        translator.options = translator.options.replace(chunk_size=1)
+    first_line = resume.first_line if resume is not None else 1
+    lines = itertools.islice(read_text_lines(source, name), first_line - 1, None)  # those before: written already
+    outputs = translator.translate_iterable(lines, prefixes=prefixes, report=report, ready=ready, resume=resume,
+                                            progress=progress)  # fmt: skip
+    count = first_line - 1
     try:
         while True:
             with interruptible():  # a stop while writing waits for the write's end
-                translations = next(chunks, None)
-            if translations is None:
-                return count
-            count = _write(sink, translations, count, nbest)
+                output = next(outputs, _END)
+            if output is _END:
+                return count - first_line + 1
+            count = _write(sink, [output], count)
     except TranslationInterrupted as stop:
-        stop.written = _write(sink, stop.done, count, nbest)
+        if outputs.gi_frame is not None:  # stopped between lines: the translator gives the rest of its chunk
+            try:
+                outputs.throw(stop)
+            except TranslationInterrupted:
+                pass
+        stop.written = _write(sink, stop.done, count) - first_line + 1
         raise
 
 
-def _write(sink: BinaryIO, translations: list, count: int, nbest: int | None) -> int:
-    """Writes and flushes the translations of lines `count + 1`, ...; returns the lines written in all."""
-    if nbest is None:  # an `AlignedTranslation` (with alignments) is written with its alignment, Marian's way
-        text = "".join(f"{format_translation(translation)}\n" for translation in translations)
-    else:
-        text = "".join(format_nbest(count + i, hypotheses) for i, hypotheses in enumerate(translations))
-    sink.write(text.encode("utf-8"))
+_END = object()
+
+
+def _write(sink: BinaryIO, outputs: list, count: int) -> int:
+    """Writes and flushes the outputs of lines `count + 1`, ...; returns the lines written in all."""
+    sink.write("".join(format_output(output, count + i) for i, output in enumerate(outputs)).encode("utf-8"))
     sink.flush()
-    return count + len(translations)
+    return count + len(outputs)
 
 
 __all__ = [
     "MAX_LINE_BYTES",
-    "TranslationInterrupted",
     "count_lines",
-    "interruptible",
     "read_text_lines",
-    "stopping_on_signals",
     "translate_stream",
 ]

@@ -79,8 +79,8 @@ def _project(linear: nn.Linear, states: torch.Tensor) -> torch.Tensor:
         and not torch.is_grad_enabled()
         and not torch.compiler.is_compiling()  # inductor cannot lower MKL's packed GEMM; it plans its own
         and states.device.type == "cpu"
+        and type(linear) is nn.Linear  # first: other layers (int8's) may have no `weight` tensor
         and states.dtype == torch.float32 == linear.weight.dtype
-        and type(linear) is nn.Linear
         and not (linear._forward_hooks or linear._forward_pre_hooks or "forward" in linear.__dict__)
     ):
         if linear.training and _PACKED_WEIGHTS:

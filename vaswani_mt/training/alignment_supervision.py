@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from vaswani_mt.data.alignment_labels import symmetrized_links, token_links
-from vaswani_mt.inference.alignments import token_words
+from vaswani_mt.data.words import token_words
 
 ALIGNMENT_LAMBDA = 0.05  # Garg et al.'s lambda
 

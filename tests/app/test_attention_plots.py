@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vaswani_mt.inference.attention_plots import heatmap_figure, plot_attentions, translate_with_attention
+from vaswani_mt.app.attention_plots import heatmap_figure, plot_attentions, translate_with_attention
 from vaswani_mt.inference.loading import load_for_inference
 
 pytestmark = pytest.mark.transformers_internals

@@ -53,59 +53,45 @@ class Attentions:
 def translate_with_attention(
     model, tokenizer, text: str, max_source_tokens: int | None = None, **generate_kwargs
 ) -> Attentions:
-    """Translates `text` and returns the attention weights of that translation (batch of one)."""
+    """Translates `text` (a `Translator` with `generate_kwargs`, hard word alignments) and returns the attention
+    weights of every head of that translation, from a teacher-forced pass (batch of one)."""
+    from vaswani_mt.inference.translator import Translator
+
     if not text.strip():
         raise ValueError("nothing to translate: the text is empty")
     if model.config._attn_implementation != "eager":
         model.set_attn_implementation("eager")
     notes: list[str] = []
     ids = encode_source(tokenizer, text, max_source_tokens or default_max_source_tokens(model, tokenizer), notes)
+    aligned = Translator(model, tokenizer, max_source_tokens=max_source_tokens, alignments="hard",
+                         generate_kwargs=generate_kwargs).translate([text])[0]  # fmt: skip
+    outputs = [*aligned.target_ids, tokenizer.eos_token_id]  # the tokens predicted
     source = torch.tensor([ids], device=model.device)
-    mask = torch.ones_like(source)
-    sequence = model.generate(input_ids=source, attention_mask=mask, **generate_kwargs)[0]
-    sequence = sequence[sequence != model.config.pad_token_id] if sequence.numel() > 1 else sequence
-    decoder_input = sequence[:-1].unsqueeze(0)
-    out = model(
-        input_ids=source, attention_mask=mask, decoder_input_ids=decoder_input, output_attentions=True, use_cache=False
-    )
+    decoder_input = torch.tensor([[model.config.decoder_start_token_id, *outputs[:-1]]], device=model.device)
+    out = model(input_ids=source, attention_mask=torch.ones_like(source), decoder_input_ids=decoder_input,
+                output_attentions=True, use_cache=False)  # fmt: skip
     tokens = tokenizer.convert_ids_to_tokens
-    specials = set(tokenizer.all_special_ids) - {tokenizer.unk_token_id}  # <unk> stands for characters of a word
     return Attentions(
-        source_tokens=tokens(ids),
-        target_tokens=tokens(sequence[1:].tolist()),
+        source_tokens=tokens(ids), target_tokens=tokens(outputs),
         decoder_input_tokens=tokens(decoder_input[0].tolist()),
-        translation=tokenizer.decode(sequence, skip_special_tokens=True).strip(),
-        encoder=torch.stack(out.encoder_attentions)[:, 0].float().cpu(),
+        translation=str(aligned), encoder=torch.stack(out.encoder_attentions)[:, 0].float().cpu(),
         decoder=torch.stack(out.decoder_attentions)[:, 0].float().cpu(),
-        cross=torch.stack(out.cross_attentions)[:, 0].float().cpu(),
-        notes=notes,
-        source_ids=list(ids),
-        output_ids=[t for t in sequence[1:].tolist() if t not in specials],
+        cross=torch.stack(out.cross_attentions)[:, 0].float().cpu(), notes=notes, source_ids=list(ids),
+        output_ids=list(aligned.target_ids),
+    )  # fmt: skip
+
+
+def aligned_attentions(tokenizer, aligned, notes: list[str]) -> Attentions:
+    """The encoder-decoder attention an `AlignedTranslation` keeps (each layer's mean of the heads, as one head) as
+    `Attentions` for `heatmap_figure`, with `notes`; no self-attention."""
+    tokens = tokenizer.convert_ids_to_tokens
+    outputs = [*aligned.target_ids, tokenizer.eos_token_id]
+    empty = torch.zeros(0)
+    cross = (
+        aligned.attention[:, None] if aligned.attention is not None else torch.zeros(1, 1, 1, len(aligned.source_ids))
     )
-
-
-def word_alignment(tokenizer, text: str, attentions: Attentions, method: str | None = None, config=None):
-    """The hard word alignment (`alignments.AlignedTranslation`) of `attentions`' translation of `text`, from its
-    encoder-decoder attention (heads averaged; `config`'s supervised head, if it names one) by `method` (default:
-    `alignments.DEFAULT_METHOD`), as `translate(..., alignments="hard")` aligns it."""
-    from vaswani_mt.inference.alignments import (
-        DEFAULT_METHOD,
-        AlignedTranslation,
-        realign,
-        supervised_head,
-        token_words,
-    )
-
-    output = attentions.output_ids
-    source_words, source_index = token_words(tokenizer, text, attentions.source_ids)
-    target_words, target_index = token_words(tokenizer, attentions.translation, [*output, tokenizer.eos_token_id])
-    aligned = AlignedTranslation(attentions.translation, source_words, target_words, kind="hard")
-    aligned.attention = attentions.cross.mean(1)[:, : len(output) + 1, : len(attentions.source_ids)]
-    aligned.source_index, aligned.target_index = source_index, target_index[: len(output)]
-    head = supervised_head(config) if config is not None else None
-    if head is not None:
-        aligned.supervised = attentions.cross[head[0], head[1], : len(output) + 1, : len(attentions.source_ids)]
-    return realign(aligned, method or DEFAULT_METHOD, into=aligned)
+    return Attentions(tokens(aligned.source_ids), tokens(outputs), [], str(aligned), empty, empty, cross, notes,
+                      list(aligned.source_ids), list(aligned.target_ids))  # fmt: skip
 
 
 def link_boxes(aligned) -> list[tuple[int, int, int, int]]:
@@ -203,10 +189,10 @@ def visualize(model: str, text: str, output_dir: str | Path, **generate_kwargs) 
 __all__ = [
     "KINDS",
     "Attentions",
+    "aligned_attentions",
     "heatmap_figure",
     "link_boxes",
     "plot_attentions",
     "translate_with_attention",
     "visualize",
-    "word_alignment",
 ]
