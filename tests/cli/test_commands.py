@@ -156,3 +156,26 @@ def test_evaluate_reports_unreadable_misaligned_or_empty_files_in_one_line(fitte
     for argv, message in cases:
         code = _exit_message(evaluate.main, argv)
         assert isinstance(code, str) and code.startswith("error: ") and message in code and "\n" not in code, code
+
+
+def test_every_option_of_every_command_says_what_it_does(monkeypatch):
+    import argparse
+    import importlib
+
+    parsers = {}
+
+    class Parsed(Exception):
+        pass
+
+    def capture(self, *args, **kwargs):
+        parsers[current] = self
+        raise Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", capture)  # parse_args calls it too
+    commands = sorted(p.stem for p in (ROOT / "vaswani_mt" / "cli").glob("*.py") if p.stem != "__init__")
+    for current in [c for c in commands if c not in PARSED_WITH_THE_LIBRARY]:  # noqa: B007 (read by `capture`)
+        with pytest.raises(Parsed):
+            importlib.import_module(f"vaswani_mt.cli.{current}").main([])
+    silent = {prog: [a.option_strings[0] for a in parser._actions if a.option_strings and not a.help]
+              for prog, parser in parsers.items()}  # fmt: skip
+    assert len(parsers) >= 6 and {prog: options for prog, options in silent.items() if options} == {}
