@@ -80,7 +80,8 @@ def test_a_signal_writes_every_line_translated_and_says_where_to_rerun_from(name
         written = output.read_text().splitlines()
         count = len(written)
         assert err.strip().splitlines()[-1] == (f"interrupted at line {count}: {count} lines written to <stdout>; "
-                                                f"rerun with the input from line {count + 1}")  # fmt: skip
+                                                f"rerun with the input from line {count + 1} and --first_line "
+                                                f"{count + 1}")  # fmt: skip
     else:  # the lines done go beside --output, which an interrupted evaluation never replaces
         assert not output.exists()
         written = Path(f"{output}.partial").read_text().splitlines()

@@ -231,3 +231,16 @@ def test_the_ctranslate2_conversion_changes_no_registry_of_ctranslate2(fitted_fo
     assert ct2_transformers._MODEL_LOADERS == {} and (folder / "model.bin").is_file()
     assert Translator(str(folder), num_beams=1, threads=1).translate(ENGLISH[:2]) == Translator(
         str(fitted_folder), num_beams=1).translate(ENGLISH[:2])  # fmt: skip
+
+
+def test_a_rerun_from_line_n_numbers_its_nbest_lists_and_warnings_as_the_whole_run(fitted_folder, tmp_path, capsys):
+    whole, rest = tmp_path / "whole.en", tmp_path / "rest.en"
+    whole.write_text("\n".join([*ENGLISH, "\x7f\x7f"]) + "\n")  # the last line: characters outside the vocabulary
+    rest.write_text("\n".join([*ENGLISH[3:], "\x7f\x7f"]) + "\n")
+    argv = ["--model", str(fitted_folder), "--batch_size", "1", "--num_beams", "2", "--nbest", "2"]
+    assert _main(translate_cli, [*argv, "--input", str(whole)]) is None
+    expected = capsys.readouterr()
+    assert _main(translate_cli, [*argv, "--input", str(rest), "--first_line", "4"]) is None
+    got = capsys.readouterr()
+    assert got.out == "".join(expected.out.splitlines(keepends=True)[6:])  # IDs from 3, as the whole run's
+    assert "line 7: " in got.err and "line 7: " in expected.err  # the warning names the line in the whole input

@@ -229,11 +229,12 @@ def check_prefix_lines(source: str | None, prefix_file: str | None) -> None:
                  "input line")  # fmt: skip
 
 
-def exit_interrupted(stop: TranslationInterrupted, written: int, output: str) -> NoReturn:
+def exit_interrupted(stop: TranslationInterrupted, written: int, output: str, first_line: int = 1) -> NoReturn:
     """The end of a command stopped by SIGINT or SIGTERM once the `written` lines translated are in `output`: one line
-    on stderr that says where to rerun from, and exit status 128 + the signal's number (130, 143)."""
+    on stderr that says how to rerun from there (the input from the next line, numbered as in the whole run), and
+    exit status 128 + the signal's number (130, 143)."""
     print(f"interrupted at line {written}: {written} lines written to {output}; rerun with the input from line "
-          f"{written + 1}", file=sys.stderr)  # fmt: skip
+          f"{written + 1} and --first_line {first_line + written}", file=sys.stderr)  # fmt: skip
     sys.exit(128 + stop.signum)
 
 
@@ -249,6 +250,11 @@ def main(argv: list[str] | None = None) -> None:
         "(docs/export.md)",
     )
     parser.add_argument("--input", help="text file, one sentence per line (default: standard input)")
+    parser.add_argument(
+        "--first_line", type=int, default=1, metavar="N",
+        help="the number of the input's first line (default 1): a rerun from line N of a stopped run gives n-best "
+        "IDs and warnings as the whole run would",
+    )  # fmt: skip
     parser.add_argument(
         "--output", default=None,
         help="write the translations to this file (default: standard output); it appears once every line is done, "
@@ -305,17 +311,16 @@ def main(argv: list[str] | None = None) -> None:
         with stopping_on_signals():
             written = _translate_input(args, options)
     except TranslationInterrupted as stop:  # the lines translated are written; from the stream, it says how many
-        exit_interrupted(stop, getattr(stop, "written", written), "<stdout>")
+        exit_interrupted(stop, getattr(stop, "written", written), "<stdout>", args.first_line)
 
 
 def _translate_input(args: argparse.Namespace, options: TranslationOptions) -> int:
     """What `main` does once the arguments are checked: translates --input (or standard input) to --output (or
     standard output); returns how many lines."""
     import contextlib
-    import itertools
 
     from vaswani_mt.inference.controls import ControlReport
-    from vaswani_mt.inference.streams import read_text_lines, translate_stream
+    from vaswani_mt.inference.streams import read_text_lines, skip_lines, translate_stream
     from vaswani_mt.inference.translate import FormattedOutput, format_output
     from vaswani_mt.inference.translator import Resume
     from vaswani_mt.system.outputs import ResumableOutput
@@ -323,13 +328,14 @@ def _translate_input(args: argparse.Namespace, options: TranslationOptions) -> i
 
     check_prefix_lines(args.input, args.target_prefix_file)
     output = ResumableOutput(args.output, _run_identity(args, options)) if args.output else None
-    resume = Resume()
+    resume, written = Resume(args.first_line), 0
     if output is not None:
         try:
             written, kept = output.resume()
         except ValueError as error:
             sys.exit(f"error: {error}")
-        resume = Resume(written + 1, {line: FormattedOutput(text) for line, text in kept.items()})
+        resume = Resume(args.first_line + written, {args.first_line - 1 + line: FormattedOutput(text)
+                                                    for line, text in kept.items()})  # fmt: skip
     with interruptible():
         translator = load_translator(args, options)
     report = ControlReport()
@@ -339,9 +345,13 @@ def _translate_input(args: argparse.Namespace, options: TranslationOptions) -> i
         sink = output.open() if output is not None else sys.stdout.buffer
     except OSError as error:
         sys.exit(f"error: cannot open {error.filename}: {error.strerror or error}")
-    prefixes = read_text_lines(prefix_stream, args.target_prefix_file) if prefix_stream else None
-    if resume.first_line > 1 and prefixes is not None:  # the prefixes of the lines already written
-        prefixes = itertools.islice(prefixes, resume.first_line - 1, None)
+    if written:  # the lines (and prefixes) a stopped run wrote already
+        skip_lines(stream, written)
+        if prefix_stream is not None:
+            skip_lines(prefix_stream, written)
+    prefixes = None
+    if prefix_stream is not None:
+        prefixes = read_text_lines(prefix_stream, args.target_prefix_file, first=resume.first_line)
     try:
         with stream, (sink if output is not None else contextlib.nullcontext()):  # standard output stays open
             count = translate_stream(translator, stream, sink, args.input or "<stdin>", prefixes=prefixes,
@@ -351,8 +361,8 @@ def _translate_input(args: argparse.Namespace, options: TranslationOptions) -> i
     except TranslationInterrupted as stop:
         if output is None:
             raise
-        later = {line: format_output(result, line - 1) for line, result in stop.later.items()}
-        print(output.stopped(resume.first_line - 1 + stop.written, later), file=sys.stderr)
+        later = {line - args.first_line + 1: format_output(result, line - 1) for line, result in stop.later.items()}
+        print(output.stopped(written + stop.written, later), file=sys.stderr)
         sys.exit(128 + stop.signum)
     except ValueError as error:  # the prefix file ended before the input
         sys.exit(f"error: {args.target_prefix_file}: {error}")

@@ -55,12 +55,13 @@ class _PipeReader:
 MAX_LINE_BYTES = 1 << 20
 
 
-def read_text_lines(stream: BinaryIO, name: str = "<stdin>", max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[str]:
+def read_text_lines(stream: BinaryIO, name: str = "<stdin>", max_line_bytes: int = MAX_LINE_BYTES,
+                    first: int = 1) -> Iterator[str]:  # fmt: skip
     """The lines of a byte stream as text, lazily, one per "\n" or "\r\n" (a leading UTF-8 BOM dropped; other
     Unicode line breaks are text). Never fails on content: bytes that are not UTF-8 become U+FFFD and a line longer
-    than `max_line_bytes` is cut there, each with a warning naming `name` and the line."""
+    than `max_line_bytes` is cut there, each with a warning naming `name` and the line (the first is line `first`)."""
     decoder = codecs.getincrementaldecoder("utf-8")
-    for number in itertools.count(1):
+    for number in itertools.count(first):
         line = stream.readline(max_line_bytes)
         if not line:
             return
@@ -78,7 +79,7 @@ def read_text_lines(stream: BinaryIO, name: str = "<stdin>", max_line_bytes: int
             else:
                 cut = False  # exactly max_line_bytes at the end of the stream: nothing was left out
         line = line.removesuffix(b"\n").removesuffix(b"\r")
-        if number == 1:
+        if number == first:
             line = line.removeprefix(codecs.BOM_UTF8)
         try:
             # A cut line may end inside a character: the incomplete end is dropped, not replaced (final=False).
@@ -109,9 +110,9 @@ def translate_stream(translator: Translator, source: BinaryIO, sink: BinaryIO, n
     input order (with `nbest`, that many lines each in Marian's n-best format, IDs from `resume.first_line - 1`), and
     returns how many input lines. Reads `chunk_size` lines at a time (default 16 batches, or 1024 lines with
     `max_tokens`; one line from a terminal; from a pipe, a chunk also ends where the input pauses) and flushes each
-    line: memory stays flat, and output flows while input still arrives. `resume`: the lines before its
-    `first_line` are skipped (written by a stopped run), its `done` outputs written as they are (`FormattedOutput`s);
-    `prefixes` (from the first line read), `report` and `progress` as `Translator.translate_iterable` takes them.
+    line: memory stays flat, and output flows while input still arrives. `resume`: the number of `source`'s first
+    line (n-best IDs, warnings) and the outputs already `done` (written as they are: `FormattedOutput`s); `prefixes`
+    (from the first line read), `report` and `progress` as `Translator.translate_iterable` takes them.
 
     On `TranslationInterrupted` (`system.signals.stopping_on_signals`) it writes the finished lines that follow the
     last one written (the exception's `done`), flushes, and raises it again with `written`: the input lines whose
@@ -130,7 +131,7 @@ def translate_stream(translator: Translator, source: BinaryIO, sink: BinaryIO, n
         translator = copy.copy(translator)
         translator.options = translator.options.replace(chunk_size=1)
     first_line = resume.first_line if resume is not None else 1
-    lines = itertools.islice(read_text_lines(source, name), first_line - 1, None)  # those before: written already
+    lines = read_text_lines(source, name, first=first_line)
     outputs = translator.translate_iterable(lines, prefixes=prefixes, report=report, ready=ready, resume=resume,
                                             progress=progress)  # fmt: skip
     count = first_line - 1
@@ -161,9 +162,26 @@ def _write(sink: BinaryIO, outputs: list, count: int) -> int:
     return count + len(outputs)
 
 
+def skip_lines(stream: BinaryIO, count: int) -> int:
+    """Reads `count` lines of `stream` (as `read_text_lines` counts them) and drops them; returns how many there were."""
+    skipped = 0
+    while skipped < count:
+        line = stream.readline(MAX_LINE_BYTES)
+        while line and not line.endswith(b"\n"):  # the rest of a long line
+            more = stream.readline(MAX_LINE_BYTES)
+            if not more:
+                break
+            line = more
+        if not line:
+            break
+        skipped += 1
+    return skipped
+
+
 __all__ = [
     "MAX_LINE_BYTES",
     "count_lines",
     "read_text_lines",
+    "skip_lines",
     "translate_stream",
 ]
