@@ -19,8 +19,12 @@ from vaswani_mt.cli import add_overwrite, check_output, quiet_library_bars
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="saved model folder or Hub id")
-    parser.add_argument("--format", required=True, choices=["marian", "ctranslate2"],
-                        help="marian: the exact MarianMTModel conversion; ctranslate2: a CTranslate2 model (from it)")
+    parser.add_argument(
+        "--format",
+        required=True,
+        choices=["marian", "ctranslate2"],
+        help="marian: the exact MarianMTModel conversion; ctranslate2: a CTranslate2 model (from it)",
+    )
     parser.add_argument("--output", required=True, help="folder to write; one that is not empty needs --overwrite")
     add_overwrite(parser)
     parser.add_argument("--quantization", help="ctranslate2 only: int8, int8_float32, float16, bfloat16, ...")

@@ -22,8 +22,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", required=True, help="model folder written by scripts/train.py (with README.md)")
     parser.add_argument("--repo_id", required=True, help="USER/NAME on the Hub")
     parser.add_argument("--output", help="where to build the folder (default: MODEL-hub or MODEL-hub-marian)")
-    parser.add_argument("--native", default="vaswani", choices=["vaswani", "marian"],
-                        help="vaswani: our model with its remote code; marian: the exact MarianMTModel conversion")
+    parser.add_argument(
+        "--native",
+        default="vaswani",
+        choices=["vaswani", "marian"],
+        help="vaswani: our model with its remote code; marian: the exact MarianMTModel conversion",
+    )
     parser.add_argument("--dry_run", action="store_true", help="build and check the folder, do not upload")
     parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the one `hf auth login` saved)")
     parser.add_argument("--private", action="store_true", help="create the Hub repository private")

@@ -353,7 +353,7 @@ def _translate_input(args: argparse.Namespace, options: TranslationOptions) -> i
     if prefix_stream is not None:
         prefixes = read_text_lines(prefix_stream, args.target_prefix_file, first=resume.first_line)
     try:
-        with stream, (sink if output is not None else contextlib.nullcontext()):  # standard output stays open
+        with stream, sink if output is not None else contextlib.nullcontext():  # standard output stays open
             count = translate_stream(translator, stream, sink, args.input or "<stdin>", prefixes=prefixes,
                                      report=report, resume=resume, progress=True)  # fmt: skip
         if prefixes is not None and next(prefixes, None) is not None:

@@ -163,7 +163,7 @@ def _write(sink: BinaryIO, outputs: list, count: int) -> int:
 
 
 def skip_lines(stream: BinaryIO, count: int) -> int:
-    """Reads `count` lines of `stream` (as `read_text_lines` counts them) and drops them; returns how many there were."""
+    """Reads `count` lines of `stream` (as `read_text_lines` counts them) and drops them; returns how many it read."""
     skipped = 0
     while skipped < count:
         line = stream.readline(MAX_LINE_BYTES)
