@@ -26,6 +26,7 @@ sentence's term as a constraint.
     python benchmarks/terminology.py outputs/ding-cpu --speed_marian 160 --repeats 3
     python benchmarks/terminology.py outputs/ding-cpu --length_penalty 0.6   # the paper's alpha
     python benchmarks/terminology.py outputs/ding-cpu --constrained_length_penalty 1.2   # terms at the model's alpha
+    python benchmarks/terminology.py outputs/ding-cpu --typo_check   # the typo warning on the terms' real words
 """
 
 import argparse
@@ -182,6 +183,42 @@ def speed_against_marian(model, tokenizer, sources, terms, sentences: int, repea
     }  # fmt: skip
 
 
+def old_rule(tokenizer, word: str) -> bool:
+    """The typo warning before 2026-11-28: 3 or more pieces of under 2.5 characters on average."""
+    pieces = tokenizer.tokenize(" " + word, add_special_tokens=False)
+    return len(pieces) >= 3 and len(word) / len(pieces) < 2.5
+
+
+def typo_check(tokenizer, terms: list[list[str]]) -> dict:
+    """How often each rule warns: on the term test's real German words (false alarms), and on typos made from them
+    (the middle letter left out; the two middle letters swapped), which it should catch."""
+    from vaswani_mt.model.pipeline_vaswani import unusual_pieces
+
+    words = sorted({term for line in terms for term in line})
+    middle = [len(w) // 2 for w in words]
+    typos = {
+        "dropped": [w[:m] + w[m + 1 :] for w, m in zip(words, middle, strict=True)],
+        "swapped": [w[: m - 1] + w[m] + w[m - 1] + w[m + 1 :] for w, m in zip(words, middle, strict=True)],
+    }
+    typos = {kind: [t for t, w in zip(made, words, strict=True) if t != w] for kind, made in typos.items()}
+    rules = {"old": lambda w: old_rule(tokenizer, w), "new": lambda w: unusual_pieces(tokenizer, w) is not None}
+    result = {"words": len(words), "term_lines": sum(map(bool, terms))}
+    for name, rule in rules.items():
+        warned = [w for w in words if rule(w)]
+        line_share = sum(any(rule(t) for t in line) for line in terms if line) / max(1, result["term_lines"])
+        result[name] = {
+            "false_alarms_share_of_words": round(len(warned) / len(words), 4),
+            "false_alarms_share_of_term_lines": round(line_share, 4),
+            "false_alarm_examples": warned[:12],
+            **{f"typos_{kind}_caught": round(sum(map(rule, made)) / len(made), 4) for kind, made in typos.items()},
+        }
+    start = time.perf_counter()
+    for word in words:
+        unusual_pieces(tokenizer, word)
+    result["new"]["ms_per_word"] = round(1000 * (time.perf_counter() - start) / len(words), 2)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="the main job's output folder (its averaged model)")
@@ -197,13 +234,22 @@ def main() -> None:
         default=None,
         help="the constrained sentences' alpha (default: the model's saved one, else its alpha)",
     )
+    parser.add_argument("--typo_check", action="store_true",
+                        help="only the typo warning's rules on the term test's words (MODEL: a folder with the "
+                        "main job's tokenizer.json, its model not needed)")  # fmt: skip
     parser.add_argument("--json", help="write the result here too")
     args = parser.parse_args()
     record = MachineRecord()
-    model, tokenizer = load_for_inference(args.model)
     corpus = load_corpus(BUILTIN_CORPUS, None, "en", "de")
     sources, references = source_target(corpus["test"], "en", "de")
     terms = term_test(sources, references, noun_pairs(_fetch_ding_dictionary(cache_dir() / "ding")))
+    if args.typo_check:
+        from transformers import AutoTokenizer
+
+        record.report({"tokenizer": args.model, **typo_check(AutoTokenizer.from_pretrained(args.model), terms)},
+                      args.json)  # fmt: skip
+        return
+    model, tokenizer = load_for_inference(args.model)
     result = {
         "model": args.model, "native_bf16": native_bf16(), "search": model.generation_config.to_diff_dict(),
         "sentences": len(sources), "term_sentences": sum(map(bool, terms)),

@@ -52,8 +52,8 @@ def test_the_demo_forces_the_terms_it_must_contain_and_says_which_it_met(fitted_
     assert "must contain: Buch ✓ met, Kaffee ✓ met" in notes and "searched with 4" in notes
     _, _, notes = translate_for_demo(model, tokenizer, text, terms="Bu漢ch")
     assert "outside the vocabulary: '漢'; translated without the terms" in notes
-    _, _, notes = translate_for_demo(model, tokenizer, text, num_beams=2, max_len_b=8, terms="Kafee")
-    assert "must contain: 'Kafee' splits into 3 short pieces" in notes
+    _, _, notes = translate_for_demo(model, tokenizer, text, num_beams=2, max_len_b=8, terms="gegesen")
+    assert "must contain: 'gegesen' splits into 4 short pieces" in notes
 
 
 def test_search_controls_start_from_the_models_own_generation_config(fitted_folder, tmp_path):

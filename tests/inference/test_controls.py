@@ -214,7 +214,8 @@ def test_prefixes_without_terms_under_constraints_are_translated_and_every_line_
 def test_misuse_is_named_a_tab_without_constraints_no_tab_with_them_and_a_term_in_many_pieces(fitted, caplog):
     """Each gets a warning naming the line and the translation goes on: a tab in a line translated without
     constraints (a TSV given without --constraints; it warned about an <unk> for '\\t'), constrained input without a
-    tab anywhere (nothing constrained), a term whose word splits into many short pieces (a typo: "Kafee")."""
+    tab anywhere (nothing constrained), a term whose word splits into many short pieces where a word one letter away
+    takes fewer (a typo: "gegesen")."""
     model, tokenizer = fitted
     out = translate(model, tokenizer, [ENGLISH[0] + "\tApfel"], **SHORT)
     assert out[0] and "line 1: a tab in the source text: terms after a tab are constraints only with --constraints" in (
@@ -233,9 +234,9 @@ def test_misuse_is_named_a_tab_without_constraints_no_tab_with_them_and_a_term_i
         caplog.text
     )  # fmt: skip
     caplog.clear()
-    out = translate(model, tokenizer, ENGLISH[:2], constraints=[["Kafee"], ["Buch"]], **SHORT)
-    assert "Kafee" in out[0] and "Buch" in out[1]
-    assert "line 1: constraint 1: 'Kafee' splits into 3 short pieces" in caplog.text and "'Buch'" not in caplog.text
+    out = translate(model, tokenizer, ENGLISH[:2], constraints=[["gegesen"], ["Buch"]], **SHORT)
+    assert "gegesen" in out[0] and "Buch" in out[1]
+    assert "line 1: constraint 1: 'gegesen' splits into 4 short pieces" in caplog.text and "'Buch'" not in caplog.text
 
 
 def test_the_constrained_lines_alpha_is_an_option_of_the_commands(fitted, fitted_folder, monkeypatch):

@@ -105,4 +105,4 @@ def test_placeholders_are_no_words_to_warn_about(tokenizer):
     from vaswani_mt.model.pipeline_vaswani import unusual_pieces
 
     assert unusual_pieces(tokenizer, "{0}") is None and unusual_pieces(tokenizer, "%1$s") is None  # not typos
-    assert "splits into" in unusual_pieces(tokenizer, "Xqzvk")
+    assert "splits into" in unusual_pieces(tokenizer, "gegesen")  # a typo of "gegessen"

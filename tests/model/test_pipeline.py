@@ -98,10 +98,14 @@ def test_a_tab_and_a_term_in_many_short_pieces_are_named(model, tokenizer, caplo
     encode_source(tokenizer, "The girl\tApfel", 1024, notes)
     assert notes == ["a tab in the source text: terms after a tab are constraints only with --constraints "
                      "(constraints= in Python); here the whole line is translated as text"]  # fmt: skip
-    TranslationPipeline(model=model, tokenizer=tokenizer)("The girl ate an apple.", constraints=["Kafee"], max_len_b=8)
-    assert "constraint 'Kafee' splits into 3 short pieces (▁Kaf e e): a word the model rarely saw, or a typo?" in (
+    TranslationPipeline(model=model, tokenizer=tokenizer)("The girl ate an apple.", constraints=["gegesen"],
+                                                          max_len_b=8)  # fmt: skip
+    assert "constraint 'gegesen' splits into 4 short pieces (▁ge ge s en) where 'gegessen' takes 2: a typo?" in (
         caplog.text
     )  # fmt: skip
+    caplog.clear()  # a real word in short pieces (▁Kaf fe e) with no near word in fewer: no warning
+    TranslationPipeline(model=model, tokenizer=tokenizer)("The girl ate an apple.", constraints=["Kaffee"], max_len_b=8)
+    assert "Kaffee" not in caplog.text
 
 
 def test_blank_inputs_translate_to_empty_strings_without_generating(model, tokenizer, monkeypatch):
