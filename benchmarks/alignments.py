@@ -21,12 +21,23 @@ the built-in test split with the main job's model.
    reference) gets its first such English word wrapped in `<b>...</b>` and the German word as a constraint;
    `translate(..., markup="xml")`: share of lines with the term inside the `<b>` element, share well-formed with the
    same tags.
+6. Markup as localizers write it (`--markup_heldout benchmarks/markup_heldout.jsonl`: this part and 5 only):
+   178 UI strings and document sentences written for the test (pairs, void tags at the edges and between words,
+   entities, `%%` and `{{ }}`, placeholders, comments and CDATA, stray `<` and `&`, broken lines, plain lines),
+   translated with `markup="xml"`: well-formed share (XML, or HTML where the line uses HTML's markup), tags,
+   placeholders and literals, comments each exactly once, void tags at the line's edges still there, broken lines
+   warned by number, lines without markup unchanged. Span precision on the 50 lines with a hand-marked German
+   reference: the reference (tags taken out) is aligned to its source by the model, teacher-forced, the source's
+   tags put back by `restore`, and each pair's target words compared with the hand-marked ones.
 
     python benchmarks/alignments.py outputs/ding-cpu --eflomal --json benchmarks/alignments_2026-11-26.json
+    python benchmarks/alignments.py outputs/ding-cpu --markup_heldout benchmarks/markup_heldout.jsonl
 """
 
 import argparse
+import collections
 import json
+import logging
 import re
 import statistics
 import sys
@@ -35,15 +46,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import torch
 from speed_common import MachineRecord, interleave
 from terminology import dictionary_entries
 
 from vaswani_mt.data.alignment_labels import eflomal_links, grow_diag_final_and, require_eflomal
 from vaswani_mt.data.corpus import BUILTIN_CORPUS, _fetch_ding_dictionary, cache_dir, load_corpus, source_target
-from vaswani_mt.inference.alignments import default_method, hard_links, realign, supervised_head
+from vaswani_mt.inference.alignments import align_outputs, default_method, hard_links, realign, supervised_head
 from vaswani_mt.inference.controls import ControlReport
 from vaswani_mt.inference.loading import load_for_inference
-from vaswani_mt.inference.markup import tags, well_formed
+from vaswani_mt.inference.markup import comments, parse_markup, placeholders, restore, tags, well_formed
 from vaswani_mt.inference.translate import translate
 from vaswani_mt.system import native_bf16
 
@@ -51,6 +63,7 @@ ANNOTATIONS = re.compile(r"\{[^}]*\}|\[[^\]]*\]|\([^)]*\)|(?<!\S)/[^/]+/(?!\S)")
 ENGLISH = re.compile(r"^[a-z]{4,}$")
 GERMAN = re.compile(r"^[a-zäöüß]{4,}$")
 BATCH = 16
+_VOID_TAGS = r"(?:\s*<(?:br|hr|img|wbr|input)\b[^<>]*>)+"
 
 
 def dictionary_pairs(path: Path) -> set[tuple[str, str]]:
@@ -169,8 +182,8 @@ def measure_markup(model, tokenizer, rows, method) -> dict:
     marked = [row[0] for row in rows]
     report = ControlReport()
     start = time.perf_counter()
-    outputs = translate(model, tokenizer, marked, BATCH, markup="xml", constraints=[[row[2]] for row in rows],
-                        report=report, alignment_method=method)  # fmt: skip
+    outputs = translate(model, tokenizer, marked, batch_size=BATCH, markup="xml",
+                        constraints=[[row[2]] for row in rows], report=report, alignment_method=method)  # fmt: skip
     seconds = time.perf_counter() - start
     inside = formed = same = has_term = 0
     examples = []
@@ -198,12 +211,112 @@ def measure_markup(model, tokenizer, rows, method) -> dict:
     }
 
 
+def _pair_words(text: str) -> dict[tuple[str, int], set[int]]:
+    """(opening tag, its occurrence) -> the indices of the plain-text words inside that pair."""
+    plan = parse_markup(text)
+    spans = [m.span() for m in re.finditer(r"\S+", plan.text)]
+    out, seen = {}, collections.Counter()
+    for pair in plan.pairs:
+        seen[pair.open] += 1
+        out[(pair.open, seen[pair.open])] = {k for k, (a, b) in enumerate(spans) if a < pair.end and b > pair.start}
+    return out
+
+
+def forced_spans(model, tokenizer, rows, method) -> dict:
+    """Span precision against the hand-marked references (module docstring, 6): the model aligns (source, reference)
+    teacher-forced, `restore` puts the source's tags into the reference, each pair compared with the hand-marked."""
+    exact = pairs = found = correct = wanted = skipped = 0
+    misses = []
+    for row in rows:
+        plan, gold_plan = parse_markup(row["source"]), parse_markup(row["reference"])
+        source_ids = tokenizer(plan.text)["input_ids"]
+        target_ids = tokenizer(text_target=gold_plan.text)["input_ids"]
+        start = model.config.decoder_start_token_id
+        aligned = align_outputs(model, tokenizer, [plan.text], [source_ids], torch.tensor([[start, *target_ids]]),
+                                "hard", method)[0]  # fmt: skip
+        output = restore(plan, aligned)
+        if len(parse_markup(output).text.split()) != len(gold_plan.text.split()):  # not the reference's words
+            skipped += 1
+            continue
+        got, gold = _pair_words(output), _pair_words(row["reference"])
+        for key, words in gold.items():
+            pairs += 1
+            mine = got.get(key, set())
+            exact += mine == words
+            found, correct, wanted = found + len(mine), correct + len(mine & words), wanted + len(words)
+            if mine != words and len(misses) < 8:
+                misses.append({"source": row["source"], "reference": row["reference"], "restored": output})
+    return {"lines": len(rows) - skipped, "lines_skipped": skipped, "pairs": pairs,
+            "exact_span": round(100 * exact / max(pairs, 1), 1),
+            "word_precision": round(100 * correct / max(found, 1), 1),
+            "word_recall": round(100 * correct / max(wanted, 1), 1), "misses": misses}  # fmt: skip
+
+
+class _Warnings(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def measure_heldout(model, tokenizer, rows, method) -> dict:
+    """The held-out markup set's shares (module docstring, 6)."""
+    sources = [row["source"] for row in rows]
+    catcher = _Warnings()
+    logging.getLogger("vaswani_mt.inference.markup").addHandler(catcher)
+    try:
+        outputs = translate(model, tokenizer, sources, batch_size=BATCH, markup="xml", alignment_method=method)
+    finally:
+        logging.getLogger("vaswani_mt.inference.markup").removeHandler(catcher)
+    plain_lines = [i for i, row in enumerate(rows) if row["kind"] == "plain"]
+    unchanged = translate(model, tokenizer, [sources[i] for i in plain_lines], batch_size=BATCH)
+    counts = collections.Counter()
+    failures = collections.defaultdict(list)
+
+    def check(name: str, ok: bool, i: int) -> None:
+        counts[name, "lines"] += 1
+        counts[name, "ok"] += ok
+        if not ok and len(failures[name]) < 6:
+            failures[name].append({"source": sources[i], "output": outputs[i]})
+
+    for i, (row, output) in enumerate(zip(rows, outputs, strict=True)):
+        plan = parse_markup(row["source"])
+        if plan.broken:
+            check("broken_line_warned", any(m.startswith(f"line {i + 1}: broken markup") for m in catcher.messages), i)
+            continue
+        if not plan.marked:
+            continue
+        check("well_formed", well_formed(output, html=plan.html), i)
+        for name, of in (("tags", tags), ("placeholders_and_literals", placeholders), ("comments", comments)):
+            if of(row["source"]):
+                check(
+                    f"{name}_exactly_once", collections.Counter(of(output)) == collections.Counter(of(row["source"])), i
+                )
+        edges = re.fullmatch(rf"({_VOID_TAGS})?.*?({_VOID_TAGS})?", row["source"].strip(), re.DOTALL)
+        if edges[1] or edges[2]:  # the line starts or ends with void tags: the output too, the same
+            ok = output.startswith((edges[1] or "").strip()) and output.endswith((edges[2] or "").strip())
+            check("void_tags_at_edges_stay", ok, i)
+        if plan.strays:
+            check("stray_warned", any(m.startswith(f"line {i + 1}: a ") for m in catcher.messages), i)
+    for k, i in enumerate(plain_lines):
+        check("plain_lines_unchanged", outputs[i] == unchanged[k], i)
+    names = dict.fromkeys(name for name, _ in counts)
+    result = {name: {"share": round(100 * counts[name, "ok"] / counts[name, "lines"], 1),
+                     "lines": counts[name, "lines"]} for name in names}  # fmt: skip
+    result["examples"] = [{"source": s, "output": o} for s, o in zip(sources[::12], outputs[::12], strict=True)]
+    result["failures"] = dict(failures)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="the main job's output folder (its averaged model)")
     parser.add_argument("--eflomal", action="store_true", help="also the silver AER against eflomal (if installed)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of the speed comparison (0: none)")
     parser.add_argument("--sentences", type=int, default=None, help="only the first N test sentences")
+    parser.add_argument("--markup_heldout", help="only the markup: this held-out set (6) and the test split's (5)")
     parser.add_argument("--json", help="write the result here too")
     args = parser.parse_args()
     record = MachineRecord()
@@ -214,9 +327,21 @@ def main() -> None:
     pairs = dictionary_pairs(_fetch_ding_dictionary(cache_dir() / "ding"))
     result = {"model": args.model, "native_bf16": native_bf16(), "sentences": len(sources),
               "dictionary_pairs": len(pairs), "default_method": default_method(model)}  # fmt: skip
+    if args.markup_heldout:
+        rows = [json.loads(line) for line in Path(args.markup_heldout).read_text(encoding="utf-8").splitlines()]
+        method = default_method(model)
+        result["heldout"] = {"lines": len(rows), **measure_heldout(model, tokenizer, rows, method)}
+        result["heldout"]["span_precision"] = forced_spans(model, tokenizer, [r for r in rows if "reference" in r],
+                                                           method)  # fmt: skip
+        result["markup"] = measure_markup(model, tokenizer, markup_test(sources, references, pairs), method)
+        result.update(record.finish())
+        print(json.dumps(result, indent=1, ensure_ascii=False))
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        return
 
     start = time.perf_counter()
-    aligned = translate(model, tokenizer, sources, BATCH, alignments="hard")
+    aligned = translate(model, tokenizer, sources, batch_size=BATCH, alignments="hard")
     result["aligned_translation_seconds"] = round(time.perf_counter() - start, 1)
     found = [anchors(a, pairs) for a in aligned]
     result["sentences_with_anchors"] = sum(map(bool, found))
@@ -257,8 +382,8 @@ def main() -> None:
 
     if args.repeats:
         runs = {
-            "plain": lambda: translate(model, tokenizer, sources, BATCH),
-            "alignments": lambda: translate(model, tokenizer, sources, BATCH, alignments="hard"),
+            "plain": lambda: translate(model, tokenizer, sources, batch_size=BATCH),
+            "alignments": lambda: translate(model, tokenizer, sources, batch_size=BATCH, alignments="hard"),
         }
         times = interleave(runs, args.repeats, warmup=0)
         base, with_alignments = statistics.median(times["plain"]), statistics.median(times["alignments"])
