@@ -350,7 +350,7 @@ def restore(plan: MarkupPlan, translation) -> str:
             first, last = span[index]
             if pair.parent == item.parent and first < place <= last:
                 place = last + 1
-        children.setdefault(item.parent, []).append((place, 0, item))
+        children.setdefault(item.parent, []).append((place, 2 if item.edge == "end" else 0, item))  # the end: last
     joints: dict[int, str] = {}
     for joint in plan.joints:
         after = [k for k, (a, b) in enumerate(spans) if a >= joint.at]
