@@ -21,12 +21,12 @@ import os
 import sys
 from pathlib import Path
 
-from vaswani_mt.cli import add_compute_type, check_compute_type, old_name, quiet_library_bars
+from vaswani_mt.cli import add_compute_type, old_name
 from vaswani_mt.cli.translate import (
     add_decoding_options,
-    decoding_options,
     load_translator,
     report_controls,
+    starting_options,
 )
 
 
@@ -89,15 +89,9 @@ def main(argv: list[str] | None = None) -> None:
 
     if bool(args.source_file) != bool(args.reference_file):
         parser.error("--input and --reference_file go together")
-    try:  # until the signals are ours, Ctrl-C ends the start in one line
-        check_compute_type(args)
-        options = decoding_options(args)
-        quiet_library_bars()
-        from vaswani_mt.inference.controls import ControlReport
-        from vaswani_mt.system.signals import TranslationInterrupted, interruptible, stopping_on_signals
-    except KeyboardInterrupt:
-        print("interrupted while starting: nothing translated", file=sys.stderr)
-        sys.exit(130)
+    options = starting_options(args)
+    from vaswani_mt.inference.controls import ControlReport
+    from vaswani_mt.system.signals import TranslationInterrupted, interruptible, stopping_on_signals
 
     outputs = " and ".join(path for path in (args.output, args.nbest_file) if path)
     translated = 0

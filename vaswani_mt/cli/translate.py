@@ -175,6 +175,19 @@ def decoding_options(args: argparse.Namespace, **fields) -> TranslationOptions:
     return options
 
 
+def starting_options(args: argparse.Namespace) -> TranslationOptions:
+    """A command's start once its arguments are parsed: --compute_type checked for this machine, the options
+    (`decoding_options`), no library bars. Until the signals are the command's, Ctrl-C ends it in one line."""
+    try:
+        check_compute_type(args)
+        options = decoding_options(args)
+        quiet_library_bars()
+    except KeyboardInterrupt:
+        print("interrupted while starting: nothing translated", file=sys.stderr)
+        sys.exit(130)
+    return options
+
+
 def load_translator(args: argparse.Namespace, options: TranslationOptions):
     """The `Translator` of the --model folders (ours, an ensemble, or a CTranslate2 export) with `options`; one line,
     `error: ...`, for a folder that cannot serve or options this model cannot take."""
@@ -297,14 +310,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.batch_size is None and args.max_tokens is None:
         args.batch_size = 32
-    try:  # until the signals are ours, Ctrl-C ends the start in one line
-        check_compute_type(args)
-        options = decoding_options(args)
-        quiet_library_bars()
-        from vaswani_mt.system.signals import TranslationInterrupted, stopping_on_signals
-    except KeyboardInterrupt:
-        print("interrupted while starting: nothing translated", file=sys.stderr)
-        sys.exit(130)
+    options = starting_options(args)
+    from vaswani_mt.system.signals import TranslationInterrupted, stopping_on_signals
 
     written = 0
     try:
