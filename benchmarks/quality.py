@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import torch
-from speed_common import MachineRecord, dispatch, run_summary
+from speed_common import MachineRecord, command_parser, dispatch, run_summary
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
 
 from vaswani_mt.data.corpus import BUILTIN_CORPUS, load_corpus, source_target
@@ -36,8 +36,7 @@ ENSEMBLE_DOC = """"""
 
 
 def _parser(command: str, doc: str) -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(prog=f"quality.py {command}", description=doc,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    return command_parser("quality.py", command, doc)
 
 
 # ---------------------------------------------------------------------------------------------------------------

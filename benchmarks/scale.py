@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import torch
-from speed_common import PAIRS, MachineRecord, dispatch, tiny_model_folder
+from speed_common import PAIRS, MachineRecord, command_parser, dispatch, tiny_model_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository, for a run without installing
@@ -64,8 +64,7 @@ STREAM_DOC = """"""
 
 
 def _parser(command: str, doc: str) -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(prog=f"scale.py {command}", description=doc,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    return command_parser("scale.py", command, doc)
 
 
 # ---------------------------------------------------------------------------------------------------------------

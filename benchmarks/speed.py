@@ -29,6 +29,7 @@ import torch
 from speed_common import (
     MachineRecord,
     child_argv,
+    command_parser,
     dispatch,
     interleave,
     length_batches,
@@ -54,8 +55,7 @@ DECODE_DOC = """"""
 
 
 def _parser(command: str, doc: str) -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(prog=f"speed.py {command}", description=doc,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    return command_parser("speed.py", command, doc)
 
 
 def _finish(result: dict, record: MachineRecord, args) -> dict:
@@ -1059,10 +1059,15 @@ def revisions(argv=None) -> dict:
                 count = 6 * args.lines
                 rates = {side: statistics.median(count / r["seconds"] for r in rows) for side, rows in runs.items()}
                 digests = {side: {r["digest"] for r in rows} for side, rows in runs.items()}
-                result[name] = {"sentences_per_s": rates, "after_over_before": rates["after"] / rates["before"],
-                                "same_outputs": digests["before"] == digests["after"] and len(digests["after"]) == 1}
-                print(f"{name}: {rates['before']:.1f} -> {rates['after']:.1f} sentences/s "
-                      f"({result[name]['after_over_before']:.2f}x), same outputs: {result[name]['same_outputs']}")
+                result[name] = {
+                    "sentences_per_s": rates,
+                    "after_over_before": rates["after"] / rates["before"],
+                    "same_outputs": digests["before"] == digests["after"] and len(digests["after"]) == 1,
+                }
+                print(
+                    f"{name}: {rates['before']:.1f} -> {rates['after']:.1f} sentences/s "
+                    f"({result[name]['after_over_before']:.2f}x), same outputs: {result[name]['same_outputs']}"
+                )
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(before)], capture_output=True)
     return _finish({"before": args.before, "revisions": result}, record, args)

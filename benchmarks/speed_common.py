@@ -13,6 +13,7 @@ scale.py and demo_load.py (scale and faults), gpu_check.sh (the GPU path).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -232,6 +233,12 @@ def run_summary(run: str | os.PathLike) -> dict:
         "final_train_loss": rows[-1]["loss"] if rows else None,
         "median_target_tokens_per_second": speeds[len(speeds) // 2] if speeds else None,
     }
+
+
+def command_parser(script: str, command: str, doc: str) -> argparse.ArgumentParser:
+    """The parser of `script COMMAND`'s options, its description `doc`."""
+    return argparse.ArgumentParser(prog=f"{script} {command}", description=doc,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
 
 
 def dispatch(doc: str, commands: dict[str, Callable], argv: list[str] | None):
