@@ -80,6 +80,11 @@ def _line_seed(seed: int, line: int) -> int:
     return int.from_bytes(hashlib.blake2b(f"{seed}:{line}".encode(), digest_size=8).digest(), "little")
 
 
+def _decoder_layers(config) -> int:
+    """The decoder's depth: ours (`num_decoder_layers`) or a transformers seq2seq model's (`decoder_layers`, Marian)."""
+    return int(getattr(config, "num_decoder_layers", None) or getattr(config, "decoder_layers", 0))
+
+
 class TorchBackend:
     """Our model, or a `VaswaniEnsemble`, searched by its `generate()` at `compute_type` (inference.compute_types:
     a converted copy, the model given unchanged; "float32": the model itself). `name` names it in messages."""
@@ -96,7 +101,7 @@ class TorchBackend:
         members = list(model.members) if isinstance(model, VaswaniEnsemble) else [model]
         self.facts = BackendFacts(
             name or getattr(model, "name_or_path", None) or "the model", model.generation_config.num_beams or 1,
-            "torch", tuple(m.config.num_decoder_layers for m in members),
+            "torch", tuple(_decoder_layers(m.config) for m in members),
             all(supervised_head(m.config) for m in members),
         )  # fmt: skip
 
