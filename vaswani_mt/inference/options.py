@@ -142,12 +142,11 @@ class TranslationOptions:
     def beams_given(self) -> int | None:
         return self.num_beams if self.num_beams is not None else self.generate_kwargs.get("num_beams")
 
-    def chunk_lines(self, interactive: bool = False) -> int:
-        """Lines read at a time: `chunk_size`, else 1 from a terminal, 1024 with `max_tokens`, else 16 batches."""
+    def chunk_lines(self) -> int:
+        """Lines read at a time: `chunk_size`, else 1024 with `max_tokens` (fairseq-interactive's buffer), else 16
+        batches (a stream from a terminal sets `chunk_size` 1: streams.translate_stream)."""
         if self.chunk_size is not None:
             return self.chunk_size
-        if interactive:
-            return 1
         return 1024 if self.max_tokens is not None else 16 * (self.batch_size or 32)
 
     def check(self, backend: BackendFacts | None = None, *, prefixes: bool = False) -> None:
