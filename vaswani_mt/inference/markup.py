@@ -44,6 +44,10 @@ import re
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: taking markup out and checking it needs no torch
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -116,95 +120,133 @@ class MarkupPlan:
     strays: list[str] = field(default_factory=list)
 
 
-def parse_markup(line: str) -> MarkupPlan:
-    """`line` taken apart (the module's docstring); a broken line's plan says why and translates the line whole."""
-    plain: list[str] = []
-    size = 0
-    pairs: list[_Pair] = []
-    points: list[_Point] = []
-    joints: list[tuple[_Joint, int | None, int]] = []
-    stack: list[int] = []
-    marked = uses_html = separate = False
-    strays: list[str] = []
-    order: list[int] = []  # the points' offsets in the line
+@dataclass
+class _Reader:
+    """One line read left to right: the plain text so far (`plain`, `size` characters), the markup found in it, the
+    pairs still open (`stack`); `separate`: a void tag, comment or CDATA was just read, so the next word is apart."""
 
-    def add(text: str) -> None:
-        nonlocal size, separate
-        if separate and plain and text and not plain[-1][-1:].isspace() and not text[:1].isspace():
+    line: str
+    plain: list[str] = field(default_factory=list)
+    size: int = 0
+    pairs: list[_Pair] = field(default_factory=list)
+    points: list[_Point] = field(default_factory=list)
+    order: list[int] = field(default_factory=list)  # the points' offsets in the line
+    joints: list[tuple[_Joint, int | None, int]] = field(default_factory=list)  # with its parent and line offset
+    stack: list[int] = field(default_factory=list)
+    strays: list[str] = field(default_factory=list)
+    marked: bool = False
+    html: bool = False
+    separate: bool = False
+
+    def add_text(self, text: str) -> None:
+        """`text` appended to the plain text, spaced as the markup taken out of it asks."""
+        if self.separate and self.plain and text and not self.plain[-1][-1:].isspace() and not text[:1].isspace():
             text = " " + text  # a void tag, comment or CDATA between two words separates them
-        if not plain or (plain[-1][-1:].isspace() and text[:1].isspace()):  # no double space where markup was
+        if not self.plain or (self.plain[-1][-1:].isspace() and text[:1].isspace()):  # no double space where markup was
             text = text.lstrip()
         if text:
-            plain.append(text)
-            size += len(text)
-            separate = False
+            self.plain.append(text)
+            self.size += len(text)
+            self.separate = False
 
-    def point(match: re.Match, placeholder: bool) -> None:
-        nonlocal separate
+    def add_point(self, match: re.Match, placeholder: bool) -> None:
+        """The markup `match` as a point at the end of the plain text so far."""
         start, end = match.span()
-        before = start == 0 or line[start - 1].isspace()
-        after = end == len(line) or line[end].isspace()
-        points.append(_Point(match.group(0), size, parent, placeholder, before, after, "start" if not size else None))
-        order.append(start)
-        separate = separate or not placeholder
+        before, after = self._spaces_around(start, end)
+        edge = "start" if not self.size else None
+        self.points.append(_Point(match.group(0), self.size, self._parent(), placeholder, before, after, edge))
+        self.order.append(start)
+        self.separate = self.separate or not placeholder
 
-    position = 0
-    for match in _TOKEN.finditer(line):
-        add(line[position : match.start()])
-        position = match.end()
-        parent = stack[-1] if stack else None
+    def read(self, match: re.Match) -> str | None:
+        """One token of `_TOKEN` read into the plan; why the line is broken, or None."""
         entity = match["entity"]
         if entity and html.unescape(entity) == entity:  # `&name;` that no HTML entity has: text
             entity = None
         if match["stray"] or (match["entity"] and not entity):
-            strays.append(f"a {match.group(0)[0]!r} that starts no {'tag' if match['stray'] == '<' else 'entity'} "
-                          f"at character {match.start() + 1}")  # fmt: skip
-            add(match.group(0))
-            continue
-        marked = True
+            self.strays.append(f"a {match.group(0)[0]!r} that starts no {'tag' if match['stray'] == '<' else 'entity'} "
+                               f"at character {match.start() + 1}")  # fmt: skip
+            self.add_text(match.group(0))
+            return None
+        self.marked = True
         if entity:
-            character = html.unescape(entity)
-            if character.isspace():
-                uses_html |= entity[1:-1] not in _XML_ENTITIES and not entity.startswith("&#")
-                add(" ")
-                joints.append((_Joint(entity, size), parent, match.start()))
-            else:
-                add(character)
+            self._read_entity(entity, match.start())
         elif match["placeholder"] or match["literal"]:
-            point(match, True)
+            self.add_point(match, True)
         elif match["comment"]:
-            point(match, False)
+            self.add_point(match, False)
         elif match["empty"] or (not match["close"] and match["name"].lower() in _VOID):
-            uses_html |= not match["empty"]
-            point(match, False)
-        elif not match["close"]:
-            stack.append(len(pairs))
-            pairs.append(_Pair(match["tag"], match["name"], parent, size))
-        elif not stack or pairs[stack[-1]].name != match["name"]:
-            return MarkupPlan(line, line, broken=f"</{match['name']}> closes a tag that is not open")
+            self.html |= not match["empty"]
+            self.add_point(match, False)
         else:
-            pairs[stack[-1]].end, pairs[stack[-1]].close = size, match["tag"]
-            stack.pop()
-    add(line[position:])
-    if stack:
-        return MarkupPlan(line, line, broken=f"<{pairs[stack[-1]].name}> is not closed")
-    if not marked:  # translated exactly as without markup
+            return self._read_tag(match)
+        return None
+
+    def _parent(self) -> int | None:
+        return self.stack[-1] if self.stack else None
+
+    def _spaces_around(self, start: int, end: int) -> tuple[bool, bool]:
+        """Whether the line has a space (or its edge) before character `start` and at character `end`."""
+        return start == 0 or self.line[start - 1].isspace(), end == len(self.line) or self.line[end].isspace()
+
+    def _read_entity(self, entity: str, start: int) -> None:
+        """Its character into the plain text; a space entity as a space, kept as a joint to write back."""
+        character = html.unescape(entity)
+        if character.isspace():
+            self.html |= entity[1:-1] not in _XML_ENTITIES and not entity.startswith("&#")
+            self.add_text(" ")
+            self.joints.append((_Joint(entity, self.size), self._parent(), start))
+        else:
+            self.add_text(character)
+
+    def _read_tag(self, match: re.Match) -> str | None:
+        """An opening tag opens a pair, a closing tag closes the innermost; why the line is broken, or None."""
+        if not match["close"]:
+            self.pairs.append(_Pair(match["tag"], match["name"], self._parent(), self.size))
+            self.stack.append(len(self.pairs) - 1)
+        elif not self.stack or self.pairs[self.stack[-1]].name != match["name"]:
+            return f"</{match['name']}> closes a tag that is not open"
+        else:
+            self.pairs[self.stack[-1]].end, self.pairs[self.stack[-1]].close = self.size, match["tag"]
+            self.stack.pop()
+        return None
+
+    def joints_between_words(self, text: str) -> list[_Joint]:
+        """The space entities between two words of `text`; one at the line's edge has no words to go between, so it
+        becomes a point there."""
+        between = []
+        for joint, parent, start in self.joints:
+            if 0 < joint.at < len(text):
+                between.append(joint)
+                continue
+            before, after = self._spaces_around(start, start + len(joint.text))
+            edge = "start" if not joint.at else "end"
+            self.points.append(_Point(joint.text, joint.at, parent, False, before, after, edge))
+            self.order.append(start)
+        return between
+
+
+def parse_markup(line: str) -> MarkupPlan:
+    """`line` taken apart (the module's docstring); a broken line's plan says why and translates the line whole."""
+    reader = _Reader(line)
+    position = 0
+    for match in _TOKEN.finditer(line):
+        reader.add_text(line[position : match.start()])
+        position = match.end()
+        if broken := reader.read(match):
+            return MarkupPlan(line, line, broken=broken)
+    reader.add_text(line[position:])
+    if reader.stack:
+        return MarkupPlan(line, line, broken=f"<{reader.pairs[reader.stack[-1]].name}> is not closed")
+    if not reader.marked:  # translated exactly as without markup
         return MarkupPlan(line, line)
-    text = "".join(plain).rstrip()
-    for item in points:
+    text = "".join(reader.plain).rstrip()
+    for item in reader.points:  # after the last word: at the line's end
         if item.at >= len(text) and item.edge is None:
             item.edge = "end"
-    between = []
-    for joint, parent, start in joints:  # a space entity at the line's edge has no words to go between: a point
-        if 0 < joint.at < len(text):
-            between.append(joint)
-            continue
-        end = start + len(joint.text)
-        before, after = start == 0 or line[start - 1].isspace(), end == len(line) or line[end].isspace()
-        points.append(_Point(joint.text, joint.at, parent, False, before, after, "start" if not joint.at else "end"))
-        order.append(start)
-    points = [item for _, item in sorted(zip(order, points, strict=True), key=lambda pair: pair[0])]
-    return MarkupPlan(line, text, pairs, points, None, marked, between, uses_html, strays)
+    between = reader.joints_between_words(text)
+    points = [item for _, item in sorted(zip(reader.order, reader.points, strict=True), key=lambda pair: pair[0])]
+    return MarkupPlan(line, text, reader.pairs, points, None, reader.marked, between, reader.html, reader.strays)
 
 
 def take_out_markup(lines: Sequence[str], first_line: int = 1) -> list[MarkupPlan]:
@@ -243,124 +285,176 @@ def _runs(words: Sequence[int]) -> list[list[int]]:
     return runs
 
 
-def restore(plan: MarkupPlan, translation) -> str:
-    """The translation of `plan.text` (an `AlignedTranslation` with hard links) with `plan`'s markup put back."""
-    if plan.broken or not plan.marked:
-        return str(translation)
-    spans = [m.span() for m in _WORD.finditer(plan.text)]
-    words = list(getattr(translation, "target_words", None) or str(translation).split())
-    targets: dict[int, list[int]] = {}
-    for s, t in getattr(translation, "links", []):
-        targets.setdefault(s, []).append(t)
-    for linked in targets.values():
-        linked.sort()
-    soft = getattr(translation, "soft", None)
-    soft = soft if soft is not None and soft.numel() and soft.shape[0] == len(words) else None
-    n = len(words)
+@dataclass
+class _Alignment:
+    """A translation as `restore` reads it: the source's word `spans` (character offsets in the plain text), the
+    target `words`, each source word's linked target words (`targets`, sorted) and the soft alignment (`soft`, target
+    words x source words, None where it does not fit the words)."""
 
-    def covered(start: int, end: int) -> list[int]:
-        return [k for k, (a, b) in enumerate(spans) if a < end and b > start]
+    text: str
+    spans: list[tuple[int, int]]
+    words: list[str]
+    targets: dict[int, list[int]]
+    soft: torch.Tensor | None
 
-    def first_target(k: int) -> int | None:
+    @classmethod
+    def of(cls, text: str, translation) -> _Alignment:
+        """The alignment of `translation`, an `AlignedTranslation` of `text` (or a plain string: no links)."""
+        spans = [m.span() for m in _WORD.finditer(text)]
+        words = list(getattr(translation, "target_words", None) or str(translation).split())
+        targets: dict[int, list[int]] = {}
+        for s, t in getattr(translation, "links", []):
+            targets.setdefault(s, []).append(t)
+        for linked in targets.values():
+            linked.sort()
+        soft = getattr(translation, "soft", None)
+        soft = soft if soft is not None and soft.numel() and soft.shape[0] == len(words) else None
+        return cls(text, spans, words, targets, soft)
+
+    def covered(self, start: int, end: int) -> list[int]:
+        """The source words that characters `start` to `end` touch."""
+        return [k for k, (a, b) in enumerate(self.spans) if a < end and b > start]
+
+    def words_after(self, at: int) -> list[int]:
+        """The source words that start at or after character `at`."""
+        return [k for k, (a, b) in enumerate(self.spans) if a >= at]
+
+    def words_before(self, at: int) -> list[int]:
+        """The source words that end at or before character `at`."""
+        return [k for k, (a, b) in enumerate(self.spans) if b <= at]
+
+    def first_target(self, k: int) -> int | None:
         """The first target word of source word k, or of the nearest linked one."""
-        linked = targets.get(k) or _nearest_targets([k], targets, len(spans))
+        linked = self.targets.get(k) or _nearest_targets([k], self.targets, len(self.spans))
         return linked[0] if linked else None
 
-    def after_word(at: int) -> int:
+    def after_word(self, at: int) -> int:
         """After the first target word of the source word that ends before character `at` (or of the nearest linked
         one); 0 where there is none."""
-        before = [k for k, (a, b) in enumerate(spans) if b <= at]
-        t = first_target(before[-1]) if before else None
+        before = self.words_before(at)
+        t = self.first_target(before[-1]) if before else None
         return 0 if t is None else t + 1
 
-    # Target spans [first, last] (first = last + 1: empty, before word `first`), parents before children.
-    span: dict[int | None, tuple[int, int]] = {None: (0, n - 1)}
+
+def _pair_span(pair: _Pair, alignment: _Alignment, low: int, high: int, held: set[int]) -> tuple[int, int]:
+    """The target span [first, last] of `pair` inside its parent's [low, high], clear of the words its earlier
+    siblings `held` (first = last + 1: empty, before word `first`)."""
+    content = alignment.covered(pair.start, pair.end)
+    targets, soft = alignment.targets, alignment.soft
+    linked = {t for k in content for t in targets.get(k, [])}
+    columns = [k for k in content if soft is not None and k < soft.shape[1]]  # past them: cut from the source
+    linked |= {int(soft[:, k].argmax()) for k in columns if soft[:, k].max() > 0}
+    free = [t for t in sorted(linked) if low <= t <= high and t not in held]
+    if free:  # the longest run of its aligned words; a tie to the one with more of its content's attention
+        run = max(_runs(free), key=lambda run, c=columns: (len(run), float(soft[run][:, c].sum()) if c else 0.0))
+        return run[0], run[-1]
+    if content and (anchor := min(linked) if linked else alignment.first_target(content[0])) is not None:
+        # never empty: the free word nearest to its aligned (or its nearest source word's) target word
+        options = [t for t in range(low, high + 1) if t not in held]
+        if not options:
+            return high + 1, high
+        nearest = min(options, key=lambda t: (abs(t - anchor), t))
+        return nearest, nearest
+    # no words inside (or no links at all): empty, where a self-closing tag would go
+    first = min(max(alignment.after_word(pair.start), low), high + 1)
+    while first in held:
+        first += 1
+    return first, first - 1
+
+
+def _pair_spans(plan: MarkupPlan, alignment: _Alignment) -> dict[int | None, tuple[int, int]]:
+    """Each pair's target span (None: the whole line), parents before children, siblings apart."""
+    span: dict[int | None, tuple[int, int]] = {None: (0, len(alignment.words) - 1)}
     taken: dict[int | None, set[int]] = {}  # the target words of each pair's children so far
     for index, pair in enumerate(plan.pairs):
-        low, high = span[pair.parent]
         held = taken.setdefault(pair.parent, set())
-        content = covered(pair.start, pair.end)
-        linked = {t for k in content for t in targets.get(k, [])}
-        columns = [k for k in content if soft is not None and k < soft.shape[1]]  # past them: cut from the source
-        linked |= {int(soft[:, k].argmax()) for k in columns if soft[:, k].max() > 0}
-        free = [t for t in sorted(linked) if low <= t <= high and t not in held]
-        if free:  # the longest run of its aligned words; a tie to the one with more of its content's attention
-            run = max(_runs(free), key=lambda run, c=columns: (len(run), float(soft[run][:, c].sum()) if c else 0.0))
-            first, last = run[0], run[-1]
-        elif content and (anchor := min(linked) if linked else first_target(content[0])) is not None:
-            # never empty: the free word nearest to its aligned (or its nearest source word's) target word
-            options = [t for t in range(low, high + 1) if t not in held]
-            first = last = min(options, key=lambda t: (abs(t - anchor), t)) if options else high + 1
-            if not options:
-                last = first - 1
-        else:  # no words inside (or no links at all): empty, where a self-closing tag would go
-            first = min(max(after_word(pair.start), low), high + 1)
-            while first in held:
-                first += 1
-            last = first - 1
-        span[index] = (first, last)
-        held.update(range(first, last + 1))
+        span[index] = _pair_span(pair, alignment, *span[pair.parent], held)
+        held.update(range(span[index][0], span[index][1] + 1))
+    return span
 
-    def punctuated(item: _Point, low: int, high: int) -> int | None:
-        """After the target word that ends in the mark the point follows (the k-th, as in the source), if any."""
-        if item.before or not item.at or plan.text[item.at - 1] not in _PUNCTUATION:
-            return None
-        mark = plan.text[item.at - 1]
-        count = sum(plan.text[b - 1] == mark for a, b in spans if b <= item.at)
-        ending = [t for t, word in enumerate(words) if word.endswith(mark)]
-        if len(ending) != sum(plan.text[b - 1] == mark for a, b in spans) or count > len(ending):
-            return None
-        place = ending[count - 1] + 1
-        return place if low <= place <= high + 1 else None
 
-    def boundary(item: _Point) -> int:
-        """Where a point goes: before target word `boundary` (n: at the end)."""
-        low, high = span[item.parent]
-        if item.edge == "start":
-            return low
-        if item.edge == "end":
-            return high + 1
-        place = punctuated(item, low, high)
-        if place is None:
-            after = [k for k, (a, b) in enumerate(spans) if a >= item.at]
-            if item.before and (item.placeholder or not item.after) and after:  # before the word after it
-                t = first_target(after[0])
-                place = low if t is None else t
-            else:
-                place = after_word(item.at)
-        return min(max(place, low), high + 1)
+def _after_punctuation(item: _Point, alignment: _Alignment, low: int, high: int) -> int | None:
+    """After the target word that ends in the mark the point follows (the k-th, as in the source), if any."""
+    text, spans = alignment.text, alignment.spans
+    if item.before or not item.at or text[item.at - 1] not in _PUNCTUATION:
+        return None
+    mark = text[item.at - 1]
+    count = sum(text[b - 1] == mark for a, b in spans if b <= item.at)
+    ending = [t for t, word in enumerate(alignment.words) if word.endswith(mark)]
+    if len(ending) != sum(text[b - 1] == mark for a, b in spans) or count > len(ending):
+        return None
+    place = ending[count - 1] + 1
+    return place if low <= place <= high + 1 else None
 
-    def spaced(item: _Point, place: int) -> _Point:
-        """`item`, with a space where the source glued it to a word whose translation starts or ends otherwise."""
-        after = [a for a, b in spans if a >= item.at] if not item.after else []
-        before = [b for a, b in spans if b <= item.at] if not item.before else []
-        if after and place < n and words[place][:1] != plan.text[after[0]]:
-            item = dataclasses.replace(item, after=True)
-        if before and 0 < place and words[place - 1][-1:] != plan.text[before[-1] - 1]:
-            item = dataclasses.replace(item, before=True)
-        return item
 
+def _point_place(item: _Point, alignment: _Alignment, low: int, high: int) -> int:
+    """Where a point goes in its parent's [low, high]: before target word `_point_place` (high + 1: at the end)."""
+    if item.edge == "start":
+        return low
+    if item.edge == "end":
+        return high + 1
+    place = _after_punctuation(item, alignment, low, high)
+    if place is None:
+        after = alignment.words_after(item.at)
+        if item.before and (item.placeholder or not item.after) and after:  # before the word after it
+            t = alignment.first_target(after[0])
+            place = low if t is None else t
+        else:
+            place = alignment.after_word(item.at)
+    return min(max(place, low), high + 1)
+
+
+def _spaced(item: _Point, place: int, alignment: _Alignment) -> _Point:
+    """`item`, with a space where the source glued it to a word whose translation starts or ends otherwise."""
+    text, spans, words = alignment.text, alignment.spans, alignment.words
+    after = [a for a, b in spans if a >= item.at] if not item.after else []
+    before = [b for a, b in spans if b <= item.at] if not item.before else []
+    if after and place < len(words) and words[place][:1] != text[after[0]]:
+        item = dataclasses.replace(item, after=True)
+    if before and 0 < place and words[place - 1][-1:] != text[before[-1] - 1]:
+        item = dataclasses.replace(item, before=True)
+    return item
+
+
+def _placed_children(plan: MarkupPlan, alignment: _Alignment, span: dict) -> dict[int | None, list]:
+    """Each pair's children (pairs and points) as (target word it goes before, order among equals, child)."""
     children: dict[int | None, list] = {}
     for index, pair in enumerate(plan.pairs):
         children.setdefault(pair.parent, []).append((span[index][0], 1, index))
     for item in plan.points:
-        place = boundary(item)
-        item = spaced(item, place)
+        place = _point_place(item, alignment, *span[item.parent])
+        item = _spaced(item, place, alignment)
         for index, pair in enumerate(plan.pairs):  # a point that would fall inside a sibling pair goes after it
             first, last = span[index]
             if pair.parent == item.parent and first < place <= last:
                 place = last + 1
         children.setdefault(item.parent, []).append((place, 2 if item.edge == "end" else 0, item))  # the end: last
+    return children
+
+
+def _placed_joints(plan: MarkupPlan, alignment: _Alignment) -> dict[int, str]:
+    """The space entities by the target word they go before (instead of its space): the first target word of the
+    source word after each, else after the first target word of the source word before it."""
     joints: dict[int, str] = {}
     for joint in plan.joints:
-        after = [k for k, (a, b) in enumerate(spans) if a >= joint.at]
-        t = first_target(after[0]) if after else None
+        after = alignment.words_after(joint.at)
+        t = alignment.first_target(after[0]) if after else None
         if t is None or t == 0:
-            before = [k for k, (a, b) in enumerate(spans) if b <= joint.at]
-            t = (first_target(before[-1]) or 0) + 1 if before else None
-        if t is not None and 0 < t < n:
+            before = alignment.words_before(joint.at)
+            t = (alignment.first_target(before[-1]) or 0) + 1 if before else None
+        if t is not None and 0 < t < len(alignment.words):
             joints[t] = joints.get(t, "") + joint.text
-    return _render(plan, words, span, children, joints)
+    return joints
+
+
+def restore(plan: MarkupPlan, translation) -> str:
+    """The translation of `plan.text` (an `AlignedTranslation` with hard links) with `plan`'s markup put back."""
+    if plan.broken or not plan.marked:
+        return str(translation)
+    alignment = _Alignment.of(plan.text, translation)
+    span = _pair_spans(plan, alignment)
+    children = _placed_children(plan, alignment, span)
+    return _render(plan, alignment.words, span, children, _placed_joints(plan, alignment))
 
 
 def _render(plan: MarkupPlan, words: list[str], span: dict, children: dict, joints: dict[int, str]) -> str:
