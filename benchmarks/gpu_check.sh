@@ -9,7 +9,7 @@
 #      ours and MarianMTModel under bf16 autocast, forward + loss + backward + fused AdamW; MFU = tokens/s x the
 #      training FLOPs per target token counted by vaswani_mt.flops / the device's dense bf16 peak (the table in
 #      vaswani_mt/training/flops.py, by torch.cuda.get_device_name(), or GPU_CHECK_PEAK_TFLOPS);
-#   3. decoding speed against MarianMTModel with the same weights: speed.py decode, synthetic mode, base shapes,
+#   3. decoding speed against MarianMTModel with the same weights: speed.py decode (synthetic), base shapes,
 #      beam 4 and greedy at batch 1, 16 and 64, float32 and bf16 weights;
 #   4. every visible GPU (benchmarks/scale.py gpus): NCCL DDP at base shapes, target tokens/s per GPU and the
 #      weights equal on every rank; and whether the three-way tied matrix (§3.4) survives FSDP2 in the installed
@@ -78,7 +78,7 @@ for preset in base big; do
     step "train_$preset" 90 "$PYTHON" benchmarks/speed.py train --mode step --device "$device" "${preset_args[@]}" \
         "${train_shape[@]}" --sides marian_bf16,vaswani_mt_bf16 --no-memory --json "$work/train_$preset.json"
 done
-step decode 120 "$PYTHON" benchmarks/speed.py decode --mode synthetic --device "$device" "${shape[@]}" \
+step decode 120 "$PYTHON" benchmarks/speed.py decode --device "$device" "${shape[@]}" \
     "${decode_shape[@]}" --bf16 --no-memory --json "$work/decode.json"
 
 # 4. Every visible GPU: NCCL DDP (tokens/s per GPU, the same weights on every rank), and the tied matrix under FSDP2.

@@ -14,10 +14,12 @@ scale.py and demo_load.py (scale and faults), gpu_check.sh (the GPU path).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import platform
 import resource
+import socket
 import statistics
 import subprocess
 import sys
@@ -79,12 +81,14 @@ class MachineRecord:
             record["machine_shared"] = record["others_cpu_share"] > 0.1
         return record
 
-    def report(self, result: dict, json_path: str | None = None) -> dict:
-        """`result` with this record added, printed as JSON and written to `json_path` (when given)."""
-        result.update(self.finish())
+    def report(self, result: dict, json_path: str | None = None, **extra) -> dict:
+        """`result` with this record (and `extra`, the device say) as its "record", printed as JSON and written to
+        `json_path` (when given): every benchmark's JSON output."""
+        result["record"] = {**self.finish(), **extra}
         text = json.dumps(result, indent=1, ensure_ascii=False)
         print(text)
         if json_path:
+            Path(json_path).parent.mkdir(parents=True, exist_ok=True)
             Path(json_path).write_text(text + "\n", encoding="utf-8")
         return result
 
@@ -208,17 +212,6 @@ def split_pairs(split: str = "test", limit: int | None = None) -> tuple[list[str
     return sources[:limit], references[:limit]
 
 
-def length_batches(tokenizer, sources: list[str], size: int, device: str = "cpu") -> tuple[list[int], list]:
-    """The order (by source length) and the padded batches of `size` sentences, as `translate()` forms them."""
-    encoded = tokenizer(sources)["input_ids"]
-    order = sorted(range(len(sources)), key=lambda i: len(encoded[i]))
-    batches = [
-        tokenizer.pad({"input_ids": [encoded[i] for i in order[start : start + size]]}, return_tensors="pt").to(device)
-        for start in range(0, len(order), size)
-    ]
-    return order, batches
-
-
 def run_summary(run: str | os.PathLike) -> dict:
     """What a finished run's log says about it: updates, epochs, the median of its logged target tokens per second
     (the upper one for an even count) and its last logged training loss."""
@@ -237,7 +230,7 @@ def run_summary(run: str | os.PathLike) -> dict:
 
 def command_parser(script: str, command: str, doc: str) -> argparse.ArgumentParser:
     """The parser of `script COMMAND`'s options, its description `doc`."""
-    return argparse.ArgumentParser(prog=f"{script} {command}", description=doc,
+    return argparse.ArgumentParser(prog=f"{script} {command}", description=inspect.cleandoc(doc),
                                    formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
 
 
@@ -248,6 +241,13 @@ def dispatch(doc: str, commands: dict[str, Callable], argv: list[str] | None):
         print(f"{doc}\ncommands: {', '.join(commands)} (each takes --help)")
         raise SystemExit(0 if argv[:1] in (["-h"], ["--help"]) else 2)
     return commands[argv[0]](argv[1:])
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface (the demo's server, the simulated machines' rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def child_argv(argv: list[str]) -> list[str]:
@@ -276,21 +276,6 @@ def measure_peak_rss(script: str, argv: list[str], sides: list[str]) -> dict[str
     """Peak RSS of each side alone, each in a fresh subprocess running `script --rss_child SIDE` (so that peaks
     do not mix); the child prints one JSON line with `peak_rss_mib` last."""
     return {side: round(run_child(script, argv, "--rss_child", side)["peak_rss_mib"], 1) for side in sides}
-
-
-def profile_operators(call: Callable[[], object], title: str, top: int = 15) -> dict[str, float]:
-    """Runs `call` once under `torch.profiler`, prints its `top` operators by self CPU time under `title` with the
-    total operator self time, and returns {operator: self milliseconds} for those."""
-    from torch.profiler import profile
-
-    with profile() as prof:
-        call()
-    averages = prof.key_averages()
-    ranked = sorted(averages, key=lambda event: event.self_cpu_time_total, reverse=True)
-    total_ms = sum(event.self_cpu_time_total for event in ranked) / 1000
-    print(f"\n{title}: {total_ms:.0f} ms of operator self time; the top {top}:")
-    print(averages.table(sort_by="self_cpu_time_total", row_limit=top))
-    return {event.key: round(event.self_cpu_time_total / 1000, 2) for event in ranked[:top]}
 
 
 def print_table(title: str, rows: list[dict], columns: list[str]) -> None:
