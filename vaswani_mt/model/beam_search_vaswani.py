@@ -208,7 +208,8 @@ def _start(batch: int, config: GenerationConfig, eos: torch.Tensor, device) -> t
 
 class _Decoder:
     """The model's decoder over the running hypotheses, a token a step: the KV cache (reordered as beams move),
-    torch.compile from the second step, the next token's log-probabilities, and the per-step outputs asked for."""
+    torch.compile from the second step, the next token's log-probabilities, and the per-step outputs asked for.
+    `sentences`: the batch's sentences it decodes, in the order of its rows (all of them until some leave)."""
 
     def __init__(self, model, config: GenerationConfig, input_ids, attention_mask, encoder_outputs, processors,
                  target_prefix: torch.Tensor | None):  # fmt: skip
@@ -229,6 +230,7 @@ class _Decoder:
         self.cache = _new_cache(model, config, config.max_length, self.mask.shape[1]) if self.use_cache else None
         self.forward = model
         self.scores, self.logits, self.self_attentions, self.cross_attentions, self.hidden = [], [], [], [], []
+        self.sentences = torch.arange(input_ids.shape[0], device=self.device)
 
     def next_log_probs(self, sequences: torch.Tensor, generated: int, restrict) -> torch.Tensor:
         """(B * K, V) log P of the `generated`-th token after each running hypothesis (`sequences`, (B, K, ...)):
@@ -272,6 +274,56 @@ class _Decoder:
         if self.cache is not None:
             self.model.reorder_beam_cache(self.cache, beam_idx)
 
+    def keep_sentences(self, going: torch.Tensor, beam_idx: torch.Tensor) -> None:
+        """Decodes on only the sentences `going` (indices of its current ones), its beams moved as `reorder` moves
+        them (`beam_idx`: the flat beam each of theirs continues): every per-row tensor shrinks to their rows."""
+        rows = going[:, None] * self.config.num_beams + torch.arange(self.config.num_beams, device=self.device)
+        rows = rows.reshape(-1)
+        self.sentences = self.sentences[going]
+        self.expanded = BaseModelOutput(last_hidden_state=self.expanded.last_hidden_state.index_select(0, rows))
+        self.mask = self.mask.index_select(0, rows)
+        if self.target_prefix is not None:
+            self.target_prefix = self.target_prefix[going]
+        for processor in self.processors:
+            if hasattr(processor, "keep_sentences"):
+                processor.keep_sentences(going)
+        if self.cache is not None:
+            # All of the cache, the encoder-decoder part too (`reorder_beam_cache` leaves that, the same for every
+            # beam of a sentence): beams stay within their sentence, so that keeps each going sentence's own rows.
+            self.cache.reorder_cache(beam_idx)
+
+
+# The processors `_logits_processors` builds: each reads its own rows only, and keeps no state per row.
+_ROW_WISE_PROCESSORS = (
+    RepetitionPenaltyLogitsProcessor, NoRepeatNGramLogitsProcessor, NoBadWordsLogitsProcessor, MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor, ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor,
+    SuppressTokensLogitsProcessor, SuppressTokensAtBeginLogitsProcessor,
+)  # fmt: skip
+
+
+def _sentences_can_leave(config: GenerationConfig, decoder: _Decoder,
+                         stopping_criteria: StoppingCriteriaList | None) -> bool:  # fmt: skip
+    """Whether finished sentences may leave the batch, as in fairseq's `SequenceGenerator`: not where something needs
+    every row at every step: per-step outputs (of shape (batch * num_beams, ...)), a stopping criterion (it may keep
+    state per row), a logits processor with state per row that it cannot shrink (`keep_sentences`), a static cache
+    or a compiled forward (fixed shapes)."""
+    if any(decoder.want.values()) or stopping_criteria or getattr(config, "compile_config", None) is not None:
+        return False
+    if getattr(config, "cache_implementation", None) not in (None, "dynamic"):
+        return False
+    return all(type(p) in _ROW_WISE_PROCESSORS or callable(getattr(p, "keep_sentences", None))
+               for p in decoder.processors)  # fmt: skip
+
+
+def _rows(state: tuple, index: torch.Tensor) -> tuple:
+    """`_Beams` or `_Finished` of the sentences `index`."""
+    return type(state)(*(tensor[index] for tensor in state))
+
+
+def _put(store: _Finished, sentences: torch.Tensor, finished: _Finished) -> _Finished:
+    """`store` (the whole batch's) with the rows of `sentences` replaced by `finished`'s."""
+    return _Finished(*(whole.index_copy(0, sentences, part) for whole, part in zip(store, finished, strict=True)))
+
 
 def _continuations(running: _Beams, beams: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor, generated: int,
                    setup: _Setup, decoder: _Decoder) -> _Candidates:  # fmt: skip
@@ -280,7 +332,7 @@ def _continuations(running: _Beams, beams: torch.Tensor, tokens: torch.Tensor, s
     sequences = _gather(running.sequences, beams)
     sequences[:, :, generated] = tokens
     origins = _gather(running.origins, beams)
-    offsets = torch.arange(beams.shape[0], device=beams.device).view(-1, 1) * setup.num_beams
+    offsets = decoder.sentences.view(-1, 1) * setup.num_beams  # flat beams of the whole batch, as transformers'
     origins[:, :, generated - 1] = (beams + offsets).to(origins.dtype)
     ends = torch.isin(tokens, setup.eos) | (generated + 1 >= setup.max_length)
     if setup.stopping_criteria:
@@ -333,6 +385,9 @@ class _PlainChoice:
 
     def keep_finished(self, best: torch.Tensor) -> None:
         return None
+
+    def keep_sentences(self, going: torch.Tensor) -> None:
+        return None  # no state per sentence
 
     def constraints_met(self, returned: int, warn: bool) -> None:
         return None
@@ -391,7 +446,12 @@ def beam_search(
     allocation); the output then has `constraints_met` ((batch * num_return_sequences, C) booleans, True where a
     sentence has no constraint: vacuously met), and sentences without constraints get exactly what they get without
     them. `target_prefix` ((batch, Lp), -1 after a row's prefix; a row of -1 is no prefix): tokens each output starts
-    with, their log-probabilities counted."""
+    with, their log-probabilities counted.
+
+    A sentence that can no longer improve leaves the batch, as in fairseq's `SequenceGenerator`: its rows of the
+    running beams, encoder states, cache and per-sentence controls go, so that later steps decode only the sentences
+    still searched; its finished hypotheses are kept, and the output is the batch's in its order. Unless something
+    needs every row at every step (`_sentences_can_leave`: per-step outputs, stopping criteria, fixed shapes)."""
     batch, device, num_beams = input_ids.shape[0], input_ids.device, config.num_beams
     eos = torch.tensor([config.eos_token_id] if isinstance(config.eos_token_id, int) else config.eos_token_id,
                        device=device)  # fmt: skip
@@ -406,11 +466,13 @@ def beam_search(
     if constraints is not None and constrained_alpha is not None and float(constrained_alpha) != setup.alpha:
         setup = setup._replace(constrained=(choice.constrained, float(constrained_alpha)))
     running, finished = _start(batch, config, eos, device)
+    # Sentences that cannot improve leave the batch (their finished hypotheses kept here) unless every row must stay.
+    left = finished if _sentences_can_leave(config, decoder, stopping_criteria) else None
     improvable = torch.ones(batch, 1, dtype=torch.bool, device=device)
     generated = 1  # the token this step chooses: the first after the decoder start, then the second, ...
     while True:
         log_probs = decoder.next_log_probs(running.sequences, generated, choice.restrict)
-        totals = log_probs.view(batch, num_beams, -1) + running.scores[:, :, None]  # log P(Y|X) of each continuation
+        totals = log_probs.view(-1, num_beams, log_probs.shape[-1]) + running.scores[:, :, None]  # log P(Y|X)
         top = _top_continuations(totals, running, generated, setup, decoder)
         candidates = _with_proposals(top, choice.propose(totals, top), running, generated, setup, decoder)
         chosen, finishing = choice.choose(candidates, generated)
@@ -419,15 +481,29 @@ def beam_search(
         finished, best = _merge_finished(finished, candidates, finishing_scores, keys, finishing, num_beams)
         choice.keep_finished(best)
         running = candidates.take(chosen)
-        decoder.reorder(running.origins[..., generated - 1].reshape(-1))
         improvable = can_improve(
             improvable=improvable, running_scores=running.scores.amax(-1, keepdim=True), finished_scores=finished.keys,
             is_finished=finished.done, generated=generated, longest=config.max_length - 1,
             early_stopping=config.early_stopping, alpha=setup.alpha, constrained=setup.constrained,
         )  # fmt: skip
-        if not improvable.any() or (finished.done.all() and config.early_stopping is True) or candidates.ends.all():
+        done = not improvable.any() or (finished.done.all() and config.early_stopping is True) or candidates.ends.all()
+        # The flat beam each running one continues, in the decoder's rows.
+        beam_idx = _gather(candidates.beams, chosen) + torch.arange(chosen.shape[0], device=device)[:, None] * num_beams
+        if left is None or done or improvable.all():
+            decoder.reorder(beam_idx.reshape(-1))
+        else:  # a sentence that cannot improve keeps its finished hypotheses as they are: it leaves the batch
+            going = improvable[:, 0].nonzero()[:, 0]
+            left = _put(left, decoder.sentences, finished)
+            running, finished, improvable = _rows(running, going), _rows(finished, going), improvable[going]
+            if setup.constrained is not None:
+                setup = setup._replace(constrained=(setup.constrained[0][going], setup.constrained[1]))
+            choice.keep_sentences(going)
+            decoder.keep_sentences(going, beam_idx[going].reshape(-1))
+        if done:
             break
         generated += 1
+    if left is not None:
+        finished = _put(left, decoder.sentences, finished)
     return _output(finished, decoder, choice, config)
 
 

@@ -13,6 +13,7 @@ phrase that overlaps itself is found wherever it ends. Self-contained, shipped a
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -96,6 +97,17 @@ class LexicalConstraints:
         self.rows = self.valid.any(-1)  # (B,): sentences with constraints
         self.room = torch.full_like(self.total, 2**31)  # (B,) tokens before EOS; generate() sets each sentence's
 
+    # What the tensors above hold per sentence (dim 0): all but C, P, L and `ordered`.
+    _PER_SENTENCE = ("left", "right", "length", "owner", "weight", "valid", "phrase_valid", "phrase_owner", "total",
+                     "rows", "room")  # fmt: skip
+
+    def select(self, sentences: torch.Tensor) -> LexicalConstraints:
+        """The constraints of the sentences `sentences` (indices into this batch's), as a batch of their own."""
+        selected = copy.copy(self)
+        for name in self._PER_SENTENCE:
+            setattr(selected, name, getattr(self, name)[sentences])
+        return selected
+
     def satisfied(self, met: torch.Tensor) -> torch.Tensor:
         """(B, N) whether hypotheses that met `met` (B, N, C) met all of their sentence's constraints."""
         return (met | ~self.valid[:, None]).all(-1)
@@ -173,13 +185,17 @@ _UNMET_PENALTY = 1.0e5
 class DynamicBeamAllocation:
     """Dynamic beam allocation as `beam_search`'s choice of what goes on and what finishes: the interface of its plain
     choice (`plain`, beam_search_vaswani), which sentences without constraints keep, exactly. Holds each running
-    hypothesis's constraint state (`met`, `partial`) and each finished one's (`finished_met`)."""
+    hypothesis's constraint state (`met`, `partial`) and each finished one's (`finished_met`), for the sentences
+    still searched (`sentences`, until some leave the batch: all of `batch`'s)."""
 
     def __init__(self, constraints: LexicalConstraints, plain, eos: torch.Tensor):
-        self.constraints, self.plain, self.eos = constraints, plain, eos
+        self.batch = self.constraints = constraints
+        self.plain, self.eos = plain, eos
         self.constrained = constraints.rows[:, None]  # (B, 1)
         self.met, self.partial = constraints.initial_state(plain.num_beams)
         self.finished_met = self.met.clone()
+        self.sentences = torch.arange(constraints.rows.shape[0], device=constraints.rows.device)
+        self.left_met = self.finished_met  # the whole batch's `finished_met`, where sentences that left keep theirs
         self.candidate_met = self.candidate_satisfied = None  # the last `choose`'s candidates', for the finishing
 
     def restrict(self, log_probs: torch.Tensor) -> torch.Tensor:
@@ -233,18 +249,27 @@ class DynamicBeamAllocation:
         merged = torch.cat((self.finished_met, self.candidate_met), dim=1)
         self.finished_met = torch.take_along_dim(merged, best[..., None], dim=1)
 
+    def keep_sentences(self, going: torch.Tensor) -> None:
+        """Searches on only the sentences `going` (indices of the current ones); the others' finished state stays."""
+        self.left_met = self.left_met.index_copy(0, self.sentences, self.finished_met)
+        self.sentences = self.sentences[going]
+        self.constraints = self.batch.select(self.sentences)
+        self.constrained = self.constrained[going]
+        self.met, self.partial, self.finished_met = self.met[going], self.partial[going], self.finished_met[going]
+
     def constraints_met(self, returned: int, warn: bool) -> torch.Tensor:
         """(B * returned, C) whether each returned hypothesis met each constraint; a slot without a constraint (a
         sentence with fewer, or none) is met, vacuously. `warn`: log how many sentences' best did not meet all."""
+        finished_met = self.left_met.index_copy(0, self.sentences, self.finished_met)
         if warn:
-            unmet = self.constraints.rows & ~self.constraints.satisfied(self.finished_met)[:, 0]
+            unmet = self.batch.rows & ~self.batch.satisfied(finished_met)[:, 0]
             if unmet.any():
                 logger.warning(
                     "%d of %d sentences could not meet their constraints within the length limit: their best "
                     "hypotheses are returned (return_dict_in_generate=True gives constraints_met)",
-                    int(unmet.sum()), int(self.constraints.rows.sum()),
+                    int(unmet.sum()), int(self.batch.rows.sum()),
                 )  # fmt: skip
-        met = self.finished_met | ~self.constraints.valid[:, None]
+        met = finished_met | ~self.batch.valid[:, None]
         return met[:, :returned].reshape(-1, met.shape[-1])
 
 

@@ -57,6 +57,11 @@ class PerSentenceMaxLength(LogitsProcessor):
             scores[:, self.eos_token_id] = torch.where(at_limit, eos_scores, scores[:, self.eos_token_id])
         return scores
 
+    def keep_sentences(self, going: torch.Tensor) -> None:
+        """Only the sentences `going` (indices of the current ones) are searched on: the beam search's finished
+        sentences leave the batch."""
+        self.max_lengths = self.max_lengths[going.to(self.max_lengths.device)]
+
 
 # Generation options that change the search in ways `beam_search` does not implement: refused with beams, not ignored.
 _UNSUPPORTED_WITH_BEAMS = {
