@@ -14,10 +14,12 @@
 #   4. every visible GPU (benchmarks/scale.py gpus): NCCL DDP at base shapes, target tokens/s per GPU and the
 #      weights equal on every rank; and whether the three-way tied matrix (§3.4) survives FSDP2 in the installed
 #      accelerate (it refused shared parameters before accelerate PR #4171), recorded as found.
+#   5. sharded translation: 2,000 lines with a base-shaped model on one GPU, then on every GPU (accelerate launch):
+#      seconds each, and whether the outputs are the same bytes;
 #
 #   bash benchmarks/gpu_check.sh OUT.json
 #
-# Each step has a time limit (240 + 2 x 90 + 120 + 120 + 90 s, then the summary): about 12 minutes at most.
+# Each step has a time limit (240 + 2 x 90 + 120 + 120 + 90 + 2 x 120 s, then the summary): about 16 minutes at most.
 # Environment: PYTHON (default .venv/bin/python, else python3); GPU_CHECK_PEAK_TFLOPS (the peak, where the device
 # is not in the table); GPU_CHECK_DRY_RUN=1 runs steps 2 and 3 at tiny shapes on any device, without the tests (a
 # check of this script itself, for machines without a GPU). Without CUDA (and no dry run) it exits with status 2
@@ -49,8 +51,10 @@ step() {
     shift 2
     echo "== $name (at most ${limit} s): $*"
     local rc=0
+    local began=$SECONDS
     timeout --signal=INT --kill-after=30 "$limit" "$@" >"$work/$name.log" 2>&1 || rc=$?
     echo "$rc" >"$work/$name.rc"
+    echo $((SECONDS - began)) >"$work/$name.seconds"
     tail -n 3 "$work/$name.log"
     echo "== $name: exit status $rc, $((SECONDS - start)) s so far"
 }
@@ -100,8 +104,30 @@ if [[ $dry_run != 1 ]]; then
         "${multi[@]}" --steps 1 --json "$work/multi_gpu_fsdp.json"
 fi
 
+# 5. Sharded translation (docs/translating.md): a base-shaped model (random weights, a tokenizer of its own) translates
+# 2,000 lines with one GPU, then with every GPU (accelerate launch); the two outputs must be the same bytes.
+"$PYTHON" - "$work/translate" "$dry_run" <<'PYTHON'
+import random, sys
+from pathlib import Path
+from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani_mt.data.tokenization import train_tokenizer
+folder, dry_run = Path(sys.argv[1]), sys.argv[2] == "1"
+draw = random.Random(0)
+words = [f"w{i}" for i in range(3000)]
+lines = [" ".join(draw.choice(words) for _ in range(draw.randint(3, 30))) for _ in range(200 if dry_run else 2000)]
+tokenizer = train_tokenizer(lines, vocab_size=500 if dry_run else 8000, min_frequency=1)
+config = VaswaniConfig.from_preset("tiny" if dry_run else "base", vocab_size=len(tokenizer))
+VaswaniForConditionalGeneration(config).save_pretrained(folder / "model")
+tokenizer.save_pretrained(folder / "model")
+(folder / "in.txt").write_text("".join(f"{line}\n" for line in lines))
+PYTHON
+translate=(--model "$work/translate/model" --input "$work/translate/in.txt")
+step translate_one 120 "$PYTHON" scripts/translate.py "${translate[@]}" --output "$work/translate/one.txt"
+step translate_all 120 "${launch[@]}" --multi_gpu scripts/translate.py "${translate[@]}" --output "$work/translate/all.txt"
+cmp -s "$work/translate/one.txt" "$work/translate/all.txt" && echo 1 >"$work/translate_same" || echo 0 >"$work/translate_same"
+
 status=0
-"$PYTHON" - "$out" "$work" "$device" "$dry_run" "$train_length" "$((SECONDS - start))" <<'PYTHON' || status=$?
+"$PYTHON" - "$out" "$work" "$device" "$dry_run" "$train_length" "$((SECONDS - start))" "$gpus" <<'PYTHON' || status=$?
 """Gathers the steps' records into one JSON file, with MFU from the counted FLOPs per token."""
 import json
 import os
@@ -116,7 +142,7 @@ import transformers
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_mt.training.flops import count_training_flops, mfu, peak_tflops
 
-out, work, device, dry_run, length, seconds = sys.argv[1:]
+out, work, device, dry_run, length, seconds, gpus = sys.argv[1:]
 work, dry_run, length = Path(work), dry_run == "1", int(length)
 
 
@@ -209,6 +235,15 @@ for mode in ("ddp", "fsdp"):
     if status is not None:
         result["steps"][f"multi_gpu_{mode}"] = status
         result[f"multi_gpu_{mode}"] = read(f"multi_gpu_{mode}.json")
+sharded = {}
+for name in ("translate_one", "translate_all"):
+    result["steps"][name] = step_status(name)
+    seconds_file = work / f"{name}.seconds"
+    sharded[name] = int(seconds_file.read_text()) if seconds_file.exists() else None
+if (work / "translate_same").exists():
+    sharded["processes"] = int(gpus)
+    sharded["same_bytes"] = (work / "translate_same").read_text().strip() == "1"
+    result["sharded_translation_seconds"] = sharded
 failed = [step for step, status in result["steps"].items() if status is None or status["exit_status"] != 0]
 result["failed_steps"] = failed
 Path(out).parent.mkdir(parents=True, exist_ok=True)

@@ -605,3 +605,20 @@ def offline(monkeypatch):
 def assert_one_clear_line(message: str, model: str, expected: str) -> None:
     assert message.startswith("error: ") and "\n" not in message.strip(), message
     assert model in message and expected in message, message
+
+
+def stop_at_batch(monkeypatch, backend_class, batch: int) -> list:
+    """The backend's `search` raises TranslationInterrupted (as a signal inside `interruptible` does) when batch
+    number `batch` (from 1) starts; returns the list of the batches searched."""
+    search, calls = backend_class.search, []
+
+    def stopping(self, rows, options):
+        calls.append(len(rows.ids))
+        if len(calls) == batch:
+            from vaswani_mt.system.signals import TranslationInterrupted
+
+            raise TranslationInterrupted(signal.SIGINT)
+        return search(self, rows, options)
+
+    monkeypatch.setattr(backend_class, "search", stopping)
+    return calls

@@ -10,7 +10,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import ENGLISH, make_model
+from conftest import ENGLISH, make_model, stop_at_batch
 
 from vaswani_mt.cli import evaluate as evaluate_cli
 from vaswani_mt.cli import translate as translate_cli
@@ -31,21 +31,6 @@ MARKED = ["The <b>girl</b> ate an apple.", "How are {0} today?", "The street is 
           "I would like a coffee, please!", "She reads a <b>book</b> in the café.", "We are annoyed."]  # fmt: skip
 TERMS = "\n".join(f"{en}\t{term}" if term else en for en, term in zip(ENGLISH, ["Apfel", "", "Schnee", "Kaffee", "Buch",
                                                                                     ""], strict=True))  # fmt: skip
-
-
-def stop_at_batch(monkeypatch, backend_class, batch: int) -> list:
-    """The backend's `search` raises TranslationInterrupted (as a signal inside `interruptible` does) when batch
-    number `batch` (from 1) starts; returns the list of the batches searched."""
-    search, calls = backend_class.search, []
-
-    def stopping(self, rows, options):
-        calls.append(len(rows.ids))
-        if len(calls) == batch:
-            raise TranslationInterrupted(signal.SIGINT)
-        return search(self, rows, options)
-
-    monkeypatch.setattr(backend_class, "search", stopping)
-    return calls
 
 
 CASES = {

@@ -32,8 +32,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
 from vaswani_mt.cli import add_compute_type, check_compute_type, quiet_library_bars, saved_search
 from vaswani_mt.model.constraints_vaswani import ORDERS  # loaded with vaswani_mt itself
@@ -318,59 +319,86 @@ def main(argv: list[str] | None = None) -> None:
         with stopping_on_signals():
             written = _translate_input(args, options)
     except TranslationInterrupted as stop:  # the lines translated are written; from the stream, it says how many
+        if hasattr(stop, "line"):  # --output: where they are, and that the same command continues
+            print(stop.line, file=sys.stderr)
+            sys.exit(128 + stop.signum)
         exit_interrupted(stop, getattr(stop, "written", written), "<stdout>", args.first_line)
+
+
+class Part(NamedTuple):
+    """The lines of the input one output holds: `first` lines before them, from byte `offset`, `lines` of them (None:
+    to the end)."""
+
+    first: int = 0
+    offset: int = 0
+    lines: int | None = None
 
 
 def _translate_input(args: argparse.Namespace, options: TranslationOptions) -> int:
     """What `main` does once the arguments are checked: translates --input (or standard input) to --output (or
-    standard output); returns how many lines."""
-    import contextlib
-
+    standard output), sharded where several processes were launched; returns how many lines."""
     from vaswani_mt.inference.controls import ControlReport
-    from vaswani_mt.inference.streams import read_text_lines, skip_lines, translate_stream
-    from vaswani_mt.inference.translate import FormattedOutput, format_output
-    from vaswani_mt.inference.translator import Resume
     from vaswani_mt.system.outputs import ResumableOutput
-    from vaswani_mt.system.signals import TranslationInterrupted, interruptible
+    from vaswani_mt.system.signals import interruptible
 
     check_prefix_lines(args.input, args.target_prefix_file)
-    output = ResumableOutput(args.output, _run_identity(args, options)) if args.output else None
-    resume, written = Resume(args.first_line), 0
-    if output is not None:
-        try:
-            written, kept = output.resume()
-        except ValueError as error:
-            sys.exit(f"error: {error}")
-        resume = Resume(args.first_line + written, {args.first_line - 1 + line: FormattedOutput(text)
-                                                    for line, text in kept.items()})  # fmt: skip
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return translate_shards(args, options)
+    output = ResumableOutput(args.output, _run_identity(args, options), options.nbest or 1) if args.output else None
     with interruptible():
         translator = load_translator(args, options)
     report = ControlReport()
+    count = translate_part(args, translator, output, report, Part(), progress=True)
+    report_controls(report, count)
+    return count
+
+
+def translate_part(args: argparse.Namespace, translator, output, report, part: Part, progress: bool) -> int:
+    """Translates `part` of --input (or standard input) to `output` (a `ResumableOutput`, continued where a stopped
+    run of it ended; None: standard output) and returns its lines; a stop by a signal writes what is finished and
+    raises `TranslationInterrupted` again with `line`, the one line saying where it stopped."""
+    import contextlib
+
+    from vaswani_mt.inference.streams import LineLimit, read_text_lines, skip_lines, translate_stream
+    from vaswani_mt.inference.translate import FormattedOutput, format_output
+    from vaswani_mt.inference.translator import Resume
+    from vaswani_mt.system.signals import TranslationInterrupted
+
+    first, start = args.first_line + part.first, 0
+    resume = Resume(first)
+    if output is not None:
+        try:
+            start, kept = output.resume(translator.options.chunk_lines())
+        except ValueError as error:
+            sys.exit(f"error: {error}")
+        resume = Resume(first + start, {first - 1 + line: FormattedOutput(text) for line, text in kept.items()})
     try:
         stream = open(args.input, "rb") if args.input else sys.stdin.buffer
         prefix_stream = open(args.target_prefix_file, "rb") if args.target_prefix_file else None
         sink = output.open() if output is not None else sys.stdout.buffer
     except OSError as error:
         sys.exit(f"error: cannot open {error.filename}: {error.strerror or error}")
-    if written:  # the lines (and prefixes) a stopped run wrote already
-        skip_lines(stream, written)
-        if prefix_stream is not None:
-            skip_lines(prefix_stream, written)
+    if part.offset:
+        stream.seek(part.offset)
+    skip_lines(stream, start)  # the whole chunks a stopped run wrote
+    if part.lines is not None:
+        stream = LineLimit(stream, part.lines - start)
     prefixes = None
     if prefix_stream is not None:
+        skip_lines(prefix_stream, part.first + start)
         prefixes = read_text_lines(prefix_stream, args.target_prefix_file, first=resume.first_line)
     try:
         with stream, sink if output is not None else contextlib.nullcontext():  # standard output stays open
             count = translate_stream(translator, stream, sink, args.input or "<stdin>", prefixes=prefixes,
-                                     report=report, resume=resume, progress=True)  # fmt: skip
-        if prefixes is not None and next(prefixes, None) is not None:
+                                     report=report, resume=resume, progress=progress)  # fmt: skip
+        if prefixes is not None and part.lines is None and next(prefixes, None) is not None:
             sys.exit(f"error: {args.target_prefix_file} has more lines than the input ({count})")
     except TranslationInterrupted as stop:
         if output is None:
             raise
-        later = {line - args.first_line + 1: format_output(result, line - 1) for line, result in stop.later.items()}
-        print(output.stopped(written + stop.written, later), file=sys.stderr)
-        sys.exit(128 + stop.signum)
+        later = {line - first + 1: format_output(result, line - 1) for line, result in stop.later.items()}
+        stop.line = output.stopped(start + stop.written, later)
+        raise
     except ValueError as error:  # the prefix file ended before the input
         sys.exit(f"error: {args.target_prefix_file}: {error}")
     except BrokenPipeError:  # the reader stopped early (`| head`): stop quietly, without a traceback
@@ -378,8 +406,105 @@ def _translate_input(args: argparse.Namespace, options: TranslationOptions) -> i
         sys.exit(1)
     if output is not None:
         output.finished()
+    return start + count
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Under `accelerate launch` with several processes, on one machine or many: the first process splits --input into
+# shards (inference/shards.py), every process translates the shards `index % processes == rank` into files of its own
+# beside --output, and the first joins them in input order once all are done. A rerun of the same command (with any
+# number of processes) continues each shard where it stopped; a lost process or machine stops the others, each
+# keeping what it finished, with one line that names it. The machines must share --output's folder.
+
+SHARDS_AGAIN = "every finished line is kept: run the same command again to continue"
+
+
+def translate_shards(args: argparse.Namespace, options: TranslationOptions) -> int:
+    """Translates this process's shards of --input and, in the first process, joins them into --output; returns
+    how many lines this process translated. Its end (an error, a stop, a lost peer) is one line and its status."""
+    import torch
+    from accelerate import PartialState
+
+    from vaswani_mt.inference.controls import ControlReport
+    from vaswani_mt.inference.shards import ShardedOutput
+    from vaswani_mt.system.peers import Peers
+    from vaswani_mt.system.signals import TranslationInterrupted, interruptible
+
+    world = int(os.environ["WORLD_SIZE"])
+    if not args.output:
+        sys.exit(f"error: {world} processes translate into files: give --output (each writes its shards beside it)")
+    if not args.input or not os.path.isfile(args.input):
+        given = args.input or "standard input"
+        sys.exit(f"error: {world} processes split the input between them: give --input, a file (not {given})")
+    state = PartialState(cpu=not torch.cuda.is_available())  # this process's GPU, where there are GPUs
+    rank, peers = state.process_index, Peers()
+    sharded = ShardedOutput(args.output, _run_identity(args, options), options.nbest or 1)
+    report, count = ControlReport(), 0
+    try:
+        with interruptible():
+            translator = load_translator(args, options)
+            shards = _agreed_plan(peers, sharded, args.input, translator, world)
+        peers.start(SHARDS_AGAIN)
+        with interruptible():
+            for shard in shards[rank::world]:
+                if not sharded.is_done(shard):
+                    count += translate_part(args, translator, sharded.part(shard), report,
+                                            Part(shard.first, shard.offset, shard.lines),
+                                            progress=os.environ.get("LOCAL_RANK", "0") == "0")  # fmt: skip
+            peers.mark("translated")
+            peers.wait_for("translated")
+            if rank == 0:
+                sharded.join(shards)
+                peers.mark("joined")
+            peers.wait_for("joined", [0])
+    except TranslationInterrupted as stop:
+        line = getattr(stop, "line", f"interrupted before translating: {SHARDS_AGAIN}")
+        _end(peers, peers.lost or line, 1 if peers.lost else 128 + stop.signum)
+    except SystemExit as exit:
+        _end(peers, exit.code if isinstance(exit.code, str) else None, 1 if isinstance(exit.code, str) else exit.code)
+    peers.close()
+    if rank == 0:
+        print(f"{args.output}: {sum(s.lines for s in shards)} lines, {len(shards)} shards on {world} processes",
+              file=sys.stderr)  # fmt: skip
     report_controls(report, count)
+    torch.distributed.destroy_process_group()
     return count
+
+
+def _agreed_plan(peers, sharded, source: str, translator, world: int) -> list:
+    """The shards, planned once by the first process (or read from a stopped run's manifest); every process gets
+    them, or the first one's error, in one line."""
+    key = "vaswani_mt/plan"
+    if peers.rank == 0:
+        try:
+            sharded.plan(source, translator.tokenizer, translator.options.chunk_lines(), world)
+            peers.store.set(key, "")
+        except ValueError as error:
+            peers.store.set(key, str(error))
+            sys.exit(f"error: {error}")
+    while not peers.store.check([key]):
+        time.sleep(0.2)
+    error = peers.store.get(key).decode()
+    if error:
+        sys.exit(f"error: {error}")
+    try:
+        return sharded.shards()
+    except ValueError as error:
+        sys.exit(f"error: {error}")
+
+
+def _end(peers, line: str | None, code: int):
+    """Ends this process with `line` on stderr: through `os._exit` once the streams are flushed, since a process
+    group left open at exit can abort in gloo's teardown and closing it can wait on a lost peer."""
+    import logging
+
+    peers.close()
+    if line:
+        print(line, file=sys.stderr)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _run_identity(args: argparse.Namespace, options: TranslationOptions) -> dict:

@@ -162,6 +162,30 @@ def _write(sink: BinaryIO, outputs: list, count: int) -> int:
     return count + len(outputs)
 
 
+class LineLimit:
+    """The first `lines` lines of a binary file (a shard of it), read as `read_text_lines` reads them."""
+
+    def __init__(self, stream: BinaryIO, lines: int):
+        self.stream, self.left = stream, lines
+
+    def readline(self, limit: int = -1) -> bytes:
+        if self.left <= 0:
+            return b""
+        line = self.stream.readline(limit)
+        if not line or line.endswith(b"\n"):
+            self.left -= 1
+        return line
+
+    def isatty(self) -> bool:
+        return False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stream.close()
+
+
 def skip_lines(stream: BinaryIO, count: int) -> int:
     """Reads `count` lines of `stream` (as `read_text_lines` counts them) and drops them; returns how many it read."""
     skipped = 0
@@ -180,6 +204,7 @@ def skip_lines(stream: BinaryIO, count: int) -> int:
 
 __all__ = [
     "MAX_LINE_BYTES",
+    "LineLimit",
     "count_lines",
     "read_text_lines",
     "skip_lines",

@@ -1,0 +1,126 @@
+"""A file translated by many processes and machines (`accelerate launch scripts/translate.py --input F --output
+G`): the input is split once into shards of whole chunks with about equal source tokens, each process translates
+its shards into files of their own, and the first process joins them into G in input order. A shard's chunks are
+the ones one process reads (`TranslationOptions.chunk_lines`), so its batches, and every byte of G, are one
+process's. Each shard resumes by itself (`system.outputs.ResumableOutput`); the folder `G.shards` beside the output
+holds the plan (`manifest.json`) and the shards' files until G is whole.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import itertools
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from vaswani_mt.inference.streams import MAX_LINE_BYTES
+from vaswani_mt.system.outputs import ResumableOutput
+
+
+@dataclass(frozen=True)
+class Shard:
+    index: int
+    first: int  # input lines before it
+    lines: int
+    offset: int  # the byte its first line starts at
+    tokens: int  # source tokens, as the model's tokenizer counts them, plus one per line
+
+
+def plan_shards(path: str | os.PathLike, tokenizer, chunk: int, count: int) -> list[Shard]:
+    """At most `count` shards of the file at `path`, each a run of whole chunks of `chunk` lines (from its first
+    line) with about the same number of tokens; one pass over the file, one tokenizer call per chunk."""
+    chunks = []  # (first line, lines, offset, tokens)
+    with open(path, "rb") as f:
+        first = 0
+        while True:
+            offset = f.tell()
+            texts = [_decode(line) for line in itertools.islice(_lines(f), chunk)]
+            if not texts:
+                break
+            ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if any(texts) else []
+            chunks.append((first, len(texts), offset, sum(map(len, ids)) + len(texts)))
+            first += len(texts)
+    if not chunks:
+        return []
+    totals = list(itertools.accumulate(c[3] for c in chunks))
+    cuts = {bisect.bisect_left(totals, totals[-1] * k / count) + 1 for k in range(1, count)}
+    bounds = [0, *sorted(c for c in cuts if 0 < c < len(chunks)), len(chunks)]
+    shards = []
+    for index, (start, end) in enumerate(itertools.pairwise(bounds)):
+        part = chunks[start:end]
+        shards.append(Shard(index, part[0][0], sum(c[1] for c in part), part[0][2], sum(c[3] for c in part)))
+    return shards
+
+
+def _lines(f: BinaryIO):
+    """The lines of a binary file as `streams.read_text_lines` counts them, each cut to MAX_LINE_BYTES."""
+    while line := f.readline(MAX_LINE_BYTES):
+        rest = line
+        while not rest.endswith(b"\n") and (rest := f.readline(MAX_LINE_BYTES)):
+            pass
+        yield line
+
+
+def _decode(line: bytes) -> str:
+    return line.rstrip(b"\r\n").decode("utf-8", errors="replace")
+
+
+class ShardedOutput:
+    """`output` written by shards: the plan in `output.shards/manifest.json` (the run's key and its shards), and per
+    shard a `ResumableOutput` (`output.shards/K`, `K.partial`, `K.resume`)."""
+
+    def __init__(self, output: str | os.PathLike, identity: dict, lines_per_input: int = 1):
+        self.output, self.folder = Path(output), Path(f"{output}.shards")
+        self.manifest = self.folder / "manifest.json"
+        self.identity, self.lines_per_input = identity, lines_per_input
+        self.key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def plan(self, source: str | os.PathLike, tokenizer, chunk: int, count: int) -> list[Shard]:
+        """The shards of this run: those of the manifest a stopped run of it wrote, else `plan_shards`' (written to
+        the manifest). ValueError, one line, where the folder holds another run's."""
+        if self.manifest.exists():
+            return self.shards()
+        shards = plan_shards(source, tokenizer, chunk, count)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        temporary = self.manifest.with_suffix(".tmp")
+        temporary.write_text(json.dumps({"key": self.key, "shards": [asdict(s) for s in shards]}), encoding="utf-8")
+        os.replace(temporary, self.manifest)
+        return shards
+
+    def shards(self) -> list[Shard]:
+        """The manifest's shards; ValueError, one line, where it is another run's or cannot be read."""
+        try:
+            manifest = json.loads(self.manifest.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            raise ValueError(f"cannot read {self.manifest} ({error}): the output must be on a folder every process "
+                             f"sees, or remove {self.folder} to start again") from None  # fmt: skip
+        if manifest.get("key") != self.key:
+            raise ValueError(f"{self.folder} was written by a run with other options or input: rerun that command to "
+                             f"continue it, or remove {self.folder} to start again")  # fmt: skip
+        return [Shard(**shard) for shard in manifest["shards"]]
+
+    def part(self, shard: Shard) -> ResumableOutput:
+        return ResumableOutput(self.folder / f"{shard.index:05d}", {**self.identity, "shard": asdict(shard)},
+                               self.lines_per_input)  # fmt: skip
+
+    def is_done(self, shard: Shard) -> bool:
+        return (self.folder / f"{shard.index:05d}").exists()
+
+    def join(self, shards: list[Shard]) -> None:
+        """The finished shards, in order, become `output` (through `output.partial`: never half-written); the
+        folder goes."""
+        partial = Path(f"{self.output}.partial")
+        with open(partial, "wb") as sink:
+            for shard in shards:
+                with open(self.folder / f"{shard.index:05d}", "rb") as part:
+                    shutil.copyfileobj(part, sink, 1 << 20)
+        os.replace(partial, self.output)
+        shutil.rmtree(self.folder)
+
+
+__all__ = ["Shard", "ShardedOutput", "plan_shards"]
