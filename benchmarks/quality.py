@@ -15,24 +15,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
-from speed_common import MachineRecord, command_parser, dispatch, run_summary
+from speed_common import MachineRecord, command_parser, dispatch, run_sides, run_summary
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
 
 from vaswani_mt.data.corpus import BUILTIN_CORPUS, load_corpus, source_target
-from vaswani_mt.evaluation.metrics import bleu, evaluate_bleu, token_nll
+from vaswani_mt.evaluation.metrics import evaluate_bleu, token_nll
 from vaswani_mt.model.generation_vaswani import PAPER_SEARCH
 from vaswani_mt.training.checkpoints import average_checkpoints, list_checkpoints, log_history
-
-CURVE_DOC = """"""
-LOSSES_DOC = """"""
-SEARCH_DOC = """"""
-ENSEMBLE_DOC = """"""
 
 
 def _parser(command: str, doc: str) -> argparse.ArgumentParser:
@@ -93,7 +88,9 @@ def curve_score(folder: Path, sources, references, batch_size: int, train=None) 
 
 
 def curve(argv=None) -> None:
-    parser = _parser("curve", CURVE_DOC)
+    """BLEU, chrF and NLL of every checkpoint of each run against its training minutes (the NLL of as many
+    training pairs too: the generalisation gap); --average_last K also scores the mean of the last K at each point."""
+    parser = _parser("curve", curve.__doc__)
     parser.add_argument("runs", nargs="+", help="training output folders holding checkpoint-N folders")
     parser.add_argument(
         "--dataset", default=BUILTIN_CORPUS, help="the corpus the runs trained on (see --dataset of train.py)"
@@ -202,7 +199,9 @@ def same_steps(first: Path, other: Path) -> dict:
 
 
 def losses(argv=None) -> None:
-    parser = _parser("losses", LOSSES_DOC)
+    """The training loss each run logged near minute marks, with its steps, epochs and speed; and the steps
+    at which the later runs logged the same loss as the first (a change that should change no number)."""
+    parser = _parser("losses", losses.__doc__)
     parser.add_argument("runs", nargs="+", type=Path, help="training output folders holding checkpoint-N folders")
     parser.add_argument("--first", type=float, default=2.0, help="first mark, in minutes")
     parser.add_argument("--every", type=float, default=4.0, help="minutes between marks")
@@ -302,7 +301,9 @@ def score_run(
 
 
 def search(argv=None) -> None:
-    parser = _parser("search", SEARCH_DOC)
+    """BLEU of a run's final checkpoint and of the mean of its last K, each under beam 4, greedy, the run's saved
+    search and any other given (--length_penalties, --search), on one split."""
+    parser = _parser("search", search.__doc__)
     parser.add_argument("run", help="a training output folder holding checkpoint-N folders")
     parser.add_argument("--dataset", default=BUILTIN_CORPUS, help="the corpus the run trained on (train.py's)")
     parser.add_argument("--split", default="test", choices=["validation", "test"])
@@ -315,10 +316,9 @@ def search(argv=None) -> None:
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
-
+    record = MachineRecord()
     sources, references = source_target(load_corpus(args.dataset)[args.split], "en", "de")
-    if args.max_samples:
-        sources, references = sources[: args.max_samples], references[: args.max_samples]
+    sources, references = sources[: args.max_samples], references[: args.max_samples]
     average_last = [int(value) for value in args.average_last.split(",")]
     searches = dict(SEARCHES)
     saved = saved_search(Path(args.run))
@@ -334,76 +334,29 @@ def search(argv=None) -> None:
         print(
             f"| {row['weights']} | {row['search']} | {row['bleu']} | {row['chrf']} | {row['bp']} | {row['seconds']} |"
         )
-    if args.json:
-        Path(args.json).write_text(json.dumps({"run": args.run, "split": args.split, "rows": rows}, indent=2) + "\n")
+    record.report({"run": args.run, "split": args.split, "rows": rows}, args.json)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # ensemble: the last K checkpoints ensembled against their average
 
 
-WARMUP_SENTENCES = 4
-
-
-def ensemble_score(load, sources: list[str], references: list[str], batch_size: int) -> dict:
-    """Loads a model (`load()` -> model, tokenizer), translates `sources` with its own search, scores them."""
-    from vaswani_mt.hub.card import search_summary
-    from vaswani_mt.inference.translate import translate
-
-    model, tokenizer = load()
-    translate(model, tokenizer, sources[:WARMUP_SENTENCES], batch_size=batch_size)
-    start = time.perf_counter()
-    translations = translate(model, tokenizer, sources, batch_size=batch_size)
-    seconds = time.perf_counter() - start
-    result = bleu(translations, references)
-    return {
-        "bleu": round(result["score"], 2),
-        "chrf": round(result["chrf"], 2),
-        "bp": round(result["bp"], 3),
-        "seconds": round(seconds, 1),
-        "sentences_per_second": round(len(sources) / seconds, 2),
-        "search": search_summary(model.generation_config),
-        "signature": result["signature"],
-    }
-
-
-def run_benchmark(run: Path, last: int, sources, references, batch_size: int, device: str | None) -> list[dict]:
+def ensemble(argv=None) -> dict:
+    """The last K checkpoints ensembled (one search over their mean log-probabilities) beside their average (what the
+    job publishes) and the last alone, translating a split side by side with the model's own search: BLEU, speed."""
     from vaswani_mt.inference.ensemble import load_ensemble
     from vaswani_mt.inference.loading import load_for_inference
-
-    checkpoints = list_checkpoints(run, resumable=False)
-    if not checkpoints:
-        raise SystemExit(f"error: {run}: no complete checkpoint-N folders")
-    chosen = checkpoints[-last:]
-    window = f"{chosen[0].name} .. {chosen[-1].name}"
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        averaged = average_checkpoints(run, last, Path(tmp) / "averaged")
-        candidates = {
-            f"ensemble of the last {len(chosen)} ({window})": (
-                len(chosen), lambda: load_ensemble([str(c) for c in reversed(chosen)], device=device)
-            ),
-            f"average of the last {len(chosen)} ({window}; published)": (
-                1, lambda: load_for_inference(str(averaged), device=device)
-            ),
-            f"last checkpoint ({chosen[-1].name})": (1, lambda: load_for_inference(str(chosen[-1]), device=device)),
-        }  # fmt: skip
-        for name, (models, load) in candidates.items():
-            rows.append({"weights": name, "models": models, **ensemble_score(load, sources, references, batch_size)})
-            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    return rows
-
-
-def ensemble(argv=None) -> None:
+    from vaswani_mt.inference.translate import translate
     from vaswani_mt.system import native_bf16
 
-    parser = _parser("ensemble", ENSEMBLE_DOC)
+    parser = _parser("ensemble", ensemble.__doc__)
     parser.add_argument("run", help="a finished training run's folder, holding checkpoint-N folders")
     parser.add_argument("--last", type=int, default=5, help="K: the last K checkpoints (default 5, as §6.1's base)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N test sentences")
     parser.add_argument("--dataset", default=BUILTIN_CORPUS, help="the corpus the run trained on")
     parser.add_argument("--split", default="test", choices=["validation", "test"])
     parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of the split per side")
     parser.add_argument("--device", default=None, help="default: GPU if there is one")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--json", help="also write the JSON here")
@@ -412,32 +365,27 @@ def ensemble(argv=None) -> None:
         parser.error(f"--last must be at least 1, got {args.last}")
     if args.threads:
         torch.set_num_threads(args.threads)
-
     record = MachineRecord()
     sources, references = source_target(load_corpus(args.dataset)[args.split], "en", "de")
-    if args.limit:
-        sources, references = sources[: args.limit], references[: args.limit]
-    rows = run_benchmark(Path(args.run), args.last, sources, references, args.batch_size, args.device)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    result = {
-        "run": args.run,
-        "split": args.split,
-        "sentences": len(sources),
-        "limited": bool(args.limit),
-        "device": device,
-        "native_bf16": native_bf16(),
-        "rows": rows,
-        **record.finish(),
-    }
-    print(json.dumps(result, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\n{args.run}, {args.split} split ({len(sources)} sentences), {device}, native_bf16() = {native_bf16()}")
-    print(f"search: {rows[0]['search']}; sacreBLEU {rows[0]['signature']}\n")
-    print("| weights | models per step | BLEU | chrF | BP | sentences/s |\n|---|---|---|---|---|---|")
-    for row in rows:
-        print(f"| {row['weights']} | {row['models']} | {row['bleu']} | {row['chrf']} | {row['bp']} | "
-              f"{row['sentences_per_second']} |")  # fmt: skip
+    sources, references = sources[: args.limit], references[: args.limit]
+    chosen = list_checkpoints(Path(args.run), resumable=False)[-args.last :]
+    if not chosen:
+        raise SystemExit(f"error: {args.run}: no complete checkpoint-N folders")
+    window = f"{chosen[0].name} .. {chosen[-1].name}"
+    with tempfile.TemporaryDirectory() as tmp:
+        averaged = average_checkpoints(Path(args.run), args.last, Path(tmp) / "averaged")
+        models = {
+            f"ensemble of the last {len(chosen)} ({window})": load_ensemble(map(str, reversed(chosen)), args.device),
+            "average (published)": load_for_inference(str(averaged), args.device),
+            f"last checkpoint ({chosen[-1].name})": load_for_inference(str(chosen[-1]), args.device),
+        }
+    sides = {name: partial(translate, model, tokenizer, batch_size=args.batch_size)
+             for name, (model, tokenizer) in models.items()}  # fmt: skip
+    print(f"{args.run}, {args.split} split ({len(sources)} sentences), native_bf16() = {native_bf16()}")
+    rows, _ = run_sides(sides, sources, references, args.repeats, "average (published)")
+    result = {"run": args.run, "split": args.split, "sentences": len(sources), "limited": bool(args.limit),
+              "native_bf16": native_bf16(), "rows": rows}  # fmt: skip
+    return record.report(result, args.json)
 
 
 def main(argv=None):

@@ -351,3 +351,21 @@ def test_loss_at_minutes_reads_a_runs_logged_losses_summary_and_equal_steps(benc
     (changed / "trainer_state.json").write_text(json.dumps({"log_history": edited}))
     same = quality.same_steps(output, changed)
     assert (same["equal"], same["first_different"]) == (len(logged) - 1, logged[1]["step"])
+
+
+def test_ensemble_benchmark_translates_the_last_checkpoints_beside_their_average(bench, job_run, tmp_path):
+    """benchmarks/quality.py ensemble: the last 2 checkpoints ensembled, their average and the last alone translate
+    the same 8 test pairs through the side-by-side runner; the average is the baseline."""
+    out = tmp_path / "ensemble.json"
+    bench("quality").main(
+        ["ensemble", str(job_run.output), "--dataset", str(job_run.data), "--last", "2", "--limit", "8",
+         "--batch_size", "4", "--json", str(out)]
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert list(rows) == [
+        "ensemble of the last 2 (checkpoint-6 .. checkpoint-8)", "average (published)", "last checkpoint (checkpoint-8)"
+    ]  # fmt: skip
+    assert result["sentences"] == 8 and rows["average (published)"]["ratio_to_average (published)"] == 1.0
+    assert all(0 <= row["bleu"] <= 100 and row["sentences_per_s"] > 0 for row in rows.values())
+    assert "machine" in result["record"]
