@@ -436,16 +436,18 @@ def translate_shards(args: argparse.Namespace, options: TranslationOptions) -> i
     if not args.input or not os.path.isfile(args.input):
         given = args.input or "standard input"
         sys.exit(f"error: {world} processes split the input between them: give --input, a file (not {given})")
+    from vaswani_mt.training.machines import end_with_launcher
+
+    end_with_launcher()  # a worker whose launcher died would go on alone: killed, it is a lost machine, named
     state = PartialState(cpu=not torch.cuda.is_available())  # this process's GPU, where there are GPUs
     rank, peers = state.process_index, Peers()
     sharded = ShardedOutput(args.output, _run_identity(args, options), options.nbest or 1)
     report, count = ControlReport(), 0
+    peers.start(SHARDS_AGAIN)
     try:
         with interruptible():
             translator = load_translator(args, options)
             shards = _agreed_plan(peers, sharded, args.input, translator, world)
-        peers.start(SHARDS_AGAIN)
-        with interruptible():
             for shard in shards[rank::world]:
                 if not sharded.is_done(shard):
                     count += translate_part(args, translator, sharded.part(shard), report,
@@ -498,7 +500,7 @@ def _end(peers, line: str | None, code: int):
     group left open at exit can abort in gloo's teardown and closing it can wait on a lost peer."""
     import logging
 
-    peers.close()
+    peers.close(failed=code not in (0, None))
     if line:
         print(line, file=sys.stderr)
     logging.shutdown()

@@ -55,6 +55,9 @@ class Peers:
                 for rank in range(self.world):
                     if rank == self.rank or store.check([f"{PREFIX}left/{rank}"]):
                         continue
+                    if store.check([f"{PREFIX}failed/{rank}"]):
+                        self._end(f"{self.who([rank])} failed (its log says why); {doing}")
+                        return
                     beat = store.add(f"{PREFIX}beat/{rank}", 0)
                     if rank not in seen or seen[rank][0] != beat:
                         seen[rank] = (beat, now)
@@ -81,11 +84,12 @@ class Peers:
         while not self.store.check(keys):
             time.sleep(poll)
 
-    def close(self) -> None:
-        """Says this process leaves (no peer then takes it for lost), and stops the beat."""
+    def close(self, failed: bool = False) -> None:
+        """Says this process leaves (no peer then takes it for lost) or has `failed` (the others stop too), and
+        stops the beat."""
         self._stop.set()
         try:
-            self.mark("left")
+            self.mark("failed" if failed else "left")
         except Exception:  # the store is gone: nobody is left to mislead
             pass
 
