@@ -195,6 +195,8 @@ def test_a_killed_process_then_the_same_command_gives_the_uninterrupted_bytes(fi
         result = _launch(argv)
         assert result.returncode == 0, result.stderr[-3000:]
         assert output.read_bytes() == whole, f"seed {seed}"
+    if len(seeds) == 1:
+        return  # CI's run; the slow one also reruns a stopped run with other options
     output = tmp_path / "refused.de"
     argv = _options(fitted_folder, source, output, "--nbest", "2")
     _kill_one_worker(argv, output, 0)

@@ -421,6 +421,26 @@ def test_the_slurm_script_runs_two_machines_that_share_a_folder_as_one_machine_w
     assert (output / "model.safetensors").is_file() and not (tmp_path / "requeued").exists()
 
 
+def test_the_translation_slurm_script_writes_the_bytes_of_one_process(fitted_folder, tmp_path):
+    """scripts/slurm/translate_multinode.sbatch as written, with PROCESSES_PER_NODE=1 (CPU nodes): two machines
+    translate their shards of one file into the bytes one process writes (docs/translating.md)."""
+    from conftest import ENGLISH
+
+    from vaswani_mt.cli import translate as translate_cli
+
+    source = tmp_path / "in.en"
+    source.write_text("".join(f"{line}\n" for line in ENGLISH * 20))
+    options = ["--model", str(fitted_folder), "--input", str(source), "--chunk_size", "16", "--num_beams", "2"]
+    translate_cli.main([*options, "--output", str(tmp_path / "one.de")])
+    script = SLURM.with_name("translate_multinode.sbatch")
+    run = subprocess.run(["bash", str(script), *options, "--output", str(tmp_path / "two.de"), "--threads", "1"],
+                         env={**slurm_env(tmp_path), "PROCESSES_PER_NODE": "1"}, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "vaswani_mt: 2 nodes x 1 processes, head localhost:" in run.stderr
+    assert (tmp_path / "two.de").read_bytes() == (tmp_path / "one.de").read_bytes()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Storage per machine, and a lost machine
 
