@@ -7,6 +7,7 @@ our own decoding options, each side run as its users run it; one command per fig
     python benchmarks/speed.py stopping ...   # the beam search's stopping rules against Marian's on test and dev
     python benchmarks/speed.py batching ...   # translate.py with token-budget against fixed-size batches
     python benchmarks/speed.py revisions ...  # translate() of this checkout against an earlier commit's
+    python benchmarks/speed.py peers ...      # one run: ours (float32, int8, terms) beside Marian and CTranslate2
 
 `python benchmarks/speed.py COMMAND --help` describes each. The harness (machine record, interleaving, ratios, the
 side-by-side runner, peak memory in a child process) is speed_common.py's.
@@ -667,8 +668,146 @@ def revisions(argv=None) -> dict:
     return record.report({"before": args.before, "revisions": result}, args.json)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# peers: ours beside MarianMTModel and CTranslate2 as their users run them, in one run (issue 52, item 6)
+
+# The ratios issue 52 sets targets on: (side, against it, at least).
+PEER_TARGETS = {"ours float32 / MarianMTModel float32": ("ours float32", "MarianMTModel float32", 1.5),
+                "ours float32 / CTranslate2 float32": ("ours float32", "CTranslate2 float32", 1.0),
+                "ours int8 / CTranslate2 int8": ("ours int8", "CTranslate2 int8", 1.0),
+                "ours one term / ours no terms": ("ours one term", "ours no terms", 0.7)}  # fmt: skip
+
+
+def _longest_first(tokenizer, batch: int, limit, search):
+    """A peer's side (sentences -> translations), batched as ours batches: longest first, `batch` at a time.
+    `search(ids, limit)` translates one batch's source ids into token ids, under the length limit of its longest
+    source (`limit(tokens)`: the model's a·|X| + b, `</s>` counted; the peers take one limit per call)."""
+    from vaswani_mt.model.pipeline_vaswani import single_line
+
+    def translate(sentences: list[str]) -> list[str]:
+        ids = tokenizer(list(sentences))["input_ids"]
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        out = [""] * len(ids)
+        for start in range(0, len(order), batch):
+            rows = order[start : start + batch]
+            found = search([ids[i] for i in rows], limit(max(len(ids[i]) for i in rows)))
+            for i, text in zip(rows, tokenizer.batch_decode(found, skip_special_tokens=True), strict=True):
+                out[i] = single_line(text)
+        return out
+
+    return translate
+
+
+def _pair_ratio(rows: dict, side: str, other: str) -> dict:
+    """`side`'s speed over `other`'s: the ratio of their medians, and the median of the per-round ratios."""
+    rounds = [b / a for a, b in zip(rows[side]["seconds"], rows[other]["seconds"], strict=True) if a > 0]
+    return {"ratio_of_medians": round(rows[side]["sentences_per_s"] / rows[other]["sentences_per_s"], 3),
+            "median_of_round_ratios": round(statistics.median(rounds), 3) if rounds else None}  # fmt: skip
+
+
+def peers(argv=None) -> dict:
+    """A saved model on the built-in test split, beam 4 and batches of 16, each side as its users run it, --repeats
+    rounds interleaved (medians): ours (`Translator`, the model's saved search) in float32 and int8;
+    MarianMTModel's generate() (`to_marian` of the same weights, its own stopping rule); CTranslate2's
+    translate_batch (the model exported in float32 and int8, its own ranking log P / |Y|^alpha); both peers in
+    batches of 16, longest first, at most |X| + 50 tokens (the longest source's). Then ours on the test sentences
+    with a reference term (`reference_terms`), each with its one term, beside the same sentences without.
+    Sentences/s, BLEU, the ratios of issue 52's targets and whether each is met."""
+    import logging
+
+    import ctranslate2
+
+    from vaswani_mt.evaluation.terminology import reference_terms
+    from vaswani_mt.export.marian import export_model
+    from vaswani_mt.inference.loading import load_for_inference
+    from vaswani_mt.inference.translator import Translator
+    from vaswani_mt.system import native_bf16
+
+    parser = _parser("peers", peers.__doc__)
+    parser.add_argument("--model", required=True, help="a saved vaswani_mt folder (the main job's: outputs/ding-cpu)")
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the whole split per side")
+    parser.add_argument("--max_sentences", type=int, default=None, help="the first N test sentences (a quick look)")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--json", default=None, help="also write the result here")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    record = MachineRecord()
+    model, tokenizer = load_for_inference(args.model, device="cpu")
+    search = model.generation_config
+    alpha = search.length_penalty
+
+    def limit(tokens: int) -> int:  # §6.1's |X| + 50, as the model saved it
+        return int((search.max_len_a or 1) * tokens + (search.max_len_b or 50))
+
+    marian = to_marian(model).eval()
+
+    @torch.no_grad()
+    def marian_search(ids, most):
+        inputs = tokenizer.pad({"input_ids": ids}, return_tensors="pt")
+        return marian.generate(**inputs, num_beams=args.beam, length_penalty=alpha, early_stopping=False,
+                               max_new_tokens=most)  # fmt: skip
+
+    def ct2_search(engine):
+        def search_batch(ids, most):  # CTranslate2 does not count </s> in max_decoding_length
+            tokens = [tokenizer.convert_ids_to_tokens(x) for x in ids]
+            found = engine.translate_batch(tokens, beam_size=args.beam, length_penalty=alpha,
+                                           max_decoding_length=most - 1, max_input_length=0)  # fmt: skip
+            return [tokenizer.convert_tokens_to_ids(result.hypotheses[0]) for result in found]
+
+        return search_batch
+
+    sources, references = split_pairs("test", args.max_sentences)
+    ours = {ct: Translator(model, tokenizer, batch_size=args.batch, num_beams=args.beam, compute_type=ct)
+            for ct in ("float32", "int8")}  # fmt: skip
+    result = {"model": args.model, "native_bf16": native_bf16(), "beam": args.beam, "batch": args.batch,
+              "alpha": alpha, "ctranslate2": ctranslate2.__version__}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="peers-") as scratch:
+        engines = {}
+        for ct in ("float32", "int8"):
+            folder = export_model(args.model, "ctranslate2", Path(scratch) / ct, None if ct == "float32" else ct)
+            engines[ct] = ctranslate2.Translator(str(folder), device="cpu", intra_threads=args.threads, inter_threads=1)
+        torch.set_num_threads(args.threads)  # a CTranslate2 translator sets the OpenMP thread count, torch's too
+        sides = {"ours float32": ours["float32"].translate, "ours int8": ours["int8"].translate,
+                 "MarianMTModel float32": _longest_first(tokenizer, args.batch, limit, marian_search),
+                 **{f"CTranslate2 {ct}": _longest_first(tokenizer, args.batch, limit, ct2_search(engine))
+                    for ct, engine in engines.items()}}  # fmt: skip
+        print(f"\n{len(sources)} test sentences, beam {args.beam}, batches of {args.batch}, {args.threads} threads")
+        rows = run_sides(sides, sources, references, args.repeats, "ours float32")[0]
+    terms = reference_terms(sources, references)
+    chosen = [i for i, wanted in enumerate(terms) if wanted]
+    term_of = {sources[i]: terms[i] for i in chosen}
+    controls = logging.getLogger("vaswani_mt.inference.controls")
+    level = controls.level
+    controls.setLevel(logging.ERROR)  # the terms' notes (rare words, unmet terms) are not what is measured
+    try:
+        print(f"\n{len(chosen)} of them with a reference term")
+        rows.update(run_sides(
+            {"ours no terms": ours["float32"].translate,
+             "ours one term": lambda lines: ours["float32"].translate(lines, terms=[term_of[s] for s in lines])},
+            [sources[i] for i in chosen], [references[i] for i in chosen], args.repeats, "ours no terms",
+        )[0])  # fmt: skip
+    finally:
+        controls.setLevel(level)
+    result["sentences"], result["sentences_with_a_term"], result["sides"] = len(sources), len(chosen), rows
+    result["ratios"] = {name: {**_pair_ratio(rows, side, other), "target": at_least,
+                               "met": rows[side]["sentences_per_s"] >= at_least * rows[other]["sentences_per_s"]}
+                        for name, (side, other, at_least) in PEER_TARGETS.items()}  # fmt: skip
+    print_table("Issue 52's targets (ratio of medians)", [{"ratio": n, **r} for n, r in result["ratios"].items()],
+                ["ratio", "ratio_of_medians", "median_of_round_ratios", "target", "met"])  # fmt: skip
+    return record.report(result, args.json)
+
+
 def main(argv=None):
-    commands = {"train": train, "decode": decode, "stopping": stopping, "batching": batching, "revisions": revisions}
+    commands = {
+        "train": train,
+        "decode": decode,
+        "stopping": stopping,
+        "batching": batching,
+        "revisions": revisions,
+        "peers": peers,
+    }
     return dispatch(__doc__, commands, argv)
 
 
