@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from speed_common import MachineRecord, child_argv, peak_rss_mib
+
 STAGES = ("tokenizer", "tokenize", "tokenize_again", "sampler", "resume")
 
 
@@ -102,16 +104,10 @@ def make_corpus(folder: Path, pairs: int, seed: int) -> None:
 
 
 def _peak_rss_mib() -> dict:
-    """This process's peak RSS (`VmHWM`, which a new program starts afresh; `ru_maxrss` keeps the parent's across
-    fork and exec) and the largest of its finished worker processes' (an upper bound: a forked worker starts with
-    the pages it shares with this one)."""
-    status = Path("/proc/self/status")
-    lines = status.read_text().splitlines() if status.exists() else []
-    own = next((int(line.split()[1]) / 1024 for line in lines if line.startswith("VmHWM:")), None)
-    if own is None:
-        own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak RSS and the largest of its finished worker processes' (an upper bound: a forked worker
+    starts with the pages it shares with this one)."""
     workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    return {"peak_rss_mib": round(own), "peak_worker_rss_mib": round(workers)}
+    return {"peak_rss_mib": round(peak_rss_mib()), "peak_worker_rss_mib": round(workers)}
 
 
 def run_stage(args: argparse.Namespace) -> dict:
@@ -180,14 +176,12 @@ def main(argv=None) -> dict:
     if args.stage:
         print(json.dumps(run_stage(args)))
         return {}
+    record = MachineRecord()
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     report: dict = {"pairs": args.pairs, "num_proc": args.num_proc, "tokenizer_sample": args.tokenizer_sample,
                     "vocab_size": args.vocab_size, "max_tokens": args.max_tokens, "cpus": os.cpu_count()}  # fmt: skip
-    forwarded = list(argv if argv is not None else sys.argv[1:])  # the stages take the same options, but --json
-    if "--json" in forwarded:
-        del forwarded[forwarded.index("--json") : forwarded.index("--json") + 2]
-    forwarded = [a for a in forwarded if not a.startswith("--json=")]
+    forwarded = child_argv(sys.argv[1:] if argv is None else argv)  # the stages take the same options, but --json
     if not (work / "corpus" / "dataset_dict.json").is_file():  # made in a process of its own: this one stays small
         started = time.perf_counter()
         subprocess.run([sys.executable, __file__, *forwarded, "--stage", "corpus"], check=True, capture_output=True)
@@ -208,10 +202,7 @@ def main(argv=None) -> dict:
     report["preparation_seconds"] = round(total, 1)
     report["peak_rss_mib"] = max(report[s]["peak_rss_mib"] for s in STAGES)
     report["peak_worker_rss_mib"] = max(report[s]["peak_worker_rss_mib"] for s in STAGES)
-    print(json.dumps(report, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-    return report
+    return record.report(report, args.json)
 
 
 if __name__ == "__main__":

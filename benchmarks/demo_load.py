@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,19 +44,10 @@ import threading
 import time
 from pathlib import Path
 
+from speed_common import PAIRS, MachineRecord, free_port, tiny_model_folder
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from speed_common import MachineRecord, tiny_model_folder  # noqa: E402
-
-SHORT = [
-    "The girl ate an apple.",
-    "How are you today?",
-    "The street is closed because of the snow.",
-    "I would like a coffee, please!",
-    "She reads a book in the café.",
-    "We are annoyed about the oil price.",
-]
+SHORT = [en for en, _ in PAIRS]
 LONG = " ".join(SHORT * 3)
 OVER_LONG = "The street is closed because of the snow. " * 2_500
 HOSTILE = [
@@ -73,7 +63,7 @@ HOSTILE = [
 ]
 # Which kind request k of the run is: the cycle starts with one of each, so that a tiny run covers them all.
 MIX = ["short", "hostile", "over_long", "limits", "long", "short", "hostile", "short", "long", "short"]
-SEARCH = [4, 0.6, 50, 1]  # beam size, alpha, b of |X| + b, the heatmap's layer: the page's usual controls
+SEARCH = [4, 0.6, 50, 1, "", False]  # beam size, alpha, b of |X| + b, the heatmap's layer, no terms, no markup
 # The demo, as app.py starts it, with the bounds given on the command line.
 SERVE = (
     "import sys; from vaswani_mt.app.demo import launch; "
@@ -183,17 +173,11 @@ def call(client, url: str, data: list, timeout: float = 300.0) -> dict:
     return result
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.Popen, str, Path]:
     """The demo in a process of its own, on a free loopback port; returns it once its page answers."""
     import httpx
 
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -284,7 +268,6 @@ def run_load(args: argparse.Namespace) -> dict:
     import httpx
     import psutil
 
-    record = MachineRecord()
     with tempfile.TemporaryDirectory(prefix="demo_load_") as workdir:
         if args.model is None:
             args.model = str(tiny_model_folder(Path(workdir) / "tiny-model"))
@@ -378,13 +361,13 @@ def run_load(args: argparse.Namespace) -> dict:
         "over_long_notes": sorted(
             {r["notes"].splitlines()[0] for r in results if r["kind"] == "over_long" and r.get("notes")}
         ),
-        "record": record.finish(),
     }
 
 
 def main(argv=None) -> dict:
     args = parse(argv)
-    result = run_load(args)
+    record = MachineRecord()
+    result = record.report(run_load(args), args.json)
     print(
         f"{result['requests']} requests ({args.waves} × {args.clients} clients × {args.requests}): "
         f"{result['answered']} answered, "
@@ -393,8 +376,6 @@ def main(argv=None) -> dict:
         f"round, {result['rss_mb']['end']} at the end (peak {result['rss_mb']['peak']}) MiB; trend "
         f"{result['rss_trend']}"
     )
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     return result
 
 

@@ -5,6 +5,7 @@
     python benchmarks/scale.py gpus ...        # gpu_check.sh's multi-GPU worker, under `accelerate launch`
     python benchmarks/scale.py paper_time ...  # the paper's two runs on 1 and 8 GPUs, from counted FLOPs
     python benchmarks/scale.py stream ...      # translate.py on 100,000 lines of standard input: speed, flat memory
+    python benchmarks/scale.py shards ...      # translate.py as 2 processes of 1 thread against 1 process of 2
 
 `python benchmarks/scale.py COMMAND --help` describes each. WMT-scale data preparation: data_scale.py; the demo
 under load: demo_load.py.
@@ -17,7 +18,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import torch
-from speed_common import PAIRS, MachineRecord, command_parser, dispatch, tiny_model_folder
+from speed_common import PAIRS, MachineRecord, command_parser, dispatch, free_port, tiny_model_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository, for a run without installing
@@ -43,7 +43,6 @@ from vaswani_mt.training.flops import (  # noqa: E402
     count_training_flops,
 )
 
-MACHINES_DOC = """"""
 GPUS_DOC = """gpu_check.sh's multi-GPU step (`gpus`), one process per GPU under `accelerate launch`:
 
     accelerate launch --multi_gpu --num_processes N benchmarks/scale.py gpus --mode ddp --json OUT.json
@@ -59,8 +58,6 @@ GPUS_DOC = """gpu_check.sh's multi-GPU step (`gpus`), one process per GPU under 
   answer, or the error, is recorded.
 
 Rank 0 writes the record to --json."""
-PAPER_TIME_DOC = """"""
-STREAM_DOC = """"""
 
 
 def _parser(command: str, doc: str) -> argparse.ArgumentParser:
@@ -75,12 +72,6 @@ ACCELERATE = str(Path(sys.executable).parent / "accelerate")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _train(args, output: Path) -> list[str]:
     return [str(ROOT / "scripts" / "train.py"), "--dataset", "ding", "--preset", args.preset, "--output_dir",
             str(output), "--max_steps", str(args.steps), "--max_tokens_per_batch", str(args.max_tokens),
@@ -91,12 +82,12 @@ def _train(args, output: Path) -> list[str]:
 
 def _one_machine(args, output: Path) -> list[list[str]]:
     return [[ACCELERATE, "launch", "--multi_gpu", "--num_machines", "1", "--num_processes", "2",
-             "--main_process_port", str(_port()), "--mixed_precision", "no", "--dynamo_backend", "no",
+             "--main_process_port", str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no",
              *_train(args, output)]]  # fmt: skip
 
 
 def _two_machines(args, outputs: list[Path]) -> list[list[str]]:
-    port = _port()
+    port = free_port()
     return [[ACCELERATE, "launch", "--multi_gpu", "--num_machines", "2", "--num_processes", "2", "--machine_rank",
              str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--rdzv_backend",
              "static", "--same_network", "--mixed_precision", "no", "--dynamo_backend", "no",
@@ -138,7 +129,9 @@ def _same(a: Path, b: Path) -> bool:
 
 
 def machines(argv=None) -> None:
-    parser = _parser("machines", MACHINES_DOC)
+    """Two simulated machines (accelerate's multi-node path, gloo, one process each) against one machine of two
+    processes, rounds interleaved: tokens/s and the same weights; --lost N rounds lose machine 1 and resume."""
+    parser = _parser("machines", machines.__doc__)
     parser.add_argument("--preset", default="small")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--max_tokens", type=int, default=1024)
@@ -146,6 +139,8 @@ def machines(argv=None) -> None:
     parser.add_argument("--lost", type=int, default=0, help="rounds that lose machine 1 after step 5")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1: a lost machine's weights are checked against round 0's")
     record = MachineRecord()
     work = Path(tempfile.mkdtemp(prefix="multinode-"))
     rounds = []
@@ -182,21 +177,19 @@ def machines(argv=None) -> None:
             print(f"lost machine {index}: {lost[-1]}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    one = statistics.median(r["one_machine"] for r in rounds) if rounds else None
-    two = statistics.median(r["two_machines"] for r in rounds) if rounds else None
+    one = statistics.median(r["one_machine"] for r in rounds)
+    two = statistics.median(r["two_machines"] for r in rounds)
     from vaswani_mt.system import native_bf16
 
-    machine = {**record.finish(), "native_bf16": native_bf16()}
-    result = {"what": "benchmarks/scale.py machines", "machine": machine, "args": vars(args), "rounds": rounds,
-              "median_target_tokens_per_s": {"one_machine_2_processes": one, "two_machines_1_process": two},
-              "ratio_two_over_one": round(two / one, 3) if rounds else None, "lost_machine": lost}  # fmt: skip
+    medians = {"one_machine_2_processes": one, "two_machines_1_process": two}
+    result = {"args": vars(args), "rounds": rounds, "lost_machine": lost, "median_target_tokens_per_s": medians,
+              "ratio_two_over_one": round(two / one, 3)}  # fmt: skip
     print(f"\n| setup | target tokens/s (median of {args.rounds}) |\n|---|---|")
     print(f"| one machine, 2 processes | {one:.0f} |\n| two machines, 1 process each | {two:.0f} ({two / one:.2f}x) |")
     if lost:
         print(f"lost machine 1: machine 0 ended {[r['seconds_to_end'] for r in lost]} s after; resumed exactly: "
               f"{[r['same_weights'] for r in lost]}")  # fmt: skip
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    record.report(result, args.json, native_bf16=native_bf16())
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -291,7 +284,7 @@ def gpus(argv=None) -> None:
 
 
 def paper_time_args(argv=None) -> argparse.Namespace:
-    parser = _parser("paper_time", PAPER_TIME_DOC)
+    parser = _parser("paper_time", paper_time.__doc__)
     parser.add_argument("--mfu", type=float, default=0.35, help="model FLOPs utilisation assumed on every GPU")
     parser.add_argument("--gpus", default=",".join(GPU_PEAK_TFLOPS), help=f"of {', '.join(GPU_PEAK_TFLOPS)}")
     parser.add_argument("--counts", default="1,8", help="numbers of GPUs")
@@ -346,6 +339,8 @@ def _duration(hours: float) -> str:
 
 
 def paper_time(argv=None) -> dict:
+    """The paper's two runs (base, big) in hours on 1 and 8 GPUs of each kind: the training FLOPs counted from the
+    model, at an assumed model FLOPs utilisation (--mfu) of each GPU's dense bf16 peak."""
     args = paper_time_args(argv)
     result = estimate(args)
     print(
@@ -484,7 +479,9 @@ def run_stream(args: argparse.Namespace, folder: Path) -> dict:
 
 
 def stream(argv=None) -> dict:
-    parser = _parser("stream", STREAM_DOC)
+    """scripts/translate.py on --lines lines of standard input: every output in order and right, lines/s, and the
+    process's memory read every --checkpoint lines (a long stream must not grow it)."""
+    parser = _parser("stream", stream.__doc__)
     parser.add_argument("--model", help="saved model folder (default: the tests' fitted tiny model, built here)")
     parser.add_argument("--lines", type=int, default=100_000)
     parser.add_argument("--checkpoint", type=int, default=10_000, help="the peak RSS is read every this many lines")
@@ -500,15 +497,57 @@ def stream(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.model) if args.model else tiny_model_folder(Path(tmp))
         result = {"model": args.model or "tests' fitted tiny model", **run_stream(args, folder)}
-    result["machine"] = record.finish()
-    print(json.dumps(result, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    return result
+    return record.report(result, args.json)
+
+
+def shards(argv=None) -> dict:
+    """scripts/translate.py on --lines lines of the test split (repeated past its end) as --processes processes of
+    one thread each under `accelerate launch` (sharded), against one process of --processes threads: sentences/s
+    from the median of interleaved rounds, start-up (imports, loading) included, and whether the two outputs are the
+    same bytes."""
+    from speed_common import interleave, split_pairs
+
+    parser = _parser("shards", shards.__doc__)
+    parser.add_argument("--model", required=True, help="saved model folder (the main job's: outputs/ding-cpu)")
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--lines", type=int, default=584, help="the test split's first lines (584: all of it)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", help="write the result here too")
+    args = parser.parse_args(argv)
+
+    record = MachineRecord()
+    sources, _ = split_pairs("test")
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    with tempfile.TemporaryDirectory() as tmp:
+        source, one, many = Path(tmp, "in.en"), Path(tmp, "one.de"), Path(tmp, "many.de")
+        lines = (sources * (args.lines // len(sources) + 1))[: args.lines]
+        source.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+        translate = [str(ROOT / "scripts" / "translate.py"), "--model", args.model, "--input", str(source)]
+        launch = [str(Path(sys.executable).parent / "accelerate"), "launch", "--multi_gpu", "--num_processes",
+                  str(args.processes), "--num_machines", "1", "--mixed_precision", "no",
+                  "--dynamo_backend", "no"]  # fmt: skip
+        sides = {
+            f"1 process x {args.processes} threads": lambda: subprocess.run(
+                [sys.executable, *translate, "--output", str(one), "--threads", str(args.processes)], env=env,
+                check=True, capture_output=True),
+            f"{args.processes} processes x 1 thread": lambda: subprocess.run(
+                [*launch, "--main_process_port", str(free_port()), *translate, "--output", str(many), "--threads", "1"],
+                env=env, check=True, capture_output=True),
+        }  # fmt: skip
+        times = interleave(sides, args.repeats, warmup=0)
+        same = one.read_bytes() == many.read_bytes()
+    rows = {}
+    for name, seconds in times.items():
+        median = statistics.median(seconds)
+        rows[name] = {"median_s": round(median, 2), "sentences_per_s": round(args.lines / median, 2),
+                      "seconds": [round(x, 2) for x in seconds]}  # fmt: skip
+    first, second = rows.values()
+    ratio = round(second["sentences_per_s"] / first["sentences_per_s"], 3)
+    return record.report({"lines": args.lines, "sides": rows, "ratio": ratio, "same_bytes": same}, args.json)
 
 
 def main(argv=None):
-    commands = {"machines": machines, "gpus": gpus, "paper_time": paper_time, "stream": stream}
+    commands = {"machines": machines, "gpus": gpus, "paper_time": paper_time, "stream": stream, "shards": shards}
     return dispatch(__doc__, commands, argv)
 
 

@@ -1,14 +1,14 @@
 """The harness every benchmark shares: the machine record, interleaved timing, medians and ratios, peak memory,
-the test split and its batches, the side-by-side runner on a split, a run's logged summary, the JSON output.
+the built-in corpus's splits, the side-by-side runner on a split, a run's logged summary, the JSON output.
 
 Both sides of a comparison run in one process, interleaved (A, B, A, B, ... with the order rotated each round), so
 a busy machine slows both alike; ratios are reported two ways: the ratio of the medians, and the median of the
 per-round ratios (each round's two timings are seconds apart, so it cancels slow drifts in the load).
 
-The scripts, one per purpose: speed.py (against the peers: training step, decoding, stopping rules, batching),
-compute_types.py and ctranslate2_backend.py (faster inference), quality.py (BLEU of runs: curves, losses, searches,
-ensembles), train_vs_marian.py (quality against Marian), terminology.py and alignments.py (controls), data_scale.py,
-scale.py and demo_load.py (scale and faults), gpu_check.sh (the GPU path).
+The scripts, one per purpose: speed.py (against the peers: training step, decoding, stopping rules, batching, a
+revision against another), compute_types.py and ctranslate2_backend.py (faster inference), quality.py (BLEU of runs:
+curves, losses, searches, ensembles), train_vs_marian.py (quality against Marian), terminology.py and alignments.py
+(controls), data_scale.py, scale.py and demo_load.py (scale and faults), gpu_check.sh (the GPU path).
 """
 
 from __future__ import annotations
@@ -263,19 +263,17 @@ def child_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def run_child(script: str, argv: list[str], flag: str, value: str) -> dict:
-    """Runs `script ARGV FLAG VALUE` in a fresh Python process and returns the last JSON line it printed."""
-    done = subprocess.run([sys.executable, script, *argv, flag, value], capture_output=True, text=True, check=False)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"{flag} {value} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
-    return json.loads(lines[-1])
-
-
 def measure_peak_rss(script: str, argv: list[str], sides: list[str]) -> dict[str, float]:
-    """Peak RSS of each side alone, each in a fresh subprocess running `script --rss_child SIDE` (so that peaks
+    """Peak RSS of each side alone, each in a fresh subprocess running `script ARGV --rss_child SIDE` (so that peaks
     do not mix); the child prints one JSON line with `peak_rss_mib` last."""
-    return {side: round(run_child(script, argv, "--rss_child", side)["peak_rss_mib"], 1) for side in sides}
+    peaks = {}
+    for side in sides:
+        done = subprocess.run([sys.executable, script, *argv, "--rss_child", side], capture_output=True, text=True)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        if done.returncode != 0 or not lines:
+            raise RuntimeError(f"--rss_child {side} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+        peaks[side] = round(json.loads(lines[-1])["peak_rss_mib"], 1)
+    return peaks
 
 
 def print_table(title: str, rows: list[dict], columns: list[str]) -> None:

@@ -15,14 +15,11 @@ sequential in one process, so both see the same machine.
 import argparse
 import json
 import os
-import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
-import transformers
-from speed_common import run_summary
+from speed_common import MachineRecord, run_summary
 from torch.nn import functional as F
 from transformers import MarianMTModel
 
@@ -71,6 +68,7 @@ def main() -> None:
     args, overrides = parser.parse_known_args()
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", torch.get_num_threads())))
+    record = MachineRecord()
     results = {}
     tokenizer_dir = None
     for name in ("vaswani_mt", "marian"):
@@ -94,13 +92,7 @@ def main() -> None:
         }
         print(json.dumps({name: results[name]}), flush=True)
 
-    record = {
-        "command": "python " + " ".join(sys.argv),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} "
-        f"({torch.get_num_threads()} threads), transformers {transformers.__version__}",
-        "results": results,
-    }
-    print(json.dumps(record, indent=2))
+    record.report({"results": results})
     print("\n| model | test sacreBLEU | chrF | steps | median target tok/s | final train loss | wall min |")
     print("|---|---|---|---|---|---|---|")
     for name, r in results.items():
