@@ -39,19 +39,16 @@ import collections
 import json
 import logging
 import re
-import statistics
-import sys
 import time
+from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import torch
-from speed_common import MachineRecord, interleave
-from terminology import dictionary_entries
+from speed_common import MachineRecord, run_sides, split_pairs
+from terminology import ANNOTATIONS, dictionary_entries
 
 from vaswani_mt.data.alignment_labels import eflomal_links, grow_diag_final_and, require_eflomal
-from vaswani_mt.data.corpus import BUILTIN_CORPUS, _fetch_ding_dictionary, cache_dir, load_corpus, source_target
+from vaswani_mt.data.corpus import _fetch_ding_dictionary, cache_dir
 from vaswani_mt.inference.alignments import align_outputs, default_method, hard_links, realign, supervised_head
 from vaswani_mt.inference.controls import ControlReport
 from vaswani_mt.inference.loading import load_for_inference
@@ -59,7 +56,6 @@ from vaswani_mt.inference.markup import comments, parse_markup, placeholders, re
 from vaswani_mt.inference.translate import translate
 from vaswani_mt.system import native_bf16
 
-ANNOTATIONS = re.compile(r"\{[^}]*\}|\[[^\]]*\]|\([^)]*\)|(?<!\S)/[^/]+/(?!\S)")
 ENGLISH = re.compile(r"^[a-z]{4,}$")
 GERMAN = re.compile(r"^[a-zäöüß]{4,}$")
 BATCH = 16
@@ -321,9 +317,7 @@ def main() -> None:
     args = parser.parse_args()
     record = MachineRecord()
     model, tokenizer = load_for_inference(args.model)
-    corpus = load_corpus(BUILTIN_CORPUS, None, "en", "de")
-    sources, references = source_target(corpus["test"], "en", "de")
-    sources, references = sources[: args.sentences], references[: args.sentences]
+    sources, references = split_pairs("test", args.sentences)
     pairs = dictionary_pairs(_fetch_ding_dictionary(cache_dir() / "ding"))
     result = {"model": args.model, "native_bf16": native_bf16(), "sentences": len(sources),
               "dictionary_pairs": len(pairs), "default_method": default_method(model)}  # fmt: skip
@@ -334,10 +328,7 @@ def main() -> None:
         result["heldout"]["span_precision"] = forced_spans(model, tokenizer, [r for r in rows if "reference" in r],
                                                            method)  # fmt: skip
         result["markup"] = measure_markup(model, tokenizer, markup_test(sources, references, pairs), method)
-        result.update(record.finish())
-        print(json.dumps(result, indent=1, ensure_ascii=False))
-        if args.json:
-            Path(args.json).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        record.report(result, args.json)
         return
 
     start = time.perf_counter()
@@ -363,9 +354,8 @@ def main() -> None:
     result["rules_and_merges_of_best"] = variants
 
     if args.eflomal:
-        train_sources, train_targets = source_target(corpus["train"], "en", "de")
         split = [([w.lower() for w in a.source_words], [w.lower() for w in a.target_words]) for a in aligned]
-        train = [(s.lower().split(), t.lower().split()) for s, t in zip(train_sources, train_targets, strict=True)]
+        train = [(s.lower().split(), t.lower().split()) for s, t in zip(*split_pairs("train"), strict=True)]
         start = time.perf_counter()
         silver = eflomal_reference(train, split)
         if silver is None:
@@ -381,25 +371,17 @@ def main() -> None:
                                     "seconds": round(time.perf_counter() - start, 1), "table": table}  # fmt: skip
 
     if args.repeats:
-        runs = {
-            "plain": lambda: translate(model, tokenizer, sources, batch_size=BATCH),
-            "alignments": lambda: translate(model, tokenizer, sources, batch_size=BATCH, alignments="hard"),
-        }
-        times = interleave(runs, args.repeats, warmup=0)
-        base, with_alignments = statistics.median(times["plain"]), statistics.median(times["alignments"])
-        result["speed"] = {"plain_median_s": round(base, 2), "alignments_median_s": round(with_alignments, 2),
-                           "cost_percent": round(100 * (with_alignments / base - 1), 1),
-                           "rounds": {k: [round(v, 2) for v in vs] for k, vs in times.items()}}  # fmt: skip
+        sides = {"plain": partial(translate, model, tokenizer, batch_size=BATCH),
+                 "alignments": partial(translate, model, tokenizer, batch_size=BATCH, alignments="hard")}  # fmt: skip
+        rows = run_sides(sides, sources, references, args.repeats, "plain")[0]
+        result["speed"] = {**rows, "cost_percent": round(100 * (1 / rows["alignments"]["ratio_to_plain"] - 1), 1)}
 
     tests = markup_test(sources, references, pairs)
     result["markup"] = measure_markup(model, tokenizer, tests, default_method(model))
     if best != default_method(model):
         result["markup_with_best_method"] = measure_markup(model, tokenizer, tests, best)
         result["markup_with_best_method"].pop("examples")
-    result.update(record.finish())
-    print(json.dumps(result, indent=1, ensure_ascii=False))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    record.report(result, args.json)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ beam 4 and 8, batch 16; interleaved rounds, medians, sentences/s and the ratio t
 
 Against Marian (`--speed_marian N`, without the term test): the first N test sentences with a term, batch 16, rounds
 interleaved: MarianMTModel `generate()` in float32 with the same weights (`to_marian`; beam 4, |Y|^0.6, at most the
-longest source + 50 new tokens: speed_decode.py's test-split defaults), ours with its own search, and ours with the
+longest source + 50 new tokens, as speed.py stopping runs it), ours with its own search, and ours with the
 sentence's term as a constraint.
 
     python benchmarks/terminology.py outputs/ding-cpu --json benchmarks/terminology_2026-11-26.json
@@ -32,16 +32,13 @@ sentence's term as a constraint.
 import argparse
 import itertools
 import re
-import statistics
-import sys
 import time
+from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from speed_common import MachineRecord, run_sides, split_pairs
 
-from speed_common import MachineRecord, interleave
-
-from vaswani_mt.data.corpus import BUILTIN_CORPUS, _fetch_ding_dictionary, cache_dir, load_corpus, source_target
+from vaswani_mt.data.corpus import _fetch_ding_dictionary, cache_dir
 from vaswani_mt.evaluation.metrics import bleu
 from vaswani_mt.inference.controls import ControlReport
 from vaswani_mt.inference.loading import load_for_inference
@@ -110,7 +107,7 @@ def quality(model, tokenizer, sources, references, terms, constrained: bool, sea
     report = ControlReport()
     kwargs = {**search, **({"constraints": terms, "report": report} if constrained else {})}
     start = time.perf_counter()
-    translations = translate(model, tokenizer, sources, BATCH, **kwargs)
+    translations = translate(model, tokenizer, sources, batch_size=BATCH, **kwargs)
     seconds = time.perf_counter() - start
     whole = bleu(translations, references)
     part = bleu([translations[i] for i in subset], [references[i] for i in subset])
@@ -130,57 +127,50 @@ def quality(model, tokenizer, sources, references, terms, constrained: bool, sea
     return row, translations
 
 
-def speed(model, tokenizer, sources, references, sentences: int, repeats: int) -> list[dict]:
+def speed(model, tokenizer, sources, references, sentences: int, repeats: int) -> dict:
+    """The first `sentences` of the split with 4 or more reference words of 4+ letters, side by side at beam 4 and 8:
+    no constraints, their 1, 2 or 4 longest reference words as constraints, the reference's first two words as a
+    prefix (the module's docstring)."""
     chosen = []
     for source, reference in zip(sources, references, strict=True):
         words = sorted({w for w in re.findall(r"\w+", reference) if len(w) >= 4}, key=lambda w: (-len(w), w))
         if len(words) >= 4:
-            chosen.append((source, words, " ".join(reference.split()[:2])))
-        if len(chosen) == sentences:
-            break
-    texts = [source for source, _, _ in chosen]
-    rows = []
+            chosen.append((source, reference, words, " ".join(reference.split()[:2])))
+    texts, refs, words, prefixes = (list(column) for column in zip(*chosen[:sentences], strict=True))
+    rows = {}
     for beams in (4, 8):
 
-        def run(beams=beams, **controls):
-            return lambda: translate(model, tokenizer, texts, BATCH, num_beams=beams, **controls)
+        def run(sentences, beams=beams, constraints=None, prefixes=None):  # a prefix of `texts` (the warm-up's)
+            controls = {"constraints": constraints[: len(sentences)]} if constraints else {}
+            if prefixes:
+                controls["target_prefixes"] = prefixes[: len(sentences)]
+            return translate(model, tokenizer, sentences, batch_size=BATCH, num_beams=beams, **controls)
 
-        runs = {"0 constraints": run()}  # the plain search, without the option
-        runs.update({f"{k} constraints": run(constraints=[w[:k] for _, w, _ in chosen]) for k in (1, 2, 4)})
-        runs["prefix"] = run(target_prefixes=[p for _, _, p in chosen])
-        times = interleave(runs, repeats, warmup=0)
-        base = statistics.median(times["0 constraints"])
-        for name, values in times.items():
-            median = statistics.median(values)
-            rows.append({"beams": beams, "run": name, "median_s": round(median, 2),
-                         "sentences_per_second": round(len(texts) / median, 2), "ratio": round(base / median, 3),
-                         "rounds": [round(v, 2) for v in values]})  # fmt: skip
+        sides = {"0 constraints": run}  # the plain search, without the option
+        sides.update({f"{k} constraints": partial(run, constraints=[w[:k] for w in words]) for k in (1, 2, 4)})
+        sides["prefix"] = partial(run, prefixes=prefixes)
+        print(f"\nbeam {beams}, {len(texts)} sentences")
+        rows[f"beam {beams}"] = run_sides(sides, texts, refs, repeats, "0 constraints")[0]
     return rows
 
 
-def speed_against_marian(model, tokenizer, sources, terms, sentences: int, repeats: int) -> dict:
+def speed_against_marian(model, tokenizer, sources, references, terms, sentences: int, repeats: int) -> dict:
     """Sentences/s of Marian float32, ours and ours with one term per sentence (the module's docstring)."""
     from vaswani_mt.export.marian import to_marian
 
-    chosen = [(source, wanted) for source, wanted in zip(sources, terms, strict=True) if wanted][:sentences]
-    texts = [source for source, _ in chosen]
+    chosen = [(s, r, t) for s, r, t in zip(sources, references, terms, strict=True) if t][:sentences]
+    texts, refs, wanted = (list(column) for column in zip(*chosen, strict=True))
     marian = to_marian(model).eval()
     budget = max(len(ids) for ids in tokenizer(texts)["input_ids"]) + 50
-    runs = {
-        "marian": lambda: translate(
-            marian, tokenizer, texts, BATCH, num_beams=4, length_penalty=0.6, max_new_tokens=budget
-        ),
-        "ours": lambda: translate(model, tokenizer, texts, BATCH),
-        "ours, 1 constraint": lambda: translate(model, tokenizer, texts, BATCH, constraints=[t for _, t in chosen]),
-    }
-    times = interleave(runs, repeats, warmup=1)
-    medians = {name: statistics.median(values) for name, values in times.items()}
-    return {
-        "sentences": len(texts), "repeats": repeats, "rounds_s": times,
-        "sentences_per_second": {name: round(len(texts) / m, 2) for name, m in medians.items()},
-        "x_marian": {name: round(medians["marian"] / m, 3) for name, m in medians.items()},
-        "constrained_x_ours": round(medians["ours"] / medians["ours, 1 constraint"], 3),
+    sides = {
+        "marian": partial(translate, marian, tokenizer, batch_size=BATCH, num_beams=4, length_penalty=0.6,
+                          max_new_tokens=budget),
+        "ours": partial(translate, model, tokenizer, batch_size=BATCH),
+        "ours, 1 constraint": lambda s: translate(model, tokenizer, s, batch_size=BATCH, constraints=wanted[: len(s)]),
     }  # fmt: skip
+    rows = run_sides(sides, texts, refs, repeats, "marian")[0]
+    ratio = rows["ours, 1 constraint"]["sentences_per_s"] / rows["ours"]["sentences_per_s"]
+    return {"sentences": len(texts), "repeats": repeats, "sides": rows, "constrained_x_ours": round(ratio, 3)}
 
 
 def old_rule(tokenizer, word: str) -> bool:
@@ -240,8 +230,7 @@ def main() -> None:
     parser.add_argument("--json", help="write the result here too")
     args = parser.parse_args()
     record = MachineRecord()
-    corpus = load_corpus(BUILTIN_CORPUS, None, "en", "de")
-    sources, references = source_target(corpus["test"], "en", "de")
+    sources, references = split_pairs("test")
     terms = term_test(sources, references, noun_pairs(_fetch_ding_dictionary(cache_dir() / "ding")))
     if args.typo_check:
         from transformers import AutoTokenizer
@@ -256,7 +245,9 @@ def main() -> None:
         "examples": [(s, t) for s, t in zip(sources, terms, strict=True) if t][:8],
     }  # fmt: skip
     if args.speed_marian:
-        result["speed_marian"] = speed_against_marian(model, tokenizer, sources, terms, args.speed_marian, args.repeats)
+        result["speed_marian"] = speed_against_marian(
+            model, tokenizer, sources, references, terms, args.speed_marian, args.repeats
+        )
         record.report(result, args.json)
         return
     search = {} if args.length_penalty is None else {"length_penalty": args.length_penalty}
