@@ -738,8 +738,9 @@ def peers(argv=None) -> dict:
     search = model.generation_config
     alpha = search.length_penalty
 
-    def limit(tokens: int) -> int:  # §6.1's |X| + 50, as the model saved it
-        return int((search.max_len_a or 1) * tokens + (search.max_len_b or 50))
+    def limit(tokens: int) -> int:  # the model's a·|X| + b (§6.1's |X| + 50 where it saved none)
+        a, b = (1, 50) if search.max_len_b is None else (search.max_len_a or 0, search.max_len_b)
+        return int(a * tokens + b)
 
     marian = to_marian(model).eval()
 

@@ -115,6 +115,35 @@ def test_decoding_benchmark_times_the_opt_in_int8_sides_against_marian_fp32(benc
     assert "vaswani_mt_int8 x" in capsys.readouterr().out
 
 
+@pytest.mark.usefixtures("one_thread")  # a tiny model on 2 threads of the busy 2-core VM: 110 s against 13
+def test_peers_benchmark_reports_every_sides_bleu_and_the_targets_ratios_from_its_medians(bench, tmp_path, monkeypatch):
+    pytest.importorskip("ctranslate2")
+    speed = bench("speed")
+    from vaswani_mt.evaluation.terminology import reference_terms
+
+    sources, references = [en for en, _ in speed.PAIRS], [de for _, de in speed.PAIRS]  # batches of 4 and 2
+    monkeypatch.setattr(speed, "split_pairs", lambda split, limit=None: (sources, references))
+    out = tmp_path / "peers.json"
+    speed.main(["peers", "--model", str(speed.tiny_model_folder(tmp_path / "model")), "--batch", "4", "--repeats", "2",
+                "--threads", "1", "--json", str(out)])  # fmt: skip
+    result = json.loads(out.read_text())
+    sides = result["sides"]
+    assert set(sides) == {"ours float32", "ours int8", "MarianMTModel float32", "CTranslate2 float32",
+                          "CTranslate2 int8", "ours no terms", "ours one term"}  # fmt: skip
+    for row in sides.values():
+        assert isinstance(row["bleu"], float) and row["sentences_per_s"] > 0 and len(row["seconds"]) == 2
+    with_term = sum(bool(terms) for terms in reference_terms(sources, references))
+    assert result["sentences"] == 6 and result["sentences_with_a_term"] == with_term > 0
+    for name, (side, other, at_least) in speed.PEER_TARGETS.items():
+        ratio = result["ratios"][name]
+        expected = sides[side]["sentences_per_s"] / sides[other]["sentences_per_s"]
+        assert ratio["ratio_of_medians"] == pytest.approx(expected, abs=1e-3)
+        assert ratio["met"] == (sides[side]["sentences_per_s"] >= at_least * sides[other]["sentences_per_s"])
+    assert result["ratios"]["ours float32 / MarianMTModel float32"]["ratio_of_medians"] == pytest.approx(
+        1 / sides["MarianMTModel float32"]["ratio_to_ours float32"], rel=0.01
+    )
+
+
 def test_peak_memory_is_measured_in_a_separate_process(bench):
     common = bench("speed_common")
     peaks = common.measure_peak_rss(
