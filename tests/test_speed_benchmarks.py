@@ -242,7 +242,9 @@ def test_gpu_check_dry_run_writes_one_json_with_every_figure(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["failed_steps"] == [] and set(result["steps"]) == {"train_base", "train_big", "decode",
-                                                                      "multi_gpu_ddp"}  # fmt: skip
+                                                                      "multi_gpu_ddp", "translate_one",
+                                                                      "translate_all"}  # fmt: skip
+    assert result["sharded_translation_seconds"]["same_bytes"] is True  # one process and two: the same bytes
     ddp = result["multi_gpu_ddp"]
     assert ddp["processes"] == 2 and ddp["backend"] == "gloo" and ddp["weights_equal_on_every_rank"] is True
     assert ddp["target_tokens_per_s_per_process"] > 0
