@@ -102,30 +102,6 @@ def restore_rng():
         yield
 
 
-@contextlib.contextmanager
-def environ_kept():
-    """os.environ as it was on exit: a variable set inside is removed, one changed or removed is put back (for code
-    that sets variables process-wide, such as torch's inductor)."""
-    saved = dict(os.environ)
-    try:
-        yield
-    finally:
-        for name in set(os.environ) - set(saved):
-            del os.environ[name]
-        for name, value in saved.items():
-            if os.environ.get(name) != value:
-                os.environ[name] = value
-
-
-@contextlib.contextmanager
-def recursion_limit_kept():
-    limit = sys.getrecursionlimit()
-    try:
-        yield
-    finally:
-        sys.setrecursionlimit(limit)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
