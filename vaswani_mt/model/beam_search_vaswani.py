@@ -423,6 +423,21 @@ def _merge_finished(finished: _Finished, candidates: _Candidates, scores: torch.
     ), best  # fmt: skip
 
 
+def _leave(left: _Finished, running: _Beams, finished: _Finished, improvable: torch.Tensor, setup: _Setup, choice,
+           decoder: _Decoder, beam_idx: torch.Tensor):  # fmt: skip
+    """The sentences that cannot improve leave the batch: their finished hypotheses go to `left` as they are, and
+    every per-sentence state (running beams, finished ones, constraint rows, the choice's, the decoder's with its
+    cache moved by `beam_idx`) keeps only the sentences still searched. Returns the new (left, running, finished,
+    improvable, setup)."""
+    going = improvable[:, 0].nonzero()[:, 0]
+    left = _put(left, decoder.sentences, finished)
+    if setup.constrained is not None:
+        setup = setup._replace(constrained=(setup.constrained[0][going], setup.constrained[1]))
+    choice.keep_sentences(going)
+    decoder.keep_sentences(going, beam_idx[going].reshape(-1))
+    return left, _rows(running, going), _rows(finished, going), improvable[going], setup
+
+
 @torch.no_grad()
 def beam_search(
     model,
@@ -491,14 +506,9 @@ def beam_search(
         beam_idx = _gather(candidates.beams, chosen) + torch.arange(chosen.shape[0], device=device)[:, None] * num_beams
         if left is None or done or improvable.all():
             decoder.reorder(beam_idx.reshape(-1))
-        else:  # a sentence that cannot improve keeps its finished hypotheses as they are: it leaves the batch
-            going = improvable[:, 0].nonzero()[:, 0]
-            left = _put(left, decoder.sentences, finished)
-            running, finished, improvable = _rows(running, going), _rows(finished, going), improvable[going]
-            if setup.constrained is not None:
-                setup = setup._replace(constrained=(setup.constrained[0][going], setup.constrained[1]))
-            choice.keep_sentences(going)
-            decoder.keep_sentences(going, beam_idx[going].reshape(-1))
+        else:
+            left, running, finished, improvable, setup = _leave(left, running, finished, improvable, setup, choice,
+                                                                decoder, beam_idx)  # fmt: skip
         if done:
             break
         generated += 1
