@@ -9,7 +9,6 @@ holds the plan (`manifest.json`) and the shards' files until G is whole.
 from __future__ import annotations
 
 import bisect
-import hashlib
 import itertools
 import json
 import os
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from vaswani_mt.inference.streams import MAX_LINE_BYTES
-from vaswani_mt.system.outputs import ResumableOutput
+from vaswani_mt.system.outputs import ResumableOutput, run_key
 
 
 @dataclass(frozen=True)
@@ -78,7 +77,7 @@ class ShardedOutput:
         self.output, self.folder = Path(output), Path(f"{output}.shards")
         self.manifest = self.folder / "manifest.json"
         self.identity, self.lines_per_input = identity, lines_per_input
-        self.key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        self.key = run_key(identity)
 
     def plan(self, source: str | os.PathLike, tokenizer, chunk: int, count: int) -> list[Shard]:
         """The shards of this run: those of the manifest a stopped run of it wrote, else `plan_shards`' (written to

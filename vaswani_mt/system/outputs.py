@@ -16,13 +16,18 @@ import os
 from pathlib import Path
 
 
+def run_key(identity: dict) -> str:
+    """A short key of a run's identity (any JSON-able description: options, models, input), for its files."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 class ResumableOutput:
     """The files of `output` for the run whose `identity` (any JSON-able description: options, models, input) is
     given; lines are counted from 1; each input line writes `lines_per_input` output lines (n-best: K)."""
 
     def __init__(self, output: str | os.PathLike, identity: dict, lines_per_input: int = 1):
         self.output, self.partial, self.state = Path(output), Path(f"{output}.partial"), Path(f"{output}.resume")
-        self.key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        self.key = run_key(identity)
         self.lines_per_input = lines_per_input
         self.kept: dict[int, str] = {}
 
@@ -83,4 +88,4 @@ class ResumableOutput:
         os.replace(temporary, self.state)
 
 
-__all__ = ["ResumableOutput"]
+__all__ = ["ResumableOutput", "run_key"]
