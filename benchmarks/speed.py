@@ -6,7 +6,6 @@ our own decoding options, each side run as its users run it; one command per fig
     python benchmarks/speed.py decode ...     # generate() against Marian's at forced lengths (float32, bf16, int8)
     python benchmarks/speed.py stopping ...   # the beam search's stopping rules against Marian's on test and dev
     python benchmarks/speed.py batching ...   # translate.py with token-budget against fixed-size batches
-    python benchmarks/speed.py revisions ...  # translate() of this checkout against an earlier commit's
     python benchmarks/speed.py peers ...      # one run: ours (float32, int8, terms) beside Marian and CTranslate2
     python benchmarks/speed.py leave ...      # finished sentences leaving the beam search's batch, or kept
 
@@ -20,7 +19,6 @@ import argparse
 import copy
 import itertools
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -31,7 +29,6 @@ from pathlib import Path
 
 import torch
 from speed_common import (
-    PAIRS,
     MachineRecord,
     child_argv,
     command_parser,
@@ -43,7 +40,6 @@ from speed_common import (
     run_sides,
     speedups,
     split_pairs,
-    tiny_model_folder,
 )
 from transformers import DataCollatorForSeq2Seq
 from transformers.trainer_pt_utils import LabelSmoother
@@ -592,83 +588,6 @@ def batching(argv=None) -> dict:
     return record.report(result, args.json)
 
 
-REVISION_CHILD = """
-import hashlib, json, sys, time
-import torch
-torch.set_num_threads(int(sys.argv[4]))
-from vaswani_mt.inference.loading import load_for_inference
-from vaswani_mt.inference.translate import translate, translate_nbest
-from vaswani_mt.inference.alignments import format_aligned_line
-model, tokenizer = load_for_inference(sys.argv[1], device="cpu")
-lines = [line.rstrip("\\n") for line in open(sys.argv[2], encoding="utf-8")]
-options = json.loads(sys.argv[3])
-nbest = options.pop("nbest", None)  # translate_nbest: the name both revisions have
-def run(sentences):
-    return translate_nbest(model, tokenizer, sentences, nbest, **options) if nbest else translate(model, tokenizer,
-                                                                                                  sentences, **options)
-run(lines[:32])  # warm-up
-start = time.perf_counter()
-out = run(lines)
-seconds = time.perf_counter() - start
-flat = [h.text for hs in out for h in hs] if nbest else list(out)
-text = "\\n".join(format_aligned_line(t) if hasattr(t, "links") else str(t) for t in flat)
-print(json.dumps({"seconds": seconds, "digest": hashlib.sha256(text.encode()).hexdigest()}))
-"""
-REVISION_OPTIONS = {"plain": {}, "nbest 2": {"nbest": 2}, "alignments": {"alignments": "hard"},
-                    "greedy": {"num_beams": 1}}  # fmt: skip
-
-
-def revisions(argv=None) -> dict:
-    """`translate()` of this checkout against `--before` (a commit, checked out in a temporary git worktree), each in
-    a fresh process per round, rounds interleaved: sentences/s (medians), the ratio, and whether both give the same
-    outputs (a digest of every line). The model: `--model`, or the tests' fitted tiny model (per-batch overhead shows
-    most on a small model); the lines: `--lines` copies of its six sentences, batches of 16."""
-    parser = _parser("revisions", revisions.__doc__)
-    parser.add_argument("--before", required=True, help="the commit to compare with (e.g. HEAD~3)")
-    parser.add_argument("--model", default=None, help="a saved model folder (default: the tiny fitted one)")
-    parser.add_argument("--lines", type=int, default=100, help="copies of the six sentences (600 lines)")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args(argv)
-    record = MachineRecord()
-    with tempfile.TemporaryDirectory() as work:
-        work = Path(work)
-        model = args.model or str(tiny_model_folder(work / "model"))
-        (work / "lines.txt").write_text("".join(f"{en}\n" for en, _ in PAIRS * args.lines), encoding="utf-8")
-        before = work / "before"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(before), args.before], check=True,
-                       capture_output=True)  # fmt: skip
-        try:
-            result = {}
-            for name, options in REVISION_OPTIONS.items():
-                options = {"batch_size": 16, **options}
-                runs = {side: [] for side in ("before", "after")}
-                for _ in range(args.repeats):
-                    for side, root in (("before", before), ("after", ROOT)):
-                        out = subprocess.run(
-                            [sys.executable, "-c", REVISION_CHILD, model, str(work / "lines.txt"), json.dumps(options),
-                             str(args.threads)], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
-                            capture_output=True, text=True, check=True,
-                        )  # fmt: skip
-                        runs[side].append(json.loads(out.stdout.strip().splitlines()[-1]))
-                count = 6 * args.lines
-                rates = {side: statistics.median(count / r["seconds"] for r in rows) for side, rows in runs.items()}
-                digests = {side: {r["digest"] for r in rows} for side, rows in runs.items()}
-                result[name] = {
-                    "sentences_per_s": rates,
-                    "after_over_before": rates["after"] / rates["before"],
-                    "same_outputs": digests["before"] == digests["after"] and len(digests["after"]) == 1,
-                }
-                print(
-                    f"{name}: {rates['before']:.1f} -> {rates['after']:.1f} sentences/s "
-                    f"({result[name]['after_over_before']:.2f}x), same outputs: {result[name]['same_outputs']}"
-                )
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(before)], capture_output=True)
-    return record.report({"before": args.before, "revisions": result}, args.json)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # peers: ours beside MarianMTModel and CTranslate2 as their users run them, in one run (issue 52, item 6)
 
@@ -858,7 +777,6 @@ def main(argv=None):
         "decode": decode,
         "stopping": stopping,
         "batching": batching,
-        "revisions": revisions,
         "peers": peers,
         "leave": leave,
     }

@@ -116,11 +116,11 @@ def test_decoding_benchmark_times_the_opt_in_int8_sides_against_marian_fp32(benc
 
 
 def test_leave_benchmark_counts_fewer_decoder_rows_for_the_same_lines(bench, tmp_path, monkeypatch):
-    speed = bench("speed")
-    sources = [en for en, _ in speed.PAIRS] * 4  # six sentences of different lengths, 24 lines
+    speed, common = bench("speed"), bench("speed_common")
+    sources = [en for en, _ in common.PAIRS] * 4  # six sentences of different lengths, 24 lines
     monkeypatch.setattr(speed, "split_pairs", lambda split, limit=None: (sources[:limit], sources[:limit]))
     out = tmp_path / "leave.json"
-    speed.main(["leave", "--model", str(speed.tiny_model_folder(tmp_path / "model")), "--lines", "24", "--repeats",
+    speed.main(["leave", "--model", str(common.tiny_model_folder(tmp_path / "model")), "--lines", "24", "--repeats",
                 "1", "--batch_size", "8", "--json", str(out)])  # fmt: skip
     result = json.loads(out.read_text())
     rows = result["decoder_rows"]
@@ -134,13 +134,13 @@ def test_leave_benchmark_counts_fewer_decoder_rows_for_the_same_lines(bench, tmp
 @pytest.mark.usefixtures("one_thread")  # a tiny model on 2 threads of the busy 2-core VM: 110 s against 13
 def test_peers_benchmark_reports_every_sides_bleu_and_the_targets_ratios_from_its_medians(bench, tmp_path, monkeypatch):
     pytest.importorskip("ctranslate2")
-    speed = bench("speed")
+    speed, common = bench("speed"), bench("speed_common")
     from vaswani_mt.evaluation.terminology import reference_terms
 
-    sources, references = [en for en, _ in speed.PAIRS], [de for _, de in speed.PAIRS]  # batches of 4 and 2
+    sources, references = [en for en, _ in common.PAIRS], [de for _, de in common.PAIRS]  # batches of 4 and 2
     monkeypatch.setattr(speed, "split_pairs", lambda split, limit=None: (sources, references))
     out = tmp_path / "peers.json"
-    speed.main(["peers", "--model", str(speed.tiny_model_folder(tmp_path / "model")), "--batch", "4", "--repeats", "2",
+    speed.main(["peers", "--model", str(common.tiny_model_folder(tmp_path / "model")), "--batch", "4", "--repeats", "2",
                 "--threads", "1", "--json", str(out)])  # fmt: skip
     result = json.loads(out.read_text())
     sides = result["sides"]
@@ -257,15 +257,17 @@ def test_gpu_check_dry_run_writes_one_json_with_every_figure(tmp_path):
     done = subprocess.run(["bash", str(GPU_CHECK), str(out)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert result["failed_steps"] == [] and set(result["steps"]) == {"train_base", "train_big", "decode",
-                                                                      "multi_gpu_ddp", "translate_one",
+    assert result["failed_steps"] == [] and set(result["steps"]) == {"train_base", "train_big", "train_base_24k",
+                                                                      "decode", "multi_gpu_ddp", "translate_one",
                                                                       "translate_all"}  # fmt: skip
     assert result["sharded_translation_seconds"]["same_bytes"] is True  # one process and two: the same bytes
     ddp = result["multi_gpu_ddp"]
     assert ddp["processes"] == 2 and ddp["backend"] == "gloo" and ddp["weights_equal_on_every_rank"] is True
     assert ddp["target_tokens_per_s_per_process"] > 0
     assert {"torch", "transformers"} <= set(result["versions"]) and result["peak_bf16_tflops"] == 0.2
-    for preset in ("base", "big"):
+    assert result["training_bf16"]["base_24k"]["target_tokens_per_step"] == 8 * result["training_bf16"]["base"][
+        "target_tokens_per_step"]  # fmt: skip
+    for preset in ("base", "big", "base_24k"):
         training = result["training_bf16"][preset]
         assert training["flops_per_target_token"] > 0 and set(training["sides"]) == {"marian_bf16", "vaswani_mt_bf16"}
         assert all(side["target_tokens_per_s"] > 0 and 0 < side["mfu"] < 1 for side in training["sides"].values())
