@@ -1,8 +1,7 @@
 #!/usr/bin/env python
-"""Quality of training runs: what a run's checkpoints, averaging and search score, and how its loss fell.
+"""Quality of training runs: what a run's checkpoints, averaging, search and ensembles score.
 
     python benchmarks/quality.py curve RUN...      # BLEU (and NLL) of every checkpoint against training minutes
-    python benchmarks/quality.py losses RUN...     # training loss at minute marks; steps, speed; equal losses
     python benchmarks/quality.py search RUN        # {final, mean of last K} x {beam 4, greedy, other searches}
     python benchmarks/quality.py ensemble RUN      # the last K checkpoints ensembled, averaged, or the last alone
 
@@ -21,7 +20,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from speed_common import MachineRecord, command_parser, dispatch, run_sides, run_summary
+from speed_common import MachineRecord, command_parser, dispatch, run_sides
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
 
 from vaswani_mt.data.corpus import BUILTIN_CORPUS, load_corpus, source_target
@@ -148,79 +147,6 @@ def curve(argv=None) -> None:
         axis.legend(fontsize="small")
         figure.tight_layout()
         figure.savefig(args.plot, dpi=100)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# losses: training loss at minute marks
-
-
-def logged_losses(run: Path) -> list[tuple[float, float]]:
-    """(training minute, loss) of every logged training step of `run`."""
-    return [(row["train_minutes"], row["loss"]) for row in log_history(run) if "loss" in row and "train_minutes" in row]
-
-
-def loss_at(points: list[tuple[float, float]], minute: float, window: float) -> float | None:
-    """The mean loss logged within `window` minutes of `minute`; None where the run logged none there."""
-    near = [loss for at, loss in points if abs(at - minute) <= window]
-    return sum(near) / len(near) if near else None
-
-
-def table(runs: list[Path], marks: list[float], window: float) -> str:
-    points = {run: logged_losses(run) for run in runs}
-    lines = ["| minute | " + " | ".join(run.name for run in runs) + " |", "|---" * (len(runs) + 1) + "|"]
-    for mark in marks:
-        values = (loss_at(points[run], mark, window) for run in runs)
-        lines.append(f"| {mark:g} | " + " | ".join("" if v is None else f"{v:.3f}" for v in values) + " |")
-    return "\n".join(lines)
-
-
-def summary(runs: list[Path]) -> str:
-    lines = ["| run | steps | epochs | median target tok/s | final train loss |", "|---|---|---|---|---|"]
-    for run in runs:
-        r = run_summary(run)
-        epochs = "" if r["epochs"] is None else f"{r['epochs']:.2f}"
-        speed = "" if r["median_target_tokens_per_second"] is None else f"{r['median_target_tokens_per_second']:,.0f}"
-        loss = "" if r["final_train_loss"] is None else f"{r['final_train_loss']:.3f}"
-        lines.append(f"| {run.name} | {r['steps']:,} | {epochs} | {speed} | {loss} |")
-    return "\n".join(lines)
-
-
-def same_steps(first: Path, other: Path) -> dict:
-    """The training steps both runs logged a loss at, how many of those losses are equal, and the first that is not."""
-    losses = [{row["step"]: row["loss"] for row in log_history(run) if "loss" in row} for run in (first, other)]
-    common = sorted(set(losses[0]) & set(losses[1]))
-    differ = [step for step in common if losses[0][step] != losses[1][step]]
-    return {
-        "common": len(common),
-        "last_common": common[-1] if common else None,
-        "equal": len(common) - len(differ),
-        "first_different": differ[0] if differ else None,
-    }
-
-
-def losses(argv=None) -> None:
-    """The training loss each run logged near minute marks, with its steps, epochs and speed; and the steps
-    at which the later runs logged the same loss as the first (a change that should change no number)."""
-    parser = _parser("losses", losses.__doc__)
-    parser.add_argument("runs", nargs="+", type=Path, help="training output folders holding checkpoint-N folders")
-    parser.add_argument("--first", type=float, default=2.0, help="first mark, in minutes")
-    parser.add_argument("--every", type=float, default=4.0, help="minutes between marks")
-    parser.add_argument("--last", type=float, default=27.0, help="no mark after this minute")
-    parser.add_argument("--window", type=float, default=1.0, help="average the losses within this many minutes")
-    args = parser.parse_args(argv)
-    marks, mark = [], args.first
-    while mark <= args.last:
-        marks.append(mark)
-        mark += args.every
-    print(table(args.runs, marks, args.window))
-    print()
-    print(summary(args.runs))
-    for other in args.runs[1:]:
-        same = same_steps(args.runs[0], other)
-        print(
-            f"\n{other.name} against {args.runs[0].name}: {same['equal']} of the {same['common']} steps both logged "
-            f"(up to step {same['last_common']}) have equal losses; first different: {same['first_different']}"
-        )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -389,7 +315,7 @@ def ensemble(argv=None) -> dict:
 
 
 def main(argv=None):
-    return dispatch(__doc__, {"curve": curve, "losses": losses, "search": search, "ensemble": ensemble}, argv)
+    return dispatch(__doc__, {"curve": curve, "search": search, "ensemble": ensemble}, argv)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The benchmark scripts run end to end on tiny shapes: the speed benchmarks' equality checks pass and their ratio
 fields are printed; the Marian comparison trains both models through one pipeline; the scripts that read a training
-run (search and averaging, losses at minute marks) read the main job's small run (tests/conftest.py's `job_run`)."""
+run (search and averaging, an ensemble, the run's summary) read the main job's small run (conftest.py's `job_run`)."""
 
 import importlib
 import json
@@ -359,47 +359,16 @@ def test_search_and_averaging_scores_each_weights_under_each_search_on_the_same_
     }
 
 
-def test_loss_at_minutes_reads_a_runs_logged_losses_summary_and_equal_steps(bench, job_run, tmp_path):
-    """benchmarks/quality.py losses: the losses logged near each minute mark, from the last checkpoint's log; the
-    run's summary; the steps at which two runs logged the same loss."""
-    quality = bench("quality")
+def test_run_summary_reads_a_runs_steps_epochs_median_speed_and_last_loss(bench, job_run):
+    """speed_common.run_summary (train_vs_marian.py's table): updates, epochs, the median logged tokens per second,
+    the last loss, from the last checkpoint's log."""
     output = job_run.output
     history, logged = _logged_rows(output)
-    points = quality.logged_losses(output)
-    assert len(points) == len(logged) and points[-1][1] == logged[-1]["loss"]
-    minute = points[-1][0]
-    mean = sum(r["loss"] for r in logged) / len(logged)
-    assert quality.loss_at(points, minute, window=1e9) == mean
-    assert quality.loss_at(points, minute + 10, window=1.0) is None
-    rows = quality.table([output], [minute + 10, minute], window=1.0).splitlines()
-    assert rows[0] == f"| minute | {output.name} |" and rows[2] == f"| {minute + 10:g} |  |"
-    assert rows[3] == f"| {minute:g} | {quality.loss_at(points, minute, 1.0):.3f} |"
-    with pytest.raises(FileNotFoundError, match="no checkpoint-N folder"):
-        quality.logged_losses(tmp_path)
-    # run_summary (printed under the table): updates, epochs, the median logged tokens per second, the last loss
-    summary = quality.run_summary(output)
+    summary = bench("speed_common").run_summary(output)
     speeds = sorted(r["target_tokens_per_second"] for r in logged)
     assert summary["steps"] == 8 and summary["epochs"] == history[-1]["epoch"] > 0
     assert summary["final_train_loss"] == logged[-1]["loss"]
     assert summary["median_target_tokens_per_second"] == speeds[len(speeds) // 2]
-    rows = quality.summary([output]).splitlines()
-    median, epochs = speeds[len(speeds) // 2], summary["epochs"]
-    assert rows[2] == f"| {output.name} | 8 | {epochs:.2f} | {median:,.0f} | {logged[-1]['loss']:.3f} |"
-    # same_steps: a run against itself has every logged loss equal; a changed loss is found at its step
-    same = quality.same_steps(output, output)
-    assert same == {
-        "common": len(logged),
-        "last_common": logged[-1]["step"],
-        "equal": len(logged),
-        "first_different": None,
-    }
-    changed = tmp_path / "changed"
-    changed.mkdir()
-    edited = [dict(row, loss=row["loss"] + 1) if row.get("step") == logged[1]["step"] and "loss" in row else row
-              for row in history]  # fmt: skip
-    (changed / "trainer_state.json").write_text(json.dumps({"log_history": edited}))
-    same = quality.same_steps(output, changed)
-    assert (same["equal"], same["first_different"]) == (len(logged) - 1, logged[1]["step"])
 
 
 def test_ensemble_benchmark_translates_the_last_checkpoints_beside_their_average(bench, job_run, tmp_path):
