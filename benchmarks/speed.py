@@ -627,10 +627,11 @@ def _pair_ratio(rows: dict, side: str, other: str) -> dict:
 
 def peers(argv=None) -> dict:
     """A saved model on the built-in test split, beam 4 and batches of 16, each side as its users run it, --repeats
-    rounds interleaved (medians): ours (`Translator`, the model's saved search) in float32 and int8;
-    MarianMTModel's generate() (`to_marian` of the same weights, its own stopping rule); CTranslate2's
-    translate_batch (the model exported in float32 and int8, its own ranking log P / |Y|^alpha); both peers in
-    batches of 16, longest first, at most |X| + 50 tokens (the longest source's). Then ours on the test sentences
+    rounds interleaved (medians): ours (`Translator`, the model's saved search) in float32, int8 and, where
+    `native_bf16()`, bfloat16 (the compute types against float32); MarianMTModel's generate() (`to_marian` of the
+    same weights, its own stopping rule); CTranslate2's translate_batch (the model exported in float32 and int8, its
+    own ranking log P / |Y|^alpha); both peers in batches of 16, longest first, at most |X| + 50 tokens (the longest
+    source's). Then ours on the test sentences
     with a reference term (`reference_terms`), each with its one term, beside the same sentences without.
     Sentences/s, BLEU, the ratios of issue 52's targets and whether each is met."""
     import logging
@@ -681,7 +682,7 @@ def peers(argv=None) -> dict:
 
     sources, references = split_pairs("test", args.max_sentences)
     ours = {ct: Translator(model, tokenizer, batch_size=args.batch, num_beams=args.beam, compute_type=ct)
-            for ct in ("float32", "int8")}  # fmt: skip
+            for ct in ("float32", "int8", *(("bfloat16",) if native_bf16() else ()))}  # fmt: skip
     result = {"model": args.model, "native_bf16": native_bf16(), "beam": args.beam, "batch": args.batch,
               "alpha": alpha, "ctranslate2": ctranslate2.__version__}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="peers-") as scratch:
@@ -690,7 +691,7 @@ def peers(argv=None) -> dict:
             folder = export_model(args.model, "ctranslate2", Path(scratch) / ct, None if ct == "float32" else ct)
             engines[ct] = ctranslate2.Translator(str(folder), device="cpu", intra_threads=args.threads, inter_threads=1)
         torch.set_num_threads(args.threads)  # a CTranslate2 translator sets the OpenMP thread count, torch's too
-        sides = {"ours float32": ours["float32"].translate, "ours int8": ours["int8"].translate,
+        sides = {**{f"ours {ct}": translator.translate for ct, translator in ours.items()},
                  "MarianMTModel float32": _longest_first(tokenizer, args.batch, limit, marian_search),
                  **{f"CTranslate2 {ct}": _longest_first(tokenizer, args.batch, limit, ct2_search(engine))
                     for ct, engine in engines.items()}}  # fmt: skip

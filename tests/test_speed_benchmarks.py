@@ -144,8 +144,11 @@ def test_peers_benchmark_reports_every_sides_bleu_and_the_targets_ratios_from_it
                 "--threads", "1", "--json", str(out)])  # fmt: skip
     result = json.loads(out.read_text())
     sides = result["sides"]
+    from vaswani_mt.system import native_bf16
+
     assert set(sides) == {"ours float32", "ours int8", "MarianMTModel float32", "CTranslate2 float32",
-                          "CTranslate2 int8", "ours no terms", "ours one term"}  # fmt: skip
+                          "CTranslate2 int8", "ours no terms", "ours one term",
+                          *(["ours bfloat16"] if native_bf16() else [])}  # fmt: skip
     for row in sides.values():
         assert isinstance(row["bleu"], float) and row["sentences_per_s"] > 0 and len(row["seconds"]) == 2
     with_term = sum(bool(terms) for terms in reference_terms(sources, references))
