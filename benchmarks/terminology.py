@@ -16,14 +16,8 @@ Speed (`--speed`): the first sentences of the split with 4 or more German words 
 their 0, 1, 2 or 4 longest reference words as constraints, or the reference's first two words as a target prefix;
 beam 4 and 8, batch 16; interleaved rounds, medians, sentences/s and the ratio to no constraints.
 
-Against Marian (`--speed_marian N`, without the term test): the first N test sentences with a term, batch 16, rounds
-interleaved: MarianMTModel `generate()` in float32 with the same weights (`to_marian`; beam 4, |Y|^0.6, at most the
-longest source + 50 new tokens, as speed.py stopping runs it), ours with its own search, and ours with the
-sentence's term as a constraint.
-
     python benchmarks/terminology.py outputs/ding-cpu --json benchmarks/terminology_2026-11-26.json
     python benchmarks/terminology.py outputs/ding-cpu --speed --sentences 128 --repeats 3
-    python benchmarks/terminology.py outputs/ding-cpu --speed_marian 160 --repeats 3
     python benchmarks/terminology.py outputs/ding-cpu --length_penalty 0.6   # the paper's alpha
     python benchmarks/terminology.py outputs/ding-cpu --constrained_length_penalty 1.2   # terms at the model's alpha
     python benchmarks/terminology.py outputs/ding-cpu --typo_check   # the typo warning on the terms' real words
@@ -154,25 +148,6 @@ def speed(model, tokenizer, sources, references, sentences: int, repeats: int) -
     return rows
 
 
-def speed_against_marian(model, tokenizer, sources, references, terms, sentences: int, repeats: int) -> dict:
-    """Sentences/s of Marian float32, ours and ours with one term per sentence (the module's docstring)."""
-    from vaswani_mt.export.marian import to_marian
-
-    chosen = [(s, r, t) for s, r, t in zip(sources, references, terms, strict=True) if t][:sentences]
-    texts, refs, wanted = (list(column) for column in zip(*chosen, strict=True))
-    marian = to_marian(model).eval()
-    budget = max(len(ids) for ids in tokenizer(texts)["input_ids"]) + 50
-    sides = {
-        "marian": partial(translate, marian, tokenizer, batch_size=BATCH, num_beams=4, length_penalty=0.6,
-                          max_new_tokens=budget),
-        "ours": partial(translate, model, tokenizer, batch_size=BATCH),
-        "ours, 1 constraint": lambda s: translate(model, tokenizer, s, batch_size=BATCH, constraints=wanted[: len(s)]),
-    }  # fmt: skip
-    rows = run_sides(sides, texts, refs, repeats, "marian")[0]
-    ratio = rows["ours, 1 constraint"]["sentences_per_s"] / rows["ours"]["sentences_per_s"]
-    return {"sentences": len(texts), "repeats": repeats, "sides": rows, "constrained_x_ours": round(ratio, 3)}
-
-
 def old_rule(tokenizer, word: str) -> bool:
     """The typo warning before 2026-11-28: 3 or more pieces of under 2.5 characters on average."""
     pieces = tokenizer.tokenize(" " + word, add_special_tokens=False)
@@ -214,9 +189,7 @@ def main() -> None:
     parser.add_argument("model", help="the main job's output folder (its averaged model)")
     parser.add_argument("--speed", action="store_true", help="also the speed cost of 0, 1, 2, 4 constraints, a prefix")
     parser.add_argument("--sentences", type=int, default=128, help="sentences of the speed runs")
-    parser.add_argument("--speed_marian", type=int, default=None, metavar="N",
-                        help="only the speed against Marian, on the first N term sentences")  # fmt: skip
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the speed runs (medians)")
     parser.add_argument("--length_penalty", type=float, default=None, help="GNMT alpha (default: the model's)")
     parser.add_argument(
         "--constrained_length_penalty",
@@ -244,12 +217,6 @@ def main() -> None:
         "sentences": len(sources), "term_sentences": sum(map(bool, terms)),
         "examples": [(s, t) for s, t in zip(sources, terms, strict=True) if t][:8],
     }  # fmt: skip
-    if args.speed_marian:
-        result["speed_marian"] = speed_against_marian(
-            model, tokenizer, sources, references, terms, args.speed_marian, args.repeats
-        )
-        record.report(result, args.json)
-        return
     search = {} if args.length_penalty is None else {"length_penalty": args.length_penalty}
     if args.constrained_length_penalty is not None:
         search["constrained_length_penalty"] = args.constrained_length_penalty
