@@ -6,7 +6,7 @@ our own decoding options, each side run as its users run it; one command per fig
     python benchmarks/speed.py decode ...     # generate() against Marian's at forced lengths (float32, bf16, int8)
     python benchmarks/speed.py stopping ...   # the beam search's stopping rules against Marian's on test and dev
     python benchmarks/speed.py batching ...   # translate.py with token-budget against fixed-size batches
-    python benchmarks/speed.py peers ...      # one run: ours (float32, int8, terms) beside Marian and CTranslate2
+    python benchmarks/speed.py peers ...      # one run: ours (float32, int8, bf16, terms), Marian, CTranslate2
     python benchmarks/speed.py leave ...      # finished sentences leaving the beam search's batch, or kept
 
 `python benchmarks/speed.py COMMAND --help` describes each. The harness (machine record, interleaving, ratios, the
@@ -631,14 +631,16 @@ def peers(argv=None) -> dict:
     `native_bf16()`, bfloat16 (the compute types against float32); MarianMTModel's generate() (`to_marian` of the
     same weights, its own stopping rule); CTranslate2's translate_batch (the model exported in float32 and int8, its
     own ranking log P / |Y|^alpha); both peers in batches of 16, longest first, at most |X| + 50 tokens (the longest
-    source's). Then ours on the test sentences
-    with a reference term (`reference_terms`), each with its one term, beside the same sentences without.
+    source's). With `--ct2_ranking paper`, CTranslate2 as our back end instead (`CTranslate2Model` in a
+    `Translator`: its hypotheses re-ranked by §6.1's score, the share of lines it makes ours). Then ours on the test
+    sentences with a reference term (`reference_terms`), each with its one term, beside the same sentences without.
     Sentences/s, BLEU, the ratios of issue 52's targets and whether each is met."""
     import logging
 
     import ctranslate2
 
     from vaswani_mt.evaluation.terminology import reference_terms
+    from vaswani_mt.export.ctranslate2 import CTranslate2Model
     from vaswani_mt.export.marian import export_model
     from vaswani_mt.inference.loading import load_for_inference
     from vaswani_mt.inference.translator import Translator
@@ -650,7 +652,9 @@ def peers(argv=None) -> dict:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the whole split per side")
     parser.add_argument("--max_sentences", type=int, default=None, help="the first N test sentences (a quick look)")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch's and CTranslate2's")
+    parser.add_argument("--ct2_ranking", choices=["ctranslate2", "paper"], default="ctranslate2",
+                        help="CTranslate2's own ranking, as users run it, or §6.1's (our back end)")  # fmt: skip
     parser.add_argument("--json", default=None, help="also write the result here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -684,17 +688,19 @@ def peers(argv=None) -> dict:
     ours = {ct: Translator(model, tokenizer, batch_size=args.batch, num_beams=args.beam, compute_type=ct)
             for ct in ("float32", "int8", *(("bfloat16",) if native_bf16() else ()))}  # fmt: skip
     result = {"model": args.model, "native_bf16": native_bf16(), "beam": args.beam, "batch": args.batch,
-              "alpha": alpha, "ctranslate2": ctranslate2.__version__}  # fmt: skip
+              "alpha": alpha, "ctranslate2": ctranslate2.__version__, "ct2_ranking": args.ct2_ranking}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="peers-") as scratch:
-        engines = {}
+        sides = {**{f"ours {ct}": translator.translate for ct, translator in ours.items()},
+                 "MarianMTModel float32": _longest_first(tokenizer, args.batch, limit, marian_search)}  # fmt: skip
         for ct in ("float32", "int8"):
             folder = export_model(args.model, "ctranslate2", Path(scratch) / ct, None if ct == "float32" else ct)
-            engines[ct] = ctranslate2.Translator(str(folder), device="cpu", intra_threads=args.threads, inter_threads=1)
+            if args.ct2_ranking == "paper":
+                engine = CTranslate2Model(folder, intra_threads=args.threads, inter_threads=1)
+                sides[f"CTranslate2 {ct}"] = Translator(engine, batch_size=args.batch, num_beams=args.beam).translate
+            else:
+                engine = ctranslate2.Translator(str(folder), device="cpu", intra_threads=args.threads, inter_threads=1)
+                sides[f"CTranslate2 {ct}"] = _longest_first(tokenizer, args.batch, limit, ct2_search(engine))
         torch.set_num_threads(args.threads)  # a CTranslate2 translator sets the OpenMP thread count, torch's too
-        sides = {**{f"ours {ct}": translator.translate for ct, translator in ours.items()},
-                 "MarianMTModel float32": _longest_first(tokenizer, args.batch, limit, marian_search),
-                 **{f"CTranslate2 {ct}": _longest_first(tokenizer, args.batch, limit, ct2_search(engine))
-                    for ct, engine in engines.items()}}  # fmt: skip
         print(f"\n{len(sources)} test sentences, beam {args.beam}, batches of {args.batch}, {args.threads} threads")
         rows = run_sides(sides, sources, references, args.repeats, "ours float32")[0]
     terms = reference_terms(sources, references)

@@ -29,7 +29,7 @@ from vaswani_mt.system.devices import native_bf16
 COMPUTE_TYPES = ("float32", "bfloat16", "int8", "auto")
 
 # `auto` by hardware class: the fastest type whose sacreBLEU on the built-in test split is within 0.1 of float32's
-# with the model's own search (benchmarks/compute_types.py, beam 4 at batch 16; greedy int8 lost 0.19).
+# with the model's own search (benchmarks/speed.py peers, beam 4 at batch 16; greedy int8 lost 0.19).
 AUTO_COMPUTE_TYPES = {
     "native-bf16 CPU": "int8",  # RESULTS.md, 2026-11-26 translating faster: 1.48x float32, BLEU 8.09 vs 8.10
     "AVX2 CPU": "float32",  # not measured

@@ -98,8 +98,8 @@ def ctranslate2_nbest(
     hypotheses have ended (fairseq's rule; ours goes on while a running one could still win: `patience` > 1 sees
     more, slower) and keeps that many, the best by its score where more ended at the last step. So that these are
     the best by ours, each call's lp is alpha · n / (5 + n), n its mean source length: |Y|^lp then grows as GNMT's
-    ((5 + |Y|) / 6)^alpha does at |Y| = n, a translation's expected length (lp = alpha lost more of them:
-    benchmarks/ctranslate2_backend.py)."""
+    ((5 + |Y|) / 6)^alpha does at |Y| = n, a translation's expected length (lp = alpha lost more of them: issue 44,
+    item 5)."""
     search = {**_PAPER_SEARCH, **(search or {})}
     beam = options.pop("beam_size", search["beam_size"])
     alpha = options.pop("length_penalty", search["length_penalty"])
