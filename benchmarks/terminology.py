@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Terminology constraints on the main job's model: a term test built from data we have, and the speed cost.
+"""Terminology constraints on the main job's model: a term test built from data we have; the typo warning's rules.
 
 The term test: the built-in corpus's test split and the Ding dictionary's noun entries (German side marked `{m}`,
 `{f}`, `{n}` or `{pl}`; `{...}`, `[...]`, `(...)` and `/.../` annotations removed; one German word of 4 or more
@@ -10,14 +10,10 @@ as a whole word (its case). Each such sentence gets one term, its longest German
 Reported, with and without constraints (`translate(..., constraints=...)`, the model's own search, batch 16): term
 accuracy (the German term in the output as a whole word, exactly and lower-cased), constraint satisfaction (the
 search's own account, `ControlReport`), sacreBLEU and chrF on the term sentences and on the whole split (the other
-sentences unconstrained), and sentences per second over the split.
-
-Speed (`--speed`): the first sentences of the split with 4 or more German words of 4+ letters in their reference;
-their 0, 1, 2 or 4 longest reference words as constraints, or the reference's first two words as a target prefix;
-beam 4 and 8, batch 16; interleaved rounds, medians, sentences/s and the ratio to no constraints.
+sentences unconstrained), and sentences per second over the split. The speed cost of one term a line against none:
+`speed.py peers`.
 
     python benchmarks/terminology.py outputs/ding-cpu --json benchmarks/terminology_2026-11-26.json
-    python benchmarks/terminology.py outputs/ding-cpu --speed --sentences 128 --repeats 3
     python benchmarks/terminology.py outputs/ding-cpu --length_penalty 0.6   # the paper's alpha
     python benchmarks/terminology.py outputs/ding-cpu --constrained_length_penalty 1.2   # terms at the model's alpha
     python benchmarks/terminology.py outputs/ding-cpu --typo_check   # the typo warning on the terms' real words
@@ -27,10 +23,9 @@ import argparse
 import itertools
 import re
 import time
-from functools import partial
 from pathlib import Path
 
-from speed_common import MachineRecord, run_sides, split_pairs
+from speed_common import MachineRecord, split_pairs
 
 from vaswani_mt.data.corpus import _fetch_ding_dictionary, cache_dir
 from vaswani_mt.evaluation.metrics import bleu
@@ -121,33 +116,6 @@ def quality(model, tokenizer, sources, references, terms, constrained: bool, sea
     return row, translations
 
 
-def speed(model, tokenizer, sources, references, sentences: int, repeats: int) -> dict:
-    """The first `sentences` of the split with 4 or more reference words of 4+ letters, side by side at beam 4 and 8:
-    no constraints, their 1, 2 or 4 longest reference words as constraints, the reference's first two words as a
-    prefix (the module's docstring)."""
-    chosen = []
-    for source, reference in zip(sources, references, strict=True):
-        words = sorted({w for w in re.findall(r"\w+", reference) if len(w) >= 4}, key=lambda w: (-len(w), w))
-        if len(words) >= 4:
-            chosen.append((source, reference, words, " ".join(reference.split()[:2])))
-    texts, refs, words, prefixes = (list(column) for column in zip(*chosen[:sentences], strict=True))
-    rows = {}
-    for beams in (4, 8):
-
-        def run(sentences, beams=beams, constraints=None, prefixes=None):  # a prefix of `texts` (the warm-up's)
-            controls = {"constraints": constraints[: len(sentences)]} if constraints else {}
-            if prefixes:
-                controls["target_prefixes"] = prefixes[: len(sentences)]
-            return translate(model, tokenizer, sentences, batch_size=BATCH, num_beams=beams, **controls)
-
-        sides = {"0 constraints": run}  # the plain search, without the option
-        sides.update({f"{k} constraints": partial(run, constraints=[w[:k] for w in words]) for k in (1, 2, 4)})
-        sides["prefix"] = partial(run, prefixes=prefixes)
-        print(f"\nbeam {beams}, {len(texts)} sentences")
-        rows[f"beam {beams}"] = run_sides(sides, texts, refs, repeats, "0 constraints")[0]
-    return rows
-
-
 def old_rule(tokenizer, word: str) -> bool:
     """The typo warning before 2026-11-28: 3 or more pieces of under 2.5 characters on average."""
     pieces = tokenizer.tokenize(" " + word, add_special_tokens=False)
@@ -187,9 +155,6 @@ def typo_check(tokenizer, terms: list[list[str]]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="the main job's output folder (its averaged model)")
-    parser.add_argument("--speed", action="store_true", help="also the speed cost of 0, 1, 2, 4 constraints, a prefix")
-    parser.add_argument("--sentences", type=int, default=128, help="sentences of the speed runs")
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the speed runs (medians)")
     parser.add_argument("--length_penalty", type=float, default=None, help="GNMT alpha (default: the model's)")
     parser.add_argument(
         "--constrained_length_penalty",
@@ -231,8 +196,6 @@ def main() -> None:
     same = [a == b for a, b, t in zip(plain_out, constrained_out, terms, strict=True) if not t]
     result["runs"] = [plain, constrained]
     result["unconstrained_lines_identical"] = f"{sum(same)} of {len(same)}"
-    if args.speed:
-        result["speed"] = speed(model, tokenizer, sources, references, args.sentences, args.repeats)
     record.report(result, args.json)
 
 
