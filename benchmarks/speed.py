@@ -4,7 +4,6 @@ our own decoding options, each side run as its users run it; one command per fig
 
     python benchmarks/speed.py train ...      # the training step against Marian's: synthetic or real batches
     python benchmarks/speed.py decode ...     # generate() against Marian's at forced lengths (float32, bf16, int8)
-    python benchmarks/speed.py stopping ...   # the beam search's stopping rules against Marian's on test and dev
     python benchmarks/speed.py batching ...   # translate.py with token-budget against fixed-size batches
     python benchmarks/speed.py peers ...      # one run: ours (float32, int8, bf16, terms), Marian, CTranslate2
     python benchmarks/speed.py leave ...      # finished sentences leaving the beam search's batch, or kept
@@ -507,46 +506,6 @@ def decode(argv=None) -> dict | None:
     return _report(result, record, args)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# stopping: §6.1's "terminate early when possible", three rules against Marian's
-
-
-RULES = {"exact bound (never)": "never", "fairseq (True)": True, "transformers heuristic (False)": False}
-
-
-def stopping(argv=None) -> dict:
-    """The model's beam search under each stopping rule (`early_stopping`: the exact bound "never", fairseq's True,
-    the heuristic False) beside MarianMTModel's generate() on the test and dev splits: sentences/s and BLEU."""
-    from vaswani_mt.inference.loading import load_for_inference
-    from vaswani_mt.inference.translate import translate
-    from vaswani_mt.system.devices import native_bf16
-
-    parser = _parser("stopping", stopping.__doc__)
-    parser.add_argument("model", help="a saved vaswani_mt folder (the main job's: outputs/ding-cpu)")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=1, help="rounds of each split per side")
-    parser.add_argument("--max_sentences", type=int, default=None, help="the first N of each split (a quick look)")
-    parser.add_argument("--json", help="write the result here too")
-    args = parser.parse_args(argv)
-    record = MachineRecord()
-    model, tokenizer = load_for_inference(args.model, device="cpu")
-    marian, search = to_marian(model).eval(), model.generation_config
-    result = {"model": args.model, "native_bf16": native_bf16(), "search": search.to_diff_dict(), "batch": args.batch,
-              "splits": {}}  # fmt: skip
-    for split in ("test", "validation"):
-        sources, references = split_pairs(split, args.max_sentences)
-        sides = {label: partial(translate, model, tokenizer, batch_size=args.batch, early_stopping=rule)
-                 for label, rule in RULES.items()}  # fmt: skip
-        # Marian as a transformers user runs it: its own heuristic, at most the longest source + 50 new tokens
-        sides["MarianMTModel"] = partial(
-            translate, marian, tokenizer, batch_size=args.batch, num_beams=search.num_beams, early_stopping=False,
-            length_penalty=search.length_penalty, max_new_tokens=max(map(len, tokenizer(sources)["input_ids"])) + 50,
-        )  # fmt: skip
-        print(f"\n{split}: {len(sources)} sentences, batches of {args.batch}")
-        result["splits"][split] = run_sides(sides, sources, references, args.repeats, "MarianMTModel")[0]
-    return record.report(result, args.json)
-
-
 def batching(argv=None) -> dict:
     """scripts/translate.py with token-budget batches (--max_tokens) against fixed-size ones (--batch_size) on the
     test split, each run a whole command, interleaved: the same output lines, and sentences/s of each."""
@@ -782,7 +741,6 @@ def main(argv=None):
     commands = {
         "train": train,
         "decode": decode,
-        "stopping": stopping,
         "batching": batching,
         "peers": peers,
         "leave": leave,
