@@ -283,22 +283,6 @@ def gpus(argv=None) -> None:
 # paper_time: the paper's runs on GPUs
 
 
-def paper_time_args(argv=None) -> argparse.Namespace:
-    parser = _parser("paper_time", paper_time.__doc__)
-    parser.add_argument("--mfu", type=float, default=0.35, help="model FLOPs utilisation assumed on every GPU")
-    parser.add_argument("--gpus", default=",".join(GPU_PEAK_TFLOPS), help=f"of {', '.join(GPU_PEAK_TFLOPS)}")
-    parser.add_argument("--counts", default="1,8", help="numbers of GPUs")
-    parser.add_argument("--models", default="base,big")
-    parser.add_argument("--length", type=int, default=WMT14_MEAN_LENGTH, help="tokens per sentence, each side")
-    parser.add_argument("--tokens_per_step", type=int, default=PAPER_TOKENS_PER_STEP, help="target tokens")
-    parser.add_argument("--vocab_size", type=int, default=37000)
-    args = parser.parse_args(argv)
-    unknown = [g for g in args.gpus.split(",") if g not in GPU_PEAK_TFLOPS]
-    if unknown or not 0 < args.mfu <= 1:
-        parser.error(f"unknown GPU kind {unknown}" if unknown else "--mfu must be in (0, 1]")
-    return args
-
-
 def estimate(args) -> dict:
     gpus = args.gpus.split(",")
     counts = [int(n) for n in args.counts.split(",")]
@@ -340,23 +324,24 @@ def _duration(hours: float) -> str:
 
 def paper_time(argv=None) -> dict:
     """The paper's two runs (base, big) in hours on 1 and 8 GPUs of each kind: the training FLOPs counted from the
-    model, at an assumed model FLOPs utilisation (--mfu) of each GPU's dense bf16 peak."""
-    args = paper_time_args(argv)
+    model (and by formula, the check), at an assumed model FLOPs utilisation (--mfu) of each GPU's dense bf16 peak.
+    The JSON has each model's FLOPs per target token, per step and in all, and the paper's own utilisation."""
+    parser = _parser("paper_time", paper_time.__doc__)
+    parser.add_argument("--mfu", type=float, default=0.35, help="model FLOPs utilisation assumed on every GPU")
+    parser.add_argument("--gpus", default=",".join(GPU_PEAK_TFLOPS), help=f"of {', '.join(GPU_PEAK_TFLOPS)}")
+    parser.add_argument("--counts", default="1,8", help="numbers of GPUs")
+    parser.add_argument("--models", default="base,big", help="of base, big")
+    parser.add_argument("--length", type=int, default=WMT14_MEAN_LENGTH, help="tokens per sentence, each side")
+    parser.add_argument("--tokens_per_step", type=int, default=PAPER_TOKENS_PER_STEP, help="target tokens")
+    parser.add_argument("--vocab_size", type=int, default=37000, help="the shared BPE vocabulary's size")
+    args = parser.parse_args(argv)
+    unknown = [g for g in args.gpus.split(",") if g not in GPU_PEAK_TFLOPS]
+    if unknown or not 0 < args.mfu <= 1:
+        parser.error(f"unknown GPU kind {unknown}" if unknown else "--mfu must be in (0, 1]")
     result = estimate(args)
-    print(
-        f"Training cost at {args.tokens_per_step:,} target tokens per step, sentences of {args.length} tokens each "
-        "side (FLOPs counted from the model: forward + backward)\n"
-    )
-    print("| model | steps | MFLOP / target token (counted, analytic) | FLOPs / step | total FLOPs | "
-          "Table 2 | paper: 8 P100 | paper's utilisation of 8 x 9.5 TFLOPS |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
     for name, m in result["models"].items():
-        print(
-            f"| {name} | {m['steps']:,} | {m['flops_per_target_token'] / 1e6:.1f}, "
-            f"{m['analytic_flops_per_target_token'] / 1e6:.1f} | {m['flops_per_step']:.3g} | {m['total_flops']:.3g} "
-            f"| {m['paper_table2_flops']:.2g} | {_duration(m['paper_hours_on_8_p100'])} "
-            f"| {m['paper_run_utilisation']:.0%} |"
-        )
+        print(f"{name}: {m['flops_per_target_token'] / 1e6:.1f} MFLOP per target token, {m['total_flops']:.3g} in "
+              f"{m['steps']:,} steps; the paper's run: {m['paper_run_utilisation']:.0%} of 8 x 9.5 TFLOPS")  # fmt: skip
     counts = [int(n) for n in args.counts.split(",")]
     print(f"\nExpected wall time at MFU {args.mfu:.2f} of the dense bf16/fp16 tensor peak (vendor data sheets)\n")
     header = " | ".join(f"{name}, {n} GPU{'s' if n > 1 else ''}" for name in result["models"] for n in counts)
