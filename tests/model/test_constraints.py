@@ -7,6 +7,7 @@ from test_generation import teacher_forced_log_prob
 from transformers import GenerationConfig
 
 from vaswani_mt import VaswaniForConditionalGeneration, gnmt_length_penalty
+from vaswani_mt.model.beam_search_vaswani import settled
 from vaswani_mt.model.constraints_vaswani import LexicalConstraints, allocate, phrase_forms
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.transformers_internals]
@@ -197,6 +198,7 @@ def test_a_length_penalty_given_alone_is_every_sentences_over_the_saved_constrai
         (dict(constraints=[[[5]]] * 3), "3 entries for 4 sentences"),
         (dict(constraints=[[], [[]], [], []]), "sentence 1: constraint 1 is empty"),
         (dict(constraints=[[[5]]] * 4, constraint_order="sorted"), "constraint_order must be one of"),
+        (dict(constraints=[[[5]]] * 4, constrained_stopping="first"), "constrained_stopping must be one of"),
         (
             dict(max_len_a=0, max_len_b=3, target_prefix=[[], [], [5, 6, 7], []]),
             "sentence 2: a target prefix of 3 tokens",
@@ -255,3 +257,56 @@ def test_a_fitted_model_translates_with_a_term_it_would_not_choose(tokenizer):
     out = model.generate(**ids, constraints=[[phrase_forms(tokenizer, term)]], return_dict_in_generate=True)
     assert term in tokenizer.decode(out.sequences[0], skip_special_tokens=True)
     assert out.constraints_met.all()
+
+
+def decoded_rows(model, ids, mask, **kwargs) -> tuple[list, int]:
+    """Each sentence's tokens and score (None without `output_scores`), and the rows the decoder decoded
+    (hypotheses x steps; without per-step outputs, sentences leave the batch)."""
+    counted = []
+    hook = model.get_decoder().register_forward_pre_hook(lambda _, args, kw: counted.append(len(args[0])),
+                                                         with_kwargs=True)  # fmt: skip
+    try:
+        out = model.generate(input_ids=ids, attention_mask=mask, return_dict_in_generate=True, **kwargs)
+    finally:
+        hook.remove()
+    scores = out.sequences_scores.tolist() if out.sequences_scores is not None else [None] * len(out.sequences)
+    return [(generated(row), score) for row, score in zip(out.sequences, scores, strict=True)], sum(counted)
+
+
+# alpha, early_stopping, num_return_sequences, per-step scores, whether "best" decodes fewer rows (at alpha 1.5 the
+# bound at the longest length is loose: it stops no sentence before "beam" does on these four).
+STOPPING_CASES = [(0.0, True, 1, False, True), (0.0, True, 1, True, True), (0.6, True, 1, False, True),
+                  (0.0, "never", 1, True, True), (0.0, True, 2, False, True), (1.5, False, 1, True, False)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("alpha", "early_stopping", "returned", "output_scores", "fewer"), STOPPING_CASES)
+def test_a_constrained_sentence_stops_once_what_it_returns_is_settled(tokenizer, alpha, early_stopping, returned,
+                                                                      output_scores, fewer):  # fmt: skip
+    """`constrained_stopping="best"` (the default) returns what "beam" (done once `num_beams` hypotheses that meet
+    the terms have finished) returns, tokens and scores, and decodes fewer rows: a constrained sentence is done once
+    no running hypothesis can beat, at any length it may reach, the `num_return_sequences`-th it has finished."""
+    model = fit_tiny_model(tokenizer)
+    ids = tokenizer(["the house is small", "the dog is big", "the cat sleeps", "a small book"], return_tensors="pt",
+                    padding=True)  # fmt: skip
+    terms = [[phrase_forms(tokenizer, word)] if word else [] for word in ("Hund", None, "Buch", "Haus")]
+    kwargs = dict(constraints=terms, constrained_length_penalty=alpha, early_stopping=early_stopping,
+                  num_return_sequences=returned, output_scores=output_scores)  # fmt: skip
+    best, best_rows = decoded_rows(model, ids["input_ids"], ids["attention_mask"], **kwargs)
+    beam, beam_rows = decoded_rows(model, ids["input_ids"], ids["attention_mask"], constrained_stopping="beam",
+                                   **kwargs)  # fmt: skip
+    assert best == beam
+    assert best_rows < beam_rows if fewer else best_rows == beam_rows
+
+
+def test_the_settled_rule_reads_the_returned_hypothesis_and_the_bound_at_the_longest_length():
+    finished = torch.tensor([[-1.0, -2.0], [-1.0, -2.0], [-1.0, -2.0]])
+    done = torch.tensor([[True, True], [True, True], [True, False]])
+    running = torch.tensor([[-1.5], [-0.5], [-1.5]])
+    rows = torch.tensor([[True], [True], [True]])
+    # alpha 0: log P only falls. Row 0: its best finished beats every running one; row 1: not; row 2 as row 0.
+    assert settled((rows, 0.0, 1), running, finished, done, 3, 10)[:, 0].tolist() == [True, False, True]
+    # Its second: row 0's -2.0 is beaten by -1.5; row 2 has no second finished.
+    assert settled((rows, 0.0, 2), running, finished, done, 3, 10)[:, 0].tolist() == [False, False, False]
+    # alpha 1: -1.5 may still reach -1.5 / ((5 + 10) / 6) = -0.6 at the longest length, which beats -1.0.
+    assert not settled((rows, 1.0, 1), running, finished, done, 3, 10).any()
+    assert not settled((~rows, 0.0, 1), running, finished, done, 3, 10).any()  # sentences without terms: never

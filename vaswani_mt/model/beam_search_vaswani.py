@@ -127,6 +127,18 @@ def can_improve(
     return improvable & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
 
 
+def settled(settle: tuple[torch.Tensor, float, int], running_scores: torch.Tensor, finished_scores: torch.Tensor,
+            is_finished: torch.Tensor, generated: int, longest: int) -> torch.Tensor:  # fmt: skip
+    """(B, 1) whether what a sentence of `settle` ((rows (B, 1), their alpha, the hypotheses returned)) returns is
+    settled: its `returned`-th finished hypothesis (by `finished_scores`, best first) beats the best running one
+    (`running_scores`, log P(Y|X)) at any length that one may still reach (with alpha > 0 the GNMT penalty at
+    `longest`, tensor2tensor's exact bound; else at `generated`, as log P only falls). Such a sentence is done:
+    anything it could still finish ranks after what it returns (`constrained_stopping="best"`)."""
+    rows, alpha, returned = settle
+    best = running_scores / gnmt_length_penalty(longest if alpha > 0.0 else generated, alpha)
+    return rows & is_finished[:, returned - 1 : returned] & (best <= finished_scores[:, returned - 1 : returned])
+
+
 def _gather(tensor: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     """`tensor[b, indices[b, k], ...]`: the beams `indices` picks in each sentence."""
     while indices.dim() < tensor.dim():
@@ -146,6 +158,8 @@ class _Setup(NamedTuple):
     stopping_criteria: StoppingCriteriaList | None
     # (B, 1) sentences with constraints and the alpha they are scored with (`constrained_length_penalty`), or None
     constrained: tuple[torch.Tensor, float] | None = None
+    # (B, 1) sentences with constraints, their alpha and the hypotheses returned, with `constrained_stopping="best"`
+    settle: tuple[torch.Tensor, float, int] | None = None
 
 
 class _Beams(NamedTuple):
@@ -423,6 +437,18 @@ def _merge_finished(finished: _Finished, candidates: _Candidates, scores: torch.
     ), best  # fmt: skip
 
 
+def _with_constraints(setup: _Setup, config: GenerationConfig, rows: torch.Tensor) -> _Setup:
+    """`setup` for a search with constraints (`rows` (B, 1): the sentences that have some): their own alpha where
+    `constrained_length_penalty` differs, and with `constrained_stopping="best"` (or none) the rule of `settled`."""
+    alpha = getattr(config, "constrained_length_penalty", None)
+    alpha = setup.alpha if alpha is None else float(alpha)
+    if alpha != setup.alpha:
+        setup = setup._replace(constrained=(rows, alpha))
+    if getattr(config, "constrained_stopping", None) in (None, "best"):
+        setup = setup._replace(settle=(rows, alpha, config.num_return_sequences))
+    return setup
+
+
 def _leave(left: _Finished, running: _Beams, finished: _Finished, improvable: torch.Tensor, setup: _Setup, choice,
            decoder: _Decoder, beam_idx: torch.Tensor):  # fmt: skip
     """The sentences that cannot improve leave the batch: their finished hypotheses go to `left` as they are, and
@@ -433,6 +459,8 @@ def _leave(left: _Finished, running: _Beams, finished: _Finished, improvable: to
     left = _put(left, decoder.sentences, finished)
     if setup.constrained is not None:
         setup = setup._replace(constrained=(setup.constrained[0][going], setup.constrained[1]))
+    if setup.settle is not None:
+        setup = setup._replace(settle=(setup.settle[0][going], *setup.settle[1:]))
     choice.keep_sentences(going)
     decoder.keep_sentences(going, beam_idx[going].reshape(-1))
     return left, _rows(running, going), _rows(finished, going), improvable[going], setup
@@ -477,9 +505,8 @@ def beam_search(
     decoder = _Decoder(model, config, input_ids, attention_mask, encoder_outputs, processors, target_prefix)
     plain = _PlainChoice(num_beams, setup.keep)
     choice = plain if constraints is None else DynamicBeamAllocation(constraints, plain, eos)
-    constrained_alpha = getattr(config, "constrained_length_penalty", None)
-    if constraints is not None and constrained_alpha is not None and float(constrained_alpha) != setup.alpha:
-        setup = setup._replace(constrained=(choice.constrained, float(constrained_alpha)))
+    if constraints is not None:
+        setup = _with_constraints(setup, config, choice.constrained)
     running, finished = _start(batch, config, eos, device)
     # Sentences that cannot improve leave the batch (their finished hypotheses kept here) unless every row must stay.
     left = finished if _sentences_can_leave(config, decoder, stopping_criteria) else None
@@ -501,6 +528,9 @@ def beam_search(
             is_finished=finished.done, generated=generated, longest=config.max_length - 1,
             early_stopping=config.early_stopping, alpha=setup.alpha, constrained=setup.constrained,
         )  # fmt: skip
+        if setup.settle is not None:
+            improvable = improvable & ~settled(setup.settle, running.scores.amax(-1, keepdim=True), finished.keys,
+                                               finished.done, generated, config.max_length - 1)  # fmt: skip
         done = not improvable.any() or (finished.done.all() and config.early_stopping is True) or candidates.ends.all()
         # The flat beam each running one continues, in the decoder's rows.
         beam_idx = _gather(candidates.beams, chosen) + torch.arange(chosen.shape[0], device=device)[:, None] * num_beams
@@ -549,4 +579,4 @@ def _output(finished: _Finished, decoder: _Decoder, choice, config: GenerationCo
     return output
 
 
-__all__ = ["beam_search", "can_improve", "gnmt_length_penalty"]
+__all__ = ["beam_search", "can_improve", "gnmt_length_penalty", "settled"]

@@ -26,6 +26,11 @@ PAPER_SEARCH = {"num_beams": 4, "length_penalty": 0.6, "max_len_a": 1, "max_len_
 # finished: early_stopping=True) loses no BLEU to the exact bound ("never") on test or dev, in 0.4x its decoder steps
 # (benchmarks/RESULTS.md, 2026-11-26 stopping rules). A saved generation_config.json keeps the rule it was saved with.
 PAPER_STOPPING = True
+# When a sentence with terms is done (`constrained_stopping`): "best", the default, also once no running hypothesis
+# can beat, at any length it may still reach, its `num_return_sequences`-th finished one (so it returns what "beam"
+# returns, in fewer steps: RESULTS.md, 2026-11-28 the constrained search); "beam", by `early_stopping` alone (with
+# True: once `num_beams` hypotheses that meet its terms have finished, as fairseq's constrained search).
+CONSTRAINED_STOPPING = ("best", "beam")
 
 
 def sentence_limits(max_len_a: float | None, max_len_b: int, source_lengths: torch.Tensor) -> torch.Tensor:
@@ -109,6 +114,10 @@ class VaswaniGenerationMixin(GenerationMixin):
         # this call sets `length_penalty` alone (then that one is every sentence's).
         saved_alpha = None if "length_penalty" in kwargs else getattr(gen_config, "constrained_length_penalty", None)
         constrained_alpha = kwargs.pop("constrained_length_penalty", saved_alpha)
+        constrained_stopping = kwargs.pop("constrained_stopping", getattr(gen_config, "constrained_stopping", None))
+        if constrained_stopping not in (None, *CONSTRAINED_STOPPING):
+            raise ValueError(f"constrained_stopping must be one of {', '.join(CONSTRAINED_STOPPING)}, not "
+                             f"{constrained_stopping!r}")  # fmt: skip
         max_len_a = kwargs.pop("max_len_a", getattr(gen_config, "max_len_a", None))
         max_len_b = kwargs.pop("max_len_b", getattr(gen_config, "max_len_b", None))
         input_ids = inputs if inputs is not None else kwargs.get("input_ids")
@@ -128,6 +137,7 @@ class VaswaniGenerationMixin(GenerationMixin):
             logits_processor.append(PerSentenceMaxLength(limits, eos))
         config, model_kwargs = self._vaswani_search_config(gen_config, kwargs)
         config.constrained_length_penalty = constrained_alpha  # the constrained sentences' alpha (None: the same)
+        config.constrained_stopping = constrained_stopping or CONSTRAINED_STOPPING[0]
         if config.do_sample and (config.num_beams or 1) > 1:
             raise ValueError(
                 f"do_sample=True with {config.num_beams} beams (beam sampling) is not the paper's search: sample with "
@@ -199,6 +209,7 @@ class VaswaniGenerationMixin(GenerationMixin):
 
 
 __all__ = [
+    "CONSTRAINED_STOPPING",
     "PAPER_SEARCH",
     "PAPER_STOPPING",
     "PerSentenceMaxLength",
