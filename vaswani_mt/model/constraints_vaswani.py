@@ -199,7 +199,7 @@ class DynamicBeamAllocation:
         self.candidate_met = self.candidate_satisfied = None  # the last `choose`'s candidates', for the finishing
 
     def restrict(self, log_probs: torch.Tensor) -> torch.Tensor:
-        """(B * K, V) log-probabilities with EOS barred for hypotheses with a constraint still to meet."""
+        """(B * K, V) log-probabilities with EOS barred for hypotheses with a constraint still to meet (in place)."""
         return _bar_eos(log_probs, ~self.constraints.satisfied(self.met).reshape(-1), self.eos)
 
     def propose(self, totals: torch.Tensor, candidates):
@@ -275,10 +275,15 @@ class DynamicBeamAllocation:
 
 def _bar_eos(log_probs: torch.Tensor, unmet: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
     """EOS impossible for the rows (`unmet`) of hypotheses with a constraint still to meet, unless EOS is all that
-    is left to them (a sentence's length limit), where they end unmet."""
-    others = log_probs.index_fill(-1, eos, -float("inf"))
-    bar = unmet & (others.amax(-1) > -float("inf"))
-    return log_probs.index_copy(-1, eos, log_probs.index_select(-1, eos).masked_fill(bar[:, None], -float("inf")))
+    is left to them (a sentence's length limit), where they end unmet. In place, on the EOS columns only: the best
+    token that is not EOS is among the best `len(eos) + 1`, so no copy of the whole row is made."""
+    if not unmet.any():
+        return log_probs
+    values, tokens = log_probs.topk(min(eos.numel() + 1, log_probs.shape[-1]), dim=-1)
+    others = values.masked_fill(torch.isin(tokens, eos), -float("inf")).amax(-1)
+    bar = unmet & (others > -float("inf"))
+    log_probs[:, eos] = log_probs[:, eos].masked_fill(bar[:, None], -float("inf"))
+    return log_probs
 
 
 def _repeated(keys: torch.Tensor) -> torch.Tensor:
