@@ -94,12 +94,11 @@ def curve(argv=None) -> None:
     parser.add_argument(
         "--dataset", default=BUILTIN_CORPUS, help="the corpus the runs trained on (see --dataset of train.py)"
     )
-    parser.add_argument("--split", default="validation", choices=["validation", "test"])
-    parser.add_argument("--max_samples", type=int, default=None)
+    parser.add_argument("--split", default="validation", choices=["validation", "test"], help="the pairs scored")
+    parser.add_argument("--max_samples", type=int, default=None, help="only the split's first N pairs")
     parser.add_argument("--average_last", type=int, default=0, help="also score the mean of the last K checkpoints")
-    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--batch_size", type=int, default=64, help="sentences per batch of the search")
     parser.add_argument("--json", help="write the points here (merged with what the file already holds)")
-    parser.add_argument("--plot", help="draw BLEU against minutes to this PNG")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", torch.get_num_threads())))
 
@@ -130,23 +129,6 @@ def curve(argv=None) -> None:
         results[f"{label}:{args.split}"] = points
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
-    if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        figure, axis = plt.subplots(figsize=(7, 4.5))
-        for name, points in sorted(results.items()):
-            xy = [(p["minutes"], p["bleu"]) for p in points if p["minutes"] is not None]
-            if xy:
-                axis.plot(*zip(*xy, strict=True), marker=".", label=name)
-        axis.set_xlabel("training minutes (wall clock, 2 CPU threads)")
-        axis.set_ylabel("sacreBLEU (beam 4)")
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize="small")
-        figure.tight_layout()
-        figure.savefig(args.plot, dpi=100)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -232,14 +214,14 @@ def search(argv=None) -> None:
     parser = _parser("search", search.__doc__)
     parser.add_argument("run", help="a training output folder holding checkpoint-N folders")
     parser.add_argument("--dataset", default=BUILTIN_CORPUS, help="the corpus the run trained on (train.py's)")
-    parser.add_argument("--split", default="test", choices=["validation", "test"])
+    parser.add_argument("--split", default="test", choices=["validation", "test"], help="the pairs scored")
     parser.add_argument("--average_last", default="5", help="K, or several: 3,5,8")
     parser.add_argument("--length_penalties", default="", help="also beam 4 with these GNMT alphas: 0.8,1.0")
     parser.add_argument(
         "--search", action="append", default=[], help="another beam-4 search as generate() kwargs: KEY=VALUE,KEY=VALUE"
     )
-    parser.add_argument("--max_samples", type=int, default=None)
-    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--max_samples", type=int, default=None, help="only the split's first N pairs")
+    parser.add_argument("--batch_size", type=int, default=64, help="sentences per batch of the search")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
     record = MachineRecord()
@@ -280,8 +262,8 @@ def ensemble(argv=None) -> dict:
     parser.add_argument("--last", type=int, default=5, help="K: the last K checkpoints (default 5, as §6.1's base)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N test sentences")
     parser.add_argument("--dataset", default=BUILTIN_CORPUS, help="the corpus the run trained on")
-    parser.add_argument("--split", default="test", choices=["validation", "test"])
-    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--split", default="test", choices=["validation", "test"], help="the pairs translated")
+    parser.add_argument("--batch_size", type=int, default=32, help="sentences per batch")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of the split per side")
     parser.add_argument("--device", default=None, help="default: GPU if there is one")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
