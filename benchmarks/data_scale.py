@@ -40,11 +40,11 @@ def parse(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work_dir", required=True, help="holds the synthetic corpus, its caches and the tokenizer")
     parser.add_argument("--pairs", type=int, default=4_500_000, help="training pairs (WMT14 en-de: about 4.5M)")
-    parser.add_argument("--vocab_size", type=int, default=37000)
+    parser.add_argument("--vocab_size", type=int, default=37000, help="the joint BPE's size (the WMT recipe's)")
     parser.add_argument("--tokenizer_sample", type=int, default=1_000_000, help="pairs the BPE is learned from")
     parser.add_argument("--num_proc", type=int, default=os.cpu_count() or 1, help="tokenization processes")
     parser.add_argument("--max_tokens", type=int, default=3125, help="token budget per batch (the 8-GPU recipe's)")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=1, help="of the synthetic corpus and the sampler")
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--stage", choices=(*STAGES, "corpus"), help=argparse.SUPPRESS)  # in a process of its own
     return parser.parse_args(argv)

@@ -132,12 +132,12 @@ def machines(argv=None) -> None:
     """Two simulated machines (accelerate's multi-node path, gloo, one process each) against one machine of two
     processes, rounds interleaved: tokens/s and the same weights; --lost N rounds lose machine 1 and resume."""
     parser = _parser("machines", machines.__doc__)
-    parser.add_argument("--preset", default="small")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--max_tokens", type=int, default=1024)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--preset", default="small", help="the model trained")
+    parser.add_argument("--steps", type=int, default=30, help="training steps of each run")
+    parser.add_argument("--max_tokens", type=int, default=1024, help="token budget per batch and process")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of one machine and two")
     parser.add_argument("--lost", type=int, default=0, help="rounds that lose machine 1 after step 5")
-    parser.add_argument("--json")
+    parser.add_argument("--json", help="write the result here too")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1: a lost machine's weights are checked against round 0's")
@@ -468,10 +468,10 @@ def stream(argv=None) -> dict:
     process's memory read every --checkpoint lines (a long stream must not grow it)."""
     parser = _parser("stream", stream.__doc__)
     parser.add_argument("--model", help="saved model folder (default: the tests' fitted tiny model, built here)")
-    parser.add_argument("--lines", type=int, default=100_000)
+    parser.add_argument("--lines", type=int, default=100_000, help="input lines, 60 distinct ones in turn")
     parser.add_argument("--checkpoint", type=int, default=10_000, help="the peak RSS is read every this many lines")
-    parser.add_argument("--num_beams", type=int, default=1)
-    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--num_beams", type=int, default=1, help="translate.py's")
+    parser.add_argument("--batch_size", type=int, default=64, help="translate.py's")
     parser.add_argument("--chunk_size", type=int, default=None, help="default: translate.py's (16 batches)")
     parser.add_argument("--json", help="write the result here too")
     args = parser.parse_args(argv)
@@ -494,9 +494,9 @@ def shards(argv=None) -> dict:
 
     parser = _parser("shards", shards.__doc__)
     parser.add_argument("--model", required=True, help="saved model folder (the main job's: outputs/ding-cpu)")
-    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--processes", type=int, default=2, help="processes of one thread (and threads of one)")
     parser.add_argument("--lines", type=int, default=584, help="the test split's first lines (584: all of it)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of each side")
     parser.add_argument("--json", help="write the result here too")
     args = parser.parse_args(argv)
 

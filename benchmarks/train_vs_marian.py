@@ -62,8 +62,8 @@ def marian_model(model_args, tokenizer) -> MarianMTModel:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="configs/ding_cpu.yaml")
-    parser.add_argument("--output_dir", default="outputs/bench-train")
+    parser.add_argument("--config", default="configs/ding_cpu.yaml", help="the training config both sides run")
+    parser.add_argument("--output_dir", default="outputs/bench-train", help="each side's run in a folder of it")
     parser.add_argument("--only", choices=["vaswani_mt", "marian"], help="run one side only")
     args, overrides = parser.parse_known_args()
 
