@@ -122,6 +122,8 @@ def train_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--tokenizer", default=None, help="data mode: a saved tokenizer (default: train one)")
     parser.add_argument("--work_dir", default="outputs/bench-speed", help="where a trained tokenizer is kept")
     parser.add_argument("--lr", type=float, default=1e-4, help="constant learning rate (speed does not depend on it)")
+    parser.add_argument("--profile", type=int, default=0, help="step mode: also profile this many steps per side "
+                        "(device busy time, kernels per step, the top ops)")  # fmt: skip
     args = _parse(parser, argv)
     if args.sides is None:
         args.sides = (
@@ -247,6 +249,8 @@ def run_step_mode(args) -> dict:
     tokens = int(batch["labels"].ne(-100).sum())
     for row in summary.values():
         row["target_tokens_per_s"] = tokens / row["median_s"]
+    for name, step in steps.items() if args.profile else ():
+        summary[name]["profile"] = profile_steps(partial(step, batch), args.profile)
     if args.memory:
         for name, peak in _peaks(args, "train", list(models), f"training ({shape})").items():
             summary[name]["peak_rss_mib"] = peak
@@ -256,6 +260,29 @@ def run_step_mode(args) -> dict:
                  "peak_rss_mib"])  # fmt: skip
     return {"mode": "step", "shape": shape, "target_tokens_per_step": tokens, "check": check, "sides": summary,
             "times_s": {name: [round(t, 4) for t in values] for name, values in times.items()}}  # fmt: skip
+
+
+def profile_steps(step, count: int) -> dict:
+    """Where a step's time goes, by torch.profiler over `count` steps: the wall time (the profiler's overhead in it),
+    the accelerator's busy time, kernels launched, and the top ops by device time (CPU time where there is no
+    accelerator). Busy far below wall means the host cannot keep the device fed."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    accelerator = torch.cuda.is_available()
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if accelerator else [])]) as prof:
+        start = time.perf_counter()
+        for _ in range(count):
+            step()
+        wall = (time.perf_counter() - start) / count
+    kernels = [event for event in prof.events() if event.device_type == DeviceType.CUDA]
+    busy = sum(kernel.time_range.elapsed_us() for kernel in kernels) / count / 1e6
+    own = "self_device_time_total" if accelerator else "self_cpu_time_total"  # host ops: the kernels they launched
+    ops = [op for op in prof.key_averages() if op.device_type == DeviceType.CPU]
+    top = sorted(ops, key=lambda op: getattr(op, own), reverse=True)[:10]
+    return {"wall_s_per_step": round(wall, 5), "device_busy_s_per_step": round(busy, 5),
+            "device_busy_share": round(busy / wall, 3), "kernels_per_step": len(kernels) / count,
+            "top_ops_ms_per_step": {op.key[:80]: round(getattr(op, own) / count / 1e3, 3) for op in top}}  # fmt: skip
 
 
 # data mode: real batches
@@ -397,7 +424,10 @@ def decode_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--bf16", action="store_true", help="also both models with bf16 weights (opt-in numerics)")
     parser.add_argument("--int8", action="store_true", help="also both models with dynamic int8 Linear layers "
                         "(compute_type='int8': inference.compute_types.apply_compute_type)")  # fmt: skip
-    return _parse(parser, argv)
+    args = _parse(parser, argv)
+    if args.int8 and args.device != "cpu":
+        parser.error(f"--int8 runs on the CPU only, not {args.device}: add --device cpu")
+    return args
 
 
 def synchronized(call, device: str):

@@ -110,9 +110,11 @@ def free_port() -> int:
 
 def accelerate_launch(*argv: str) -> list[str]:
     """`accelerate launch` of 2 CPU processes (gloo) on this machine, each running `argv` (a script and its
-    arguments); a command's `--use_cpu` makes the Trainer's processes CPU ones."""
+    arguments); a command's `--use_cpu` makes the Trainer's processes CPU ones. GPUs are hidden: with one visible,
+    accelerate's barrier puts rank 1 on a `cuda:1` that is not there (seen on a 1-GPU H200)."""
     accelerate = str(Path(sys.executable).parent / "accelerate")
-    return [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port",
+    return ["env", "CUDA_VISIBLE_DEVICES=", accelerate, "launch", "--multi_gpu", "--num_processes", "2",
+            "--num_machines", "1", "--main_process_port",
             str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no", *argv]  # fmt: skip
 
 

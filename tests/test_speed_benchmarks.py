@@ -103,7 +103,8 @@ def test_decoding_benchmark_times_the_opt_in_int8_sides_against_marian_fp32(benc
     out = tmp_path / "decode.json"
     bench("speed").main(
         ["decode", "--preset", "tiny", "--vocab_size", "300", "--length", "6", "--steps", "4", "--batches", "3",
-         "--searches", "greedy", "--int8", "--repeats", "1", "--threads", "1", "--no-memory", "--json", str(out)]
+         "--searches", "greedy", "--int8", "--repeats", "1", "--threads", "1", "--device", "cpu", "--no-memory",
+         "--json", str(out)]
     )  # fmt: skip
     (case,) = json.loads(out.read_text())["cases"]
     assert case["identical_tokens"]  # the float32 pair still matches

@@ -93,7 +93,7 @@ def test_marian_export_loads_with_the_auto_classes_and_gives_our_greedy_tokens(f
     marian = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "marian").eval()
     marian_tokenizer = AutoTokenizer.from_pretrained(tmp_path / "marian")
     assert isinstance(marian, MarianMTModel)
-    model, tokenizer = load_for_inference(str(fitted_folder))
+    model, tokenizer = load_for_inference(str(fitted_folder), device="cpu")
     sentences = [english for english, _ in SENTENCES]
     assert marian_tokenizer(sentences)["input_ids"] == tokenizer(sentences)["input_ids"]
     batch, ours, _ = _expected_greedy(model, tokenizer, sentences)
@@ -115,7 +115,7 @@ def test_ctranslate2_export_searches_as_the_model_and_docs_example_gives_our_gre
     assert {"model.bin", "config.json", "shared_vocabulary.json", "tokenizer.json", "generation_config.json"} <= {
         p.name for p in output.iterdir()
     }
-    model, tokenizer = load_for_inference(str(fitted_folder))
+    model, tokenizer = load_for_inference(str(fitted_folder), device="cpu")
     search = ctranslate2_search(output)  # the model's own search, read from the exported folder
     saved = model.generation_config
     assert search == {"beam_size": saved.num_beams, "length_penalty": saved.length_penalty, "max_len_a": 1,

@@ -60,7 +60,7 @@ def test_auto_bf16_turns_on_bf16_autocast_only_where_bf16_is_native(tmp_path, mo
     trainer = VaswaniTrainer(model=make_model(), args=args)  # which seeds every RNG: restore_rng
     assert trainer.accelerator.mixed_precision == ("bf16" if native else "no")
     with trainer.accelerator.autocast():  # what accelerate wraps the model's forward in
-        assert torch.is_autocast_enabled("cpu") is native
+        assert torch.is_autocast_enabled(trainer.accelerator.device.type) is native  # the GPU's, where one is
 
 
 @pytest.mark.parametrize(("native", "extra", "expected"), [
