@@ -20,10 +20,10 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from speed_common import MachineRecord, command_parser, dispatch, run_sides
+from speed_common import MachineRecord, command_parser, dispatch, run_sides, split_pairs
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
 
-from vaswani_mt.data.corpus import BUILTIN_CORPUS, load_corpus, source_target
+from vaswani_mt.data.corpus import BUILTIN_CORPUS
 from vaswani_mt.evaluation.metrics import evaluate_bleu, token_nll
 from vaswani_mt.model.generation_vaswani import PAPER_SEARCH
 from vaswani_mt.training.checkpoints import average_checkpoints, list_checkpoints, log_history
@@ -102,11 +102,8 @@ def curve(argv=None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", torch.get_num_threads())))
 
-    corpus = load_corpus(args.dataset)
-    sources, references = source_target(corpus[args.split], "en", "de")
-    sources, references = sources[: args.max_samples], references[: args.max_samples]
-    train_sources, train_references = source_target(corpus["train"], "en", "de")
-    train = (train_sources[: len(sources)], train_references[: len(sources)])
+    sources, references = split_pairs(args.split, args.max_samples, args.dataset)
+    train = split_pairs("train", len(sources), args.dataset)  # as many training pairs: the generalisation gap
     results = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).is_file() else {}
     for run, label in zip(map(Path, args.runs), run_labels(args.runs), strict=True):
         points = []
@@ -225,8 +222,7 @@ def search(argv=None) -> None:
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
     record = MachineRecord()
-    sources, references = source_target(load_corpus(args.dataset)[args.split], "en", "de")
-    sources, references = sources[: args.max_samples], references[: args.max_samples]
+    sources, references = split_pairs(args.split, args.max_samples, args.dataset)
     average_last = [int(value) for value in args.average_last.split(",")]
     searches = dict(SEARCHES)
     saved = saved_search(Path(args.run))
@@ -274,8 +270,7 @@ def ensemble(argv=None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     record = MachineRecord()
-    sources, references = source_target(load_corpus(args.dataset)[args.split], "en", "de")
-    sources, references = sources[: args.limit], references[: args.limit]
+    sources, references = split_pairs(args.split, args.limit, args.dataset)
     chosen = list_checkpoints(Path(args.run), resumable=False)[-args.last :]
     if not chosen:
         raise SystemExit(f"error: {args.run}: no complete checkpoint-N folders")

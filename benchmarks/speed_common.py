@@ -205,11 +205,12 @@ def run_sides(
     return rows_against(times, outputs, references, baseline), outputs
 
 
-def split_pairs(split: str = "test", limit: int | None = None) -> tuple[list[str], list[str]]:
-    """The built-in corpus's English sources and German references of `split`, the first `limit` of them."""
+def split_pairs(split: str = "test", limit: int | None = None, dataset: str | None = None) -> tuple[list, list]:
+    """The English sources and German references of `split` of `dataset` (a corpus `train.py --dataset` takes;
+    default: the built-in one), the first `limit` of them."""
     from vaswani_mt.data.corpus import BUILTIN_CORPUS, load_corpus, source_target
 
-    sources, references = source_target(load_corpus(BUILTIN_CORPUS, None, "en", "de")[split], "en", "de")
+    sources, references = source_target(load_corpus(dataset or BUILTIN_CORPUS, None, "en", "de")[split], "en", "de")
     return sources[:limit], references[:limit]
 
 
