@@ -4,7 +4,8 @@ command, ends with the very weights of an uninterrupted run (same seed, CPU, dro
 matters), and its learning rate, steps and trained minutes go on where they stopped.
 
 The kill steps come from a seeded RNG (`VASWANI_FAULT_SEED`, default 26) and are printed (`pytest -s`). What makes
-a checkpoint complete, file by file: test_checkpoints.py."""
+a checkpoint complete, file by file: test_checkpoints.py. CI runs the faults one after another in one run, with
+SIGTERM; `pytest -m slow` again with SIGINT."""
 
 import json
 import os
@@ -85,11 +86,20 @@ def _interrupt(command: list[str], lines: int, signum: int, log: Path, env: dict
     return code
 
 
-def test_sigkill_sigint_and_a_cut_off_checkpoint_resume_to_the_uninterrupted_weights(reference, corpus, tmp_path):
+@pytest.mark.parametrize("signum", [pytest.param(signal.SIGTERM, id="SIGTERM"),
+                                    pytest.param(signal.SIGINT, id="SIGINT", marks=pytest.mark.slow)])  # fmt: skip
+def test_sigkill_a_signal_a_full_disk_and_a_cut_off_checkpoint_resume_to_the_uninterrupted_weights(
+    reference, corpus, tmp_path, signum
+):
+    """One run through every fault, each start the same command: SIGKILL, then SIGTERM (a scheduler's preemption;
+    `-m slow`: SIGINT, Ctrl-C, the same handler: test_callbacks.py runs both in this process), then a full disk,
+    then a checkpoint cut off while it was written, then the run to the end."""
+    name = signal.Signals(signum).name
     rng = random.Random(SEED)
     kill = rng.randint(1, STEPS - 4)
-    interrupt = rng.randint(max(kill + 1, 5), STEPS - 1)  # after step 5, checkpoint-4 is whole: one to fall back on
-    print(f"\nVASWANI_FAULT_SEED={SEED}: SIGKILL after step {kill}, SIGINT after step {interrupt}")
+    # after step 5, checkpoint-4 is whole: one to fall back on; stopped by step 8, a checkpoint is left to fail on
+    interrupt = rng.randint(max(kill + 1, 5), STEPS - 3)
+    print(f"\nVASWANI_FAULT_SEED={SEED}: SIGKILL after step {kill}, {name} after step {interrupt}")
     output = tmp_path / "run"
     command = reference_command(corpus, output)
 
@@ -97,16 +107,33 @@ def test_sigkill_sigint_and_a_cut_off_checkpoint_resume_to_the_uninterrupted_wei
     assert _interrupt(command, kill, signal.SIGKILL, tmp_path / "kill.log") == -signal.SIGKILL
     survivor = last_checkpoint(output)
 
-    # SIGINT (Ctrl-C): the step ends, a checkpoint is saved, the exit status is 128 + 2.
-    assert _interrupt(command, interrupt - checkpoint_step(survivor), signal.SIGINT, tmp_path / "int.log") == 130
-    log = (tmp_path / "int.log").read_text()
-    assert (f"resuming from {survivor} " in log) if survivor else ("resuming from" not in log)
-    stopped = _stopped(tmp_path / "int.log", "SIGINT", output)
-    assert stopped >= interrupt and not (output / "results.json").exists()  # not finished: nothing published
+    # SIGTERM or SIGINT: the step ends, a checkpoint is saved, the exit status is 128 + the signal's number.
+    log = tmp_path / "signal.log"
+    assert _interrupt(command, interrupt - checkpoint_step(survivor), signum, log) == 128 + signum
+    text = log.read_text()
+    assert (f"resuming from {survivor} " in text) if survivor else ("resuming from" not in text)
+    stopped = _stopped(log, name, output)
+    assert interrupt <= stopped <= STEPS - 2 and not (output / "results.json").exists()  # not finished: unpublished
 
-    # A kill in the middle of that checkpoint's write: its weights file cut short.
+    # A full disk: a file-size limit between the weights' size and the optimizer state's, so the next checkpoint
+    # writes its weights and fails on optimizer.pt.
+    sizes = [(reference / "checkpoint-2" / file).stat().st_size for file in ("model.safetensors", "optimizer.pt")]
+    limit = sum(sizes) // 2
+    full = subprocess.run(command, env=ENV, capture_output=True, text=True, preexec_fn=lambda: _limit_files(limit))
+    failed = stopped + 2 - stopped % 2  # the next multiple of --save_steps 2
+    assert full.returncode == 1, full.stderr[-3000:]
+    assert f"resuming from {output / f'checkpoint-{stopped}'} " in full.stderr
+    errors = [line for line in full.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in full.stderr, full.stderr[-3000:]
+    folder = output / f"checkpoint-{failed}"
+    assert errors[0].startswith(f"error: could not write checkpoint {folder}: optimizer.pt: torch.save could not ")
+    assert f"files limited to {limit} bytes" in errors[0] and "the checkpoints before it are intact" in errors[0]
+    assert not folder.exists()  # the half-written folder is gone
+    kept = sorted(path.name for path in output.glob("checkpoint-*"))
+    assert kept == [c.name for c in list_checkpoints(output)] and checkpoint_step(last_checkpoint(output)) == stopped
+
+    # A kill in the middle of the newest checkpoint's write: its weights file cut short.
     newest = last_checkpoint(output)
-    assert checkpoint_step(newest) == stopped
     weights = newest / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     assert "model.safetensors is truncated" in incomplete_reason(newest)
@@ -129,39 +156,6 @@ def test_sigkill_sigint_and_a_cut_off_checkpoint_resume_to_the_uninterrupted_wei
     loads = [json.loads(line) for line in record.read_text().splitlines()]
     assert {"optimizer.pt", "scheduler.pt", "rng_state.pth"} <= {load["file"] for load in loads}
     assert all(load["weights_only"] is True for load in loads), loads
-
-
-def test_sigterm_and_a_full_disk_stop_cleanly_and_the_same_command_finishes_the_run(reference, corpus, tmp_path):
-    output = tmp_path / "run"
-    command = reference_command(corpus, output)
-
-    # SIGTERM (a scheduler's preemption): the step ends, a checkpoint is saved, the exit status is 128 + 15.
-    term = random.Random(SEED + 1).randint(1, 3)
-    print(f"\nVASWANI_FAULT_SEED={SEED}: SIGTERM after step {term}")
-    assert _interrupt(command, term, signal.SIGTERM, tmp_path / "term.log") == 143
-    stopped = _stopped(tmp_path / "term.log", "SIGTERM", output)
-    assert stopped >= term
-
-    # A full disk: a file-size limit between the weights' size and the optimizer state's, so the next checkpoint
-    # writes its weights and fails on optimizer.pt.
-    sizes = [(reference / "checkpoint-2" / name).stat().st_size for name in ("model.safetensors", "optimizer.pt")]
-    limit = sum(sizes) // 2
-    full = subprocess.run(command, env=ENV, capture_output=True, text=True, preexec_fn=lambda: _limit_files(limit))
-    failed = stopped + 2 - stopped % 2  # the next multiple of --save_steps 2
-    assert full.returncode == 1, full.stderr[-3000:]
-    errors = [line for line in full.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "Traceback" not in full.stderr, full.stderr[-3000:]
-    folder = output / f"checkpoint-{failed}"
-    assert errors[0].startswith(f"error: could not write checkpoint {folder}: optimizer.pt: torch.save could not ")
-    assert f"files limited to {limit} bytes" in errors[0] and "the checkpoints before it are intact" in errors[0]
-    assert not folder.exists()  # the half-written folder is gone
-    kept = sorted(path.name for path in output.glob("checkpoint-*"))
-    assert kept == [c.name for c in list_checkpoints(output)] and checkpoint_step(last_checkpoint(output)) == stopped
-
-    result = subprocess.run(command, env=ENV, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"resuming from {output / f'checkpoint-{stopped}'} " in result.stderr
-    assert_same_training(output, reference)
 
 
 def _stopped(log: Path, name: str, output: Path) -> int:
