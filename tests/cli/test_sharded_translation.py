@@ -4,7 +4,10 @@ training tests run them), gives the bytes one process writes; a `kill -9` of one
 the same command again, gives them too; a rerun with other options is refused in one line. Without a launcher,
 `--output F` resumes a hard stop from F.partial's whole lines, chunk-aligned, to the same bytes.
 
-CI runs one launch of each kind and one kill; `pytest -m slow` kills five times over at random moments."""
+CI kills one of two processes and reruns the command (two processes on one machine), and runs two machines without
+a fault through the Slurm script (tests/training/test_machines.py: n-best lists and alignments, the bytes of one
+process); `pytest -m slow` adds two processes and two machines without a fault here, kills five times over at random
+moments, and loses a machine."""
 
 import json
 import os
@@ -151,6 +154,7 @@ def _machines(argv: list[str]) -> list[tuple[int, str]]:
     return [(launcher.wait(timeout=300), launcher.stdout.read()) for launcher in launchers]
 
 
+@pytest.mark.slow  # 50 s; CI: the Slurm script's two machines (test_machines.py) and the killed run's rerun (below)
 def test_two_processes_and_two_machines_write_the_bytes_of_one_process(fitted_folder, corpus, tmp_path):
     source, whole = corpus
     two = tmp_path / "two.de"
@@ -195,6 +199,8 @@ def test_a_killed_process_then_the_same_command_gives_the_uninterrupted_bytes(fi
         result = _launch(argv)
         assert result.returncode == 0, result.stderr[-3000:]
         assert output.read_bytes() == whole, f"seed {seed}"
+        assert f"{output}: {3 * LINES} lines, 2 shards on 2 processes" in result.stderr
+        assert not Path(f"{output}.shards").exists()  # the first process joined the shards and removed their folder
     if len(seeds) == 1:
         return  # CI's run; the slow one also reruns a stopped run with other options
     output = tmp_path / "refused.de"

@@ -423,22 +423,27 @@ def test_the_slurm_script_runs_two_machines_that_share_a_folder_as_one_machine_w
 
 def test_the_translation_slurm_script_writes_the_bytes_of_one_process(fitted_folder, tmp_path):
     """scripts/slurm/translate_multinode.sbatch as written, with PROCESSES_PER_NODE=1 (CPU nodes): two machines
-    translate their shards of one file into the bytes one process writes (docs/translating.md)."""
+    translate their shards of one file into the bytes one process writes (docs/translating.md), n-best lists and
+    alignments included. CI's two machines translating without a fault (tests/cli/test_sharded_translation.py kills
+    one of two processes on one machine)."""
     from conftest import ENGLISH
 
     from vaswani_mt.cli import translate as translate_cli
 
     source = tmp_path / "in.en"
     source.write_text("".join(f"{line}\n" for line in ENGLISH * 20))
-    options = ["--model", str(fitted_folder), "--input", str(source), "--chunk_size", "16", "--num_beams", "2"]
+    options = ["--model", str(fitted_folder), "--input", str(source), "--chunk_size", "16", "--num_beams", "2",
+               "--nbest", "2", "--alignments", "hard"]  # fmt: skip
     translate_cli.main([*options, "--output", str(tmp_path / "one.de")])
     script = SLURM.with_name("translate_multinode.sbatch")
-    run = subprocess.run(["bash", str(script), *options, "--output", str(tmp_path / "two.de"), "--threads", "1"],
+    two = tmp_path / "two.de"
+    run = subprocess.run(["bash", str(script), *options, "--output", str(two), "--threads", "1"],
                          env={**slurm_env(tmp_path), "PROCESSES_PER_NODE": "1"}, cwd=tmp_path, capture_output=True,
                          text=True, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     assert "vaswani_mt: 2 nodes x 1 processes, head localhost:" in run.stderr
-    assert (tmp_path / "two.de").read_bytes() == (tmp_path / "one.de").read_bytes()
+    assert f"{two}: {20 * len(ENGLISH)} lines, 2 shards on 2 processes" in run.stderr
+    assert two.read_bytes() == (tmp_path / "one.de").read_bytes() and not Path(f"{two}.shards").exists()
 
 
 # ---------------------------------------------------------------------------------------------------------------
