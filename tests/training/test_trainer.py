@@ -4,13 +4,15 @@ tests/ddp_budget_worker.py run it, in this process or under `accelerate launch`)
 
 import json
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 import torch
-from conftest import accelerate_launch, make_model, rng_kept
+from conftest import accelerate_launch, make_model, one_torch_thread, rng_kept
 from ddp_budget_worker import BUDGET, budget_dataset, train_with_budget
 from safetensors.torch import load_file
 
@@ -67,7 +69,8 @@ def test_two_process_ddp_gives_the_same_loss_and_update_as_one_process(tmp_path)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     worker = str(ROOT / "tests" / "ddp_worker.py")
     single, double = tmp_path / "single", tmp_path / "double"
-    subprocess.run([PYTHON, worker, str(single), "4", "--use_cpu"], check=True, env=env, capture_output=True)
+    with rng_kept(), one_torch_thread(), patch.object(sys, "argv", [worker, str(single), "4", "--use_cpu"]):
+        runpy.run_path(worker, run_name="__main__")  # one process: this one
     launch = accelerate_launch(worker, str(double), "2", "--use_cpu")
     result = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
