@@ -215,14 +215,14 @@ def gpus(argv=None) -> None:
     from accelerate.utils import gather_object
 
     parser = _parser("gpus", GPUS_DOC)
-    parser.add_argument("--mode", choices=["ddp", "fsdp"], required=True)
-    parser.add_argument("--preset", default="base")
-    parser.add_argument("--vocab_size", type=int, default=37000)
-    parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--length", type=int, default=30)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--mode", choices=["ddp", "fsdp"], required=True, help="the check (the doc above)")
+    parser.add_argument("--preset", default="base", help="the model trained")
+    parser.add_argument("--vocab_size", type=int, default=37000, help="the model's vocabulary")
+    parser.add_argument("--batch", type=int, default=100, help="pairs per GPU and step")
+    parser.add_argument("--length", type=int, default=30, help="tokens per random sentence")
+    parser.add_argument("--steps", type=int, default=20, help="training steps")
     parser.add_argument("--cpu", action="store_true", help="CPU processes (gloo): the dry run of gpu_check.sh")
-    parser.add_argument("--json", required=True)
+    parser.add_argument("--json", required=True, help="rank 0 writes the record here")
     args = parser.parse_args(argv)
 
     accelerator = Accelerator(cpu=args.cpu, mixed_precision="no" if args.cpu else "bf16")

@@ -57,12 +57,12 @@ def _parser(command: str, doc: str) -> argparse.ArgumentParser:
 def _shape_parser(command: str, doc: str, repeats: int) -> argparse.ArgumentParser:
     """The options `train` and `decode` share: the model's shape, the timed rounds, the device, peak memory."""
     parser = _parser(command, doc)
-    parser.add_argument("--preset", default="base")
+    parser.add_argument("--preset", default="base", help="the model's shape (VaswaniConfig.from_preset)")
     parser.add_argument("--vocab_size", type=int, default=37000, help="data mode: the BPE trained is of this size")
     parser.add_argument("--length", type=int, default=30, help="tokens per synthetic sentence (decode: the source)")
     parser.add_argument("--repeats", type=int, default=repeats, help="timed calls per side (and case)")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2, help="torch's threads")
+    parser.add_argument("--seed", type=int, default=0, help="of the weights and the synthetic batches")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available, else cpu)")
     parser.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True,
                         help="also each side's peak RSS, each in a process of its own")  # fmt: skip
@@ -112,7 +112,7 @@ CHECKPOINTED = "_checkpointed"
 
 def train_args(argv=None) -> argparse.Namespace:
     parser = _shape_parser("train", train.__doc__, repeats=10)
-    parser.add_argument("--mode", choices=["step", "data"], default="step")
+    parser.add_argument("--mode", choices=["step", "data"], default="step", help="one synthetic batch, or real ones")
     parser.add_argument("--dropout", type=float, default=None, help="default: the preset's")
     parser.add_argument("--batch", type=int, default=32, help="step mode: pairs per batch")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per side first")
@@ -420,7 +420,7 @@ def decode_args(argv=None) -> argparse.Namespace:
     parser = _shape_parser("decode", decode.__doc__, repeats=5)
     parser.add_argument("--steps", type=int, default=30, help="new tokens, min = max")
     parser.add_argument("--batches", default="1,16", help="batch sizes")
-    parser.add_argument("--searches", default="beam4,greedy")
+    parser.add_argument("--searches", default="beam4,greedy", help="comma-separated, of beam4, greedy")
     parser.add_argument("--bf16", action="store_true", help="also both models with bf16 weights (opt-in numerics)")
     parser.add_argument("--int8", action="store_true", help="also both models with dynamic int8 Linear layers "
                         "(compute_type='int8': inference.compute_types.apply_compute_type)")  # fmt: skip
