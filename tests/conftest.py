@@ -68,6 +68,16 @@ def one_torch_thread():
     return torch_threads(1)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_thread_for_the_session():
+    """One torch thread for the tests in this process, put back after the session: their models are tiny, and two
+    threads on a 2-core machine that also runs the tests' subprocesses (or anything else) made in-process tests many
+    times slower (tests/cli/test_line_checks.py: 12 s a test with two, 0.3 s with one, under a load of 2). A test of
+    more threads sets them itself (`torch_threads`)."""
+    with one_torch_thread():
+        yield
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """`one_torch_thread` for a whole module (`pytestmark = pytest.mark.usefixtures("one_thread")`)."""
