@@ -2,6 +2,7 @@
 (tensor2tensor's get_ende_bleu.sh and multi-bleu.perl), the loss per target token, and the translate and evaluate
 commands."""
 
+import io
 import json
 import math
 import os
@@ -14,6 +15,8 @@ import pytest
 import sacrebleu
 from conftest import make_model
 
+from vaswani_mt.cli import evaluate as evaluate_cli
+from vaswani_mt.cli import translate as translate_cli
 from vaswani_mt.evaluation.metrics import (
     COMPOUND_SPLIT_LABEL,
     bleu,
@@ -118,7 +121,7 @@ def test_score_translations_holds_both_bleus():
     assert scores["compound_split_signature"] == compound_split_bleu(hypotheses, references)["signature"]
 
 
-def test_evaluate_script_scores_existing_output_without_a_model(tmp_path):
+def test_evaluate_script_scores_existing_output_without_a_model(tmp_path, monkeypatch):
     hypotheses, references = tmp_path / "hyp.de", tmp_path / "ref.de"
     hypotheses.write_text("\n".join(HYPOTHESES) + "\n", encoding="utf-8")
     references.write_text("\n".join(REFERENCES) + "\n", encoding="utf-8")
@@ -135,11 +138,8 @@ def test_evaluate_script_scores_existing_output_without_a_model(tmp_path):
     assert json.loads(lines[-1])["compound_split_bleu"] == pytest.approx(67.5894805804, abs=1e-9)
 
     references.write_text("\n".join(list(REFERENCES)[:4]) + "\n", encoding="utf-8")
-    mismatch = subprocess.run([*script, "--hypotheses", str(hypotheses), "--references", str(references)],
-                              capture_output=True, text=True, env=ENV)  # fmt: skip
-    assert mismatch.returncode != 0 and mismatch.stdout == ""
-    message = f"error: {hypotheses} has 6 lines but {references} has 4: the files are not aligned"
-    assert mismatch.stderr.strip() == message
+    stdout, code = _run(evaluate_cli, ["--hypotheses", str(hypotheses), "--references", str(references)], monkeypatch)
+    assert stdout == "" and code == f"error: {hypotheses} has 6 lines but {references} has 4: the files are not aligned"
 
 
 def test_token_nll_is_the_unsmoothed_loss_per_target_token(tokenizer):
@@ -152,40 +152,42 @@ def test_token_nll_is_the_unsmoothed_loss_per_target_token(tokenizer):
     assert token_nll(model, tokenizer, sources, references) == pytest.approx(expected, rel=1e-5)
 
 
-def test_translate_script_reads_stdin_and_writes_a_line_per_line(tokenizer, tmp_path):
+def test_translate_script_reads_stdin_and_writes_a_line_per_line(tokenizer, tmp_path, monkeypatch, capsys):
     model = make_model(seed=2)
     model.save_pretrained(tmp_path / "m")
     tokenizer.save_pretrained(tmp_path / "m")
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "translate.py"), "--model", str(tmp_path / "m"), "--num_beams", "1"],
-        input="The girl ate an apple.\n\nHow are you?\n",
-        capture_output=True,
-        text=True,
-        env=ENV,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert len(result.stdout.splitlines()) == 3 and result.stdout.splitlines()[1] == ""
-    assert "translating" in result.stderr  # the progress bar
+    argv = ["--model", str(tmp_path / "m"), "--num_beams", "1"]
+    stdout, code = _run(translate_cli, argv, monkeypatch, b"The girl ate an apple.\n\nHow are you?\n")
+    assert code is None
+    assert len(stdout.splitlines()) == 3 and stdout.splitlines()[1] == ""
+    assert "translating" in capsys.readouterr().err  # the progress bar
 
 
-def test_evaluate_script_prints_the_signature(tokenizer, tmp_path):
+def test_evaluate_script_prints_the_signature(tokenizer, tmp_path, monkeypatch):
     model = make_model(seed=2)
     model.save_pretrained(tmp_path / "m")
     tokenizer.save_pretrained(tmp_path / "m")
     (tmp_path / "src.en").write_text("The girl ate an apple.\nHow are you today?\n")
     (tmp_path / "ref.de").write_text("Das Mädchen hat einen Apfel gegessen.\nWie geht es Ihnen heute?\n")
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "evaluate_model.py"), "--model", str(tmp_path / "m"),
-         "--source_file", str(tmp_path / "src.en"), "--reference_file", str(tmp_path / "ref.de")],
-        capture_output=True, text=True, env=ENV,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "sacreBLEU = " in result.stdout and "signature: nrefs:1|case:mixed|eff:no|tok:13a" in result.stdout
-    assert f"\n{COMPOUND_SPLIT_LABEL} = " in result.stdout and "signature: moses:de|escape:yes|" in result.stdout
-    explicit = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "evaluate_model.py"), "--model", str(tmp_path / "m"),
-         "--length_penalty", "0.6", "--source_file", str(tmp_path / "src.en"),
-         "--reference_file", str(tmp_path / "ref.de")],
-        capture_output=True, text=True, env=ENV,
-    )  # fmt: skip
-    assert explicit.stdout == result.stdout  # alpha 0.6 is the model's own (the paper's)
+    files = ["--source_file", str(tmp_path / "src.en"), "--reference_file", str(tmp_path / "ref.de")]
+    stdout, code = _run(evaluate_cli, ["--model", str(tmp_path / "m"), *files], monkeypatch)
+    assert code is None
+    assert "sacreBLEU = " in stdout and "signature: nrefs:1|case:mixed|eff:no|tok:13a" in stdout
+    assert f"\n{COMPOUND_SPLIT_LABEL} = " in stdout and "signature: moses:de|escape:yes|" in stdout
+    explicit, code = _run(evaluate_cli, ["--model", str(tmp_path / "m"), "--length_penalty", "0.6", *files],
+                          monkeypatch)  # fmt: skip
+    assert code is None and explicit == stdout  # alpha 0.6 is the model's own (the paper's)
+
+
+def _run(module, argv: list[str], monkeypatch, stdin: bytes = b"") -> tuple[str, str | int | None]:
+    """(stdout, exit code: None when main returned) of the command's `module.main(argv)` in this process (a script
+    in a process of its own: the first test above)."""
+    stdout = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
+    monkeypatch.setattr(sys, "stdout", stdout)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    code = None
+    try:
+        module.main(argv)
+    except SystemExit as exit:
+        code = exit.code
+    return stdout.buffer.getvalue().decode(), code
