@@ -1,6 +1,7 @@
 """SIGINT and SIGTERM to `vaswani-mt-translate` and `vaswani-mt-evaluate` as real processes on a long input (issue 45):
 every line translated so far is written, in order, one line on stderr says where to rerun from, the exit status is
-130 or 143, and there is no traceback. The library's part: tests/inference/test_interrupts.py."""
+130 or 143, and there is no traceback. The library's part: tests/inference/test_interrupts.py. CI sends each
+command one of the two signals; `pytest -m slow` the other one too."""
 
 import os
 import re
@@ -53,8 +54,13 @@ def _started(process: subprocess.Popen, output: Path, stderr: list[bytes]) -> bo
     return bool(counts) and int(counts[-1]) > 0
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-@pytest.mark.parametrize("name", ["translate", "evaluate"])
+@pytest.mark.parametrize(("name", "signum"), [
+    pytest.param("translate", signal.SIGINT, id="translate-2"),
+    pytest.param("evaluate", signal.SIGTERM, id="evaluate-15"),
+    # each command and each signal are in CI above; the library stops alike on both (tests/inference/test_interrupts.py)
+    pytest.param("translate", signal.SIGTERM, id="translate-15", marks=pytest.mark.slow),
+    pytest.param("evaluate", signal.SIGINT, id="evaluate-2", marks=pytest.mark.slow),
+])  # fmt: skip
 def test_a_signal_writes_every_line_translated_and_says_where_to_rerun_from(name, signum, fitted_folder, long_input,
                                                                            tmp_path):  # fmt: skip
     source, whole = long_input
