@@ -453,10 +453,12 @@ def _vm_hwm_kib(pid: int) -> int:
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmHWM from /proc")
-def test_translate_script_streams_in_order_with_flat_memory(fitted_folder, fitted):
-    """2,000 lines through the script, 200 a chunk: every translation comes out, in order, while its standard input
-    is still open (it reads lazily and flushes each chunk), and its peak RSS after the last chunk is within a few
-    MiB of its peak after the first (it keeps no line it has answered)."""
+def test_translate_script_answers_a_line_in_a_pipe_at_once_and_streams_in_order_with_flat_memory(fitted_folder, fitted):
+    """The script as a program, 200 lines a chunk. A program that writes one line into its pipe and waits for the
+    answer gets it, although the chunk is far from full and the input stays open: a chunk ends where the input
+    pauses (two rounds). Then 2,000 lines: every translation comes out, in order, while its standard input is still
+    open (it reads lazily and flushes each chunk), and its peak RSS after the last chunk is within a few MiB of its
+    peak after the first (it keeps no line it has answered); the end of input ends it with status 0."""
     model, tokenizer = fitted
     translations = translate(model, tokenizer, ENGLISH, num_beams=1)
     total, chunk = 2000, 200
@@ -472,8 +474,12 @@ def test_translate_script_streams_in_order_with_flat_memory(fitted_folder, fitte
             process.stdin.write(f"{ENGLISH[i % 6]}\n".encode())
         process.stdin.flush()  # and keep it open: the output must not wait for the end of the input
 
-    threading.Thread(target=write_input, daemon=True).start()
     try:
+        for sentence, translation in zip(ENGLISH[:2], translations[:2], strict=True):
+            process.stdin.write(f"{sentence}\n".encode())
+            process.stdin.flush()  # and wait, the input still open
+            assert received.get(timeout=120).decode("utf-8").rstrip("\n") == translation
+        threading.Thread(target=write_input, daemon=True).start()
         outputs = []
         while len(outputs) < total:
             outputs.append(received.get(timeout=120).decode("utf-8").rstrip("\n"))
@@ -487,26 +493,3 @@ def test_translate_script_streams_in_order_with_flat_memory(fitted_folder, fitte
         process.kill()
     assert outputs == [translations[i % 6] for i in range(total)]
     assert last_chunk_peak - first_chunk_peak < 16 * 1024, (first_chunk_peak, last_chunk_peak)
-
-
-def test_translate_script_answers_a_line_written_into_a_pipe_before_its_chunk_is_full(fitted_folder, fitted):
-    """A program that writes one line into translate.py's pipe and waits for the answer gets it, although the chunk
-    (the default, 16 batches) is far from full and the input stays open: a chunk ends where the input pauses. Two
-    rounds, then the end of input ends the script with status 0."""
-    model, tokenizer = fitted
-    expected = translate(model, tokenizer, ENGLISH[:2], num_beams=1)
-    process = subprocess.Popen(
-        _translate_command(fitted_folder, "--num_beams", "1"),
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=SUBPROCESS_ENV,
-    )  # fmt: skip
-    received: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [received.put(line) for line in process.stdout], daemon=True).start()
-    try:
-        for sentence, translation in zip(ENGLISH[:2], expected, strict=True):
-            process.stdin.write(f"{sentence}\n".encode())
-            process.stdin.flush()  # and wait, the input still open
-            assert received.get(timeout=120).decode("utf-8").rstrip("\n") == translation
-        process.stdin.close()
-        assert process.wait(timeout=60) == 0
-    finally:
-        process.kill()
