@@ -192,19 +192,29 @@ def test_ding_extraction_cache_is_redone_when_cut_short_unvouched_or_stale(tmp_p
 
 
 @pytest.mark.parametrize(
-    ("files", "corpus", "message"),
+    ("files", "corpus", "message", "process"),
     [
         ({"bad.jsonl": '{"translation": {"en": "Hi.", "de": "Hallo."}}\n{"translation": {"en": "Yes."}}\n'},
-         "bad.jsonl", r"bad.jsonl:2: language 'de' missing"),
-        ({"c.en": "One.\nTwo.\n", "c.de": "Eins.\n"}, "c", r"c.en has 2 lines but .*c.de has 1"),
+         "bad.jsonl", r"bad.jsonl:2: language 'de' missing", True),
+        ({"c.en": "One.\nTwo.\n", "c.de": "Eins.\n"}, "c", r"c.en has 2 lines but .*c.de has 1", False),
     ],
 )  # fmt: skip
-def test_train_script_prints_one_error_line_for_bad_data(tmp_path, files, corpus, message):
+def test_train_script_prints_one_error_line_for_bad_data(tmp_path, files, corpus, message, process):
+    """The first as a process of its own (one line on stderr, no traceback), the second through the command's main
+    in this process (the line it exits with)."""
     for name, text in files.items():
         (tmp_path / name).write_text(text, encoding="utf-8")
-    command = [sys.executable, str(ROOT / "scripts" / "train.py"), "--dataset", str(tmp_path / corpus),
-               "--output_dir", str(tmp_path / "out"), "--preset", "tiny", "--report_to", "none"]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    argv = ["--dataset", str(tmp_path / corpus), "--output_dir", str(tmp_path / "out"), "--preset", "tiny",
+            "--report_to", "none"]  # fmt: skip
+    if not process:
+        from vaswani_mt.cli.train import main as train_main
+
+        with pytest.raises(SystemExit) as stop:
+            train_main(argv)
+        assert re.match(f"error: {tmp_path}/{message}", str(stop.value.code)) and "\n" not in stop.value.code
+        return
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), *argv], capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
     assert result.returncode != 0
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
