@@ -4,9 +4,7 @@ runnable variants (vaswani_mt.training.table3, scripts/table3.py)."""
 import importlib.util
 import json
 import math
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -122,22 +120,23 @@ def _wmt14_shaped_folder(path: Path, train: int = 240) -> Path:
     return path
 
 
-def test_base_recipe_end_to_end_on_a_local_wmt14_shaped_folder(tmp_path):
-    """`scripts/train.py configs/wmt14_en_de_base.yaml` at tiny shape for 4 steps: trains, publishes, prints test
-    sacreBLEU and the paper's compound-split BLEU."""
+@pytest.mark.usefixtures("restore_rng", "restore_threads")
+def test_base_recipe_end_to_end_on_a_local_wmt14_shaped_folder(tmp_path, capsys):
+    """`scripts/train.py configs/wmt14_en_de_base.yaml` at tiny shape for 4 steps (its main, in this process): trains,
+    publishes, prints test sacreBLEU and the paper's compound-split BLEU."""
+    from vaswani_mt.cli.train import main as train_main
+
     data = _wmt14_shaped_folder(tmp_path / "wmt14")
     output = tmp_path / "run"
-    command = [
-        PYTHON, str(ROOT / "scripts" / "train.py"), str(BASE), "--dataset", str(data), "--preset", "tiny",
-        "--vocab_size", "300", "--max_steps", "4", "--max_tokens_per_batch", "256", "--auto_bf16", "false",
-        "--report_to", "none", "--tokenizer_sample", "0", "--preprocessing_num_workers", "1", "--logging_steps", "1",
-        "--disable_tqdm", "true", "--output_dir", str(output),
-    ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                            timeout=300)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "test sacreBLEU" in result.stdout
-    assert "compound-split" in result.stdout
+    train_main([
+        str(BASE), "--dataset", str(data), "--preset", "tiny", "--vocab_size", "300", "--max_steps", "4",
+        "--max_tokens_per_batch", "256", "--auto_bf16", "false", "--report_to", "none", "--tokenizer_sample", "0",
+        "--preprocessing_num_workers", "1", "--logging_steps", "1", "--disable_tqdm", "true", "--output_dir",
+        str(output), "--retain_freed_memory", "false",  # malloc's settings are this process's for good
+    ])  # fmt: skip
+    stdout = capsys.readouterr().out
+    assert "test sacreBLEU" in stdout
+    assert "compound-split" in stdout
     results = json.loads((output / "results.json").read_text())
     assert 0.0 <= results["test"]["score"] <= 100.0
     assert 0.0 <= results["test"]["compound_split_bleu"] <= 100.0  # the paper's scoring, beside sacreBLEU
