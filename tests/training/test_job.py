@@ -101,14 +101,18 @@ def test_average_script_loads_in_a_fresh_process(tmp_path):
         make_model(seed=step, vocab_size=1000).save_pretrained(folder)  # the tiny preset's own vocabulary
         (folder / "trainer_state.json").write_text("{}")
     out = tmp_path / "averaged"
-    subprocess.run(
-        [PYTHON, str(ROOT / "scripts" / "average_checkpoints.py"), "--checkpoint_dir", str(checkpoints),
-         "--last", "2", "--output", str(out)], check=True, capture_output=True,
-    )  # fmt: skip
+    # One fresh process: the script as a program (run as __main__ from its path, its own argv), then the averaged
+    # folder loaded through transformers' Auto class with nothing but `import vaswani_mt` before it.
     probe = (
-        "import sys, vaswani_mt; from transformers import AutoModelForSeq2SeqLM as A; A.from_pretrained(sys.argv[1])"
+        "import runpy, sys; script, out = sys.argv[1], sys.argv[-1]; sys.argv = sys.argv[1:]; "
+        "runpy.run_path(script, run_name='__main__'); "
+        "import vaswani_mt; from transformers import AutoModelForSeq2SeqLM as A; print(type(A.from_pretrained(out)))"
     )
-    subprocess.run([PYTHON, "-c", probe, str(out)], check=True, capture_output=True)
+    loaded = subprocess.run(
+        [PYTHON, "-c", probe, str(ROOT / "scripts" / "average_checkpoints.py"), "--checkpoint_dir", str(checkpoints),
+         "--last", "2", "--output", str(out)], check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    assert loaded.stdout.strip().endswith("VaswaniForConditionalGeneration'>"), loaded.stdout
     # A folder without checkpoints and --last 0: one line each, no traceback.
     from vaswani_mt.cli import average
 
