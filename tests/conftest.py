@@ -437,13 +437,15 @@ def ddp_command(corpus: Path, output: Path) -> list[str]:
 @pytest.fixture(scope="session")
 def ddp_reference(tmp_path_factory, corpus) -> Path:
     """An uninterrupted two-rank run of `ddp_command`: what every interrupted two-rank run, on one machine or two,
-    must end with."""
+    must end with. After training it scores the test split too, as the main job does (which changes no checkpoint
+    and no logged step): tests/training/test_job.py reads its stdout, `stdout.txt` beside the run's folder."""
     from vaswani_mt.training.checkpoints import is_complete, list_checkpoints
 
     output = tmp_path_factory.mktemp("ddp-reference") / "run"
-    result = subprocess.run(ddp_command(corpus, output), env=REFERENCE_ENV, capture_output=True, text=True,
-                            timeout=600)  # fmt: skip
+    command = [*ddp_command(corpus, output), "--test_bleu", "true", "--max_eval_samples", "12"]
+    result = subprocess.run(command, env=REFERENCE_ENV, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    (output.parent / "stdout.txt").write_text(result.stdout)
     assert all(is_complete(c, processes=2) for c in list_checkpoints(output)), "every rank's RNG state is there"
     return output
 

@@ -4,14 +4,13 @@ averaging: test_checkpoints.py; kills, preemption and exact resumes: test_faults
 
 import json
 import logging
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import accelerate_launch, make_model
+from conftest import REFERENCE_STEPS, make_model
 from conftest import train_command as _train_command
 from conftest import write_jsonl as _write_jsonl
 from safetensors.torch import load_file
@@ -28,20 +27,16 @@ ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 
 
-def test_main_job_under_two_cpu_processes_publishes_and_scores_once(tmp_path):
-    """`accelerate launch --multi_gpu --num_processes 2 scripts/train.py --use_cpu`: trains with DDP, then rank 0
-    alone averages, scores the test split and writes the folder, and both processes exit 0."""
-    data = _write_jsonl(tmp_path / "pairs.jsonl", count=300)
-    output = tmp_path / "run"
-    train = _train_command(data, output, "--max_steps", "4", "--average_last", "2", "--test_bleu", "true")
-    train += ["--max_eval_samples", "12", "--use_cpu"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    result = subprocess.run(accelerate_launch(*train[1:]), env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count("test sacreBLEU") == 1  # printed by rank 0 only
+def test_main_job_under_two_cpu_processes_publishes_and_scores_once(ddp_reference):
+    """`accelerate launch --multi_gpu --num_processes 2 scripts/train.py --use_cpu ... --test_bleu true` (the shared
+    two-rank run, tests/conftest.py's `ddp_reference`): trains with DDP, then rank 0 alone averages, scores the test
+    split and writes the folder, and both processes exit 0."""
+    output = ddp_reference
+    stdout = (output.parent / "stdout.txt").read_text()
+    assert stdout.count("test sacreBLEU") == 1  # printed by rank 0 only
     results = json.loads((output / "results.json").read_text())
     assert 0.0 <= results["test"]["score"] <= 100.0
-    assert [r["step"] for r in _history(output) if "loss" in r] == [1, 2, 3, 4]
+    assert [r["step"] for r in _history(output) if "loss" in r] == list(range(1, REFERENCE_STEPS + 1))
     assert (output / "model.safetensors").exists() and (output / "README.md").exists()
 
 
