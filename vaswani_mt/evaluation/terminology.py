@@ -36,6 +36,12 @@ def reference_terms(sources: Sequence[str], references: Sequence[str]) -> list[l
     return terms
 
 
+def alphas_to_try(model) -> list[float]:
+    """The alphas `choose_constrained_alpha` tries: those of `ALPHAS` up to the model's own, and its own."""
+    own = float(model.generation_config.length_penalty or 0.0)
+    return sorted({a for a in ALPHAS if a <= own} | {own})
+
+
 def choose_constrained_alpha(
     model, tokenizer, sources: Sequence[str], references: Sequence[str], *, batch_size: int = 32,
     max_sentences: int = 200,
@@ -46,7 +52,7 @@ def choose_constrained_alpha(
     terms = reference_terms(sources, references)
     chosen = [i for i, wanted in enumerate(terms) if wanted][:max_sentences]
     own = float(model.generation_config.length_penalty or 0.0)
-    alphas = sorted({a for a in ALPHAS if a <= own} | {own})
+    alphas = alphas_to_try(model)
     if not chosen:
         return own, {}
     texts, wanted, refs = ([seq[i] for i in chosen] for seq in (sources, terms, references))
@@ -68,4 +74,4 @@ def choose_constrained_alpha(
     return best, scores
 
 
-__all__ = ["ALPHAS", "choose_constrained_alpha", "reference_terms"]
+__all__ = ["ALPHAS", "alphas_to_try", "choose_constrained_alpha", "reference_terms"]

@@ -112,6 +112,14 @@ class RecipeArguments:
     time_budget_minutes: float | None = field(
         default=None, metadata={"help": "stop training (with a checkpoint) after M minutes of wall time"}
     )
+    job_minutes: float | None = field(
+        default=None,
+        metadata={
+            "help": "the whole job, start to printed result, in M minutes of this process's wall time: training "
+            "stops (with a checkpoint) early enough for the averaging, the constrained alpha and the test set, "
+            "their time estimated on this machine 5 minutes before the end (training/deadline.py)"
+        },
+    )
     alignment_supervision: bool = field(
         default=False,
         metadata={

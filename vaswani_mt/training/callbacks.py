@@ -35,6 +35,7 @@ class WallClockCallback(TrainerCallback, ExportableState):
         self.budget_seconds = budget_minutes * 60 if budget_minutes else None
         self.start = self.last_save = time.monotonic()
         self.elapsed = 0.0  # seconds of training on rank 0's clock at the last step
+        self.deadline = None  # a `deadline.JobDeadline` (--job_minutes): rank 0 stops training by it too
 
     def state(self) -> dict:
         return {
@@ -55,6 +56,8 @@ class WallClockCallback(TrainerCallback, ExportableState):
         self.elapsed = now - self.start
         save = bool(self.checkpoint_seconds and now - self.last_save >= self.checkpoint_seconds)
         stop = bool(self.budget_seconds and self.elapsed >= self.budget_seconds)
+        if self.deadline is not None and state.is_world_process_zero:
+            stop = stop or self.deadline.training_must_stop(now)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             flags = torch.tensor([int(save), int(stop), round(self.elapsed * 1000)], device=args.device)
             torch.distributed.broadcast(flags, src=0)
