@@ -79,7 +79,9 @@ def test_impossible_model_options_are_refused_while_parsing_in_one_line(tmp_path
 def test_the_main_jobs_config_parses_and_keeps_the_30_minute_budget():
     model_args, data_args, recipe, training_args = parse_args([MAIN_JOB])
     assert (model_args.preset, data_args.dataset, recipe.auto_bf16) == ("small", "ding+phrases", True)
-    assert recipe.time_budget_minutes <= 27 and recipe.average_last == 5
+    # the job's clock, start to printed BLEU, leaves 1.5 of the 30 minutes to the install; training stops by it
+    assert recipe.job_minutes <= 28.5 and recipe.time_budget_minutes <= recipe.job_minutes
+    assert recipe.average_last == 5
     assert recipe.length_penalty == 1.2  # chosen on the dev split (benchmarks/RESULTS.md)
     assert (recipe.lr_scale, training_args.warmup_steps) == (1.0, 1000)
     # bf16: small, 2048-token batches; float32: mini, 1024 (benchmarks/RESULTS.md)
