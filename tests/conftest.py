@@ -73,8 +73,10 @@ def one_thread_for_the_session():
     """One torch thread for the tests in this process, put back after the session: their models are tiny, and two
     threads on a 2-core machine that also runs the tests' subprocesses (or anything else) made in-process tests many
     times slower (tests/cli/test_line_checks.py: 12 s a test with two, 0.3 s with one, under a load of 2). A test of
-    more threads sets them itself (`torch_threads`)."""
-    with one_torch_thread():
+    more threads sets them itself (`torch_threads`). The tests' subprocesses get one thread too (OMP_NUM_THREADS,
+    unless it is set already): the README's Python example took 27.5 s with two, 8.2 s with one."""
+    with one_torch_thread(), pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
         yield
 
 
