@@ -582,8 +582,10 @@ def _finalize_model(
     return model.eval()
 
 
-def print_summary(result: dict, stream=sys.stdout) -> None:
-    """The end of the main job: BLEU with its signature, timings, and a few translations."""
+def print_summary(result: dict, stream=None) -> None:
+    """The end of the main job: BLEU with its signature, timings, and a few translations; on `stream`, or on
+    sys.stdout as it is at the call (a redirected one too)."""
+    stream = stream or sys.stdout
     test = result.get("test")
     if test:
         print(f"\ntest sacreBLEU = {test['score']:.2f}  (chrF {test['chrf']:.2f})", file=stream)
