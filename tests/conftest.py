@@ -4,6 +4,7 @@ folders, the hostile texts, and guards that put process-wide settings (threads, 
 fixture or helper lives here when two files need it; one file's own stays in that file."""
 
 import contextlib
+import io
 import json
 import os
 import random
@@ -128,6 +129,20 @@ def accelerate_launch(*argv: str) -> list[str]:
     return ["env", "CUDA_VISIBLE_DEVICES=", accelerate, "launch", "--multi_gpu", "--num_processes", "2",
             "--num_machines", "1", "--main_process_port",
             str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no", *argv]  # fmt: skip
+
+
+def run_main(module, argv: list[str], monkeypatch, stdin: bytes = b"") -> tuple[str, str | int | None]:
+    """(stdout, exit code: None when main returned) of a command's `module.main(argv)` in this process, with `stdin`
+    as its standard input."""
+    stdout = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
+    monkeypatch.setattr(sys, "stdout", stdout)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    code = None
+    try:
+        module.main(argv)
+    except SystemExit as exit:
+        code = exit.code
+    return stdout.buffer.getvalue().decode(), code
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -2,27 +2,11 @@
 from an --input file's is refused in one line before anything is translated, and a constrained line without source
 text (`\\tHaus`) is refused by evaluate as translate refuses it."""
 
-import io
-import sys
-
 import pytest
-from conftest import ENGLISH
+from conftest import ENGLISH, run_main
 
 from vaswani_mt.cli import evaluate as evaluate_cli
 from vaswani_mt.cli import translate as translate_cli
-
-
-def _run(module, argv: list[str], monkeypatch, stdin: bytes = b"") -> tuple[str, str | int | None]:
-    """(stdout, exit code: None when main returned) of `module.main(argv)`."""
-    stdout = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
-    monkeypatch.setattr(sys, "stdout", stdout)
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
-    code = None
-    try:
-        module.main(argv)
-    except SystemExit as exit:
-        code = exit.code
-    return stdout.buffer.getvalue().decode(), code
 
 
 @pytest.mark.parametrize("prefixes", [1, 4])
@@ -35,7 +19,7 @@ def test_a_prefix_file_of_another_length_than_the_input_is_refused_before_transl
     monkeypatch.setattr("vaswani_mt.inference.ensemble.load_ensemble", lambda *_: pytest.fail("the model loaded"))
     argv = ["--model", str(fitted_folder), "--input", str(source), "--target_prefix_file", str(prefix_file),
             "--chunk_size", "2"]  # fmt: skip
-    out, code = _run(translate_cli, argv, monkeypatch)
+    out, code = run_main(translate_cli, argv, monkeypatch)
     assert out == ""
     assert code == (f"error: {prefix_file} has {prefixes} lines but {source} has 3: give one target prefix per input "
                     "line")  # fmt: skip
@@ -47,7 +31,7 @@ def test_a_prefix_file_as_long_as_the_input_file_is_taken(fitted_folder, tmp_pat
     prefix_file.write_text("Das\n\nDie\n")
     argv = ["--model", str(fitted_folder), "--input", str(source), "--target_prefix_file", str(prefix_file),
             "--chunk_size", "2"]  # fmt: skip
-    out, code = _run(translate_cli, argv, monkeypatch)
+    out, code = run_main(translate_cli, argv, monkeypatch)
     lines = out.splitlines()
     assert code is None and len(lines) == 3 and lines[0].startswith("Das") and lines[2].startswith("Die")
 
@@ -59,12 +43,12 @@ def test_evaluate_refuses_a_constrained_line_without_source_text_as_translate_do
     source.write_text(data)
     reference.write_text("Das Haus.\nWie geht es Ihnen heute?\n")
     model = ["--model", str(fitted_folder), "--constraints", "unordered"]
-    out, code = _run(translate_cli, model, monkeypatch, data.encode())
+    out, code = run_main(translate_cli, model, monkeypatch, data.encode())
     expected = "error: 1 of 2 lines not translated: bad constraints or target prefixes (first: line 1: constraints "
     assert isinstance(code, str) and code.startswith(expected) and "no source text" in code, code
     assert out.splitlines()[0] == ""
     files = ["--input", str(source), "--reference_file", str(reference), "--output", str(tmp_path / "out.de")]
-    _, evaluate_code = _run(evaluate_cli, [*model, *files], monkeypatch)
+    _, evaluate_code = run_main(evaluate_cli, [*model, *files], monkeypatch)
     assert evaluate_code == code
     written = (tmp_path / "out.de").read_text().splitlines()
     assert written[0] == "" and written[1] == out.splitlines()[1] and "geht" in written[1]
@@ -79,8 +63,8 @@ def test_constraints_on_input_without_a_tab_are_warned_alike_by_translate_and_ev
     reference.write_text("Das Mädchen hat einen Apfel gegessen.\nWie geht es Ihnen heute?\n")
     model = ["--model", str(fitted_folder), "--constraints", "unordered"]
     warning = "constraints: none of the 2 input lines has a tab (source<TAB>term<TAB>...): nothing was constrained"
-    _, code = _run(translate_cli, [*model, "--input", str(source)], monkeypatch)
+    _, code = run_main(translate_cli, [*model, "--input", str(source)], monkeypatch)
     assert code is None and caplog.text.count(warning) == 1
     caplog.clear()
-    _, code = _run(evaluate_cli, [*model, "--input", str(source), "--reference_file", str(reference)], monkeypatch)
+    _, code = run_main(evaluate_cli, [*model, "--input", str(source), "--reference_file", str(reference)], monkeypatch)
     assert code is None and caplog.text.count(warning) == 1

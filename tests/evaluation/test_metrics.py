@@ -2,7 +2,6 @@
 (tensor2tensor's get_ende_bleu.sh and multi-bleu.perl), the loss per target token, and the translate and evaluate
 commands."""
 
-import io
 import json
 import math
 import os
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import sacrebleu
-from conftest import make_model
+from conftest import make_model, run_main
 
 from vaswani_mt.cli import evaluate as evaluate_cli
 from vaswani_mt.cli import translate as translate_cli
@@ -138,7 +137,9 @@ def test_evaluate_script_scores_existing_output_without_a_model(tmp_path, monkey
     assert json.loads(lines[-1])["compound_split_bleu"] == pytest.approx(67.5894805804, abs=1e-9)
 
     references.write_text("\n".join(list(REFERENCES)[:4]) + "\n", encoding="utf-8")
-    stdout, code = _run(evaluate_cli, ["--hypotheses", str(hypotheses), "--references", str(references)], monkeypatch)
+    stdout, code = run_main(
+        evaluate_cli, ["--hypotheses", str(hypotheses), "--references", str(references)], monkeypatch
+    )
     assert stdout == "" and code == f"error: {hypotheses} has 6 lines but {references} has 4: the files are not aligned"
 
 
@@ -157,7 +158,7 @@ def test_translate_script_reads_stdin_and_writes_a_line_per_line(tokenizer, tmp_
     model.save_pretrained(tmp_path / "m")
     tokenizer.save_pretrained(tmp_path / "m")
     argv = ["--model", str(tmp_path / "m"), "--num_beams", "1"]
-    stdout, code = _run(translate_cli, argv, monkeypatch, b"The girl ate an apple.\n\nHow are you?\n")
+    stdout, code = run_main(translate_cli, argv, monkeypatch, b"The girl ate an apple.\n\nHow are you?\n")
     assert code is None
     assert len(stdout.splitlines()) == 3 and stdout.splitlines()[1] == ""
     assert "translating" in capsys.readouterr().err  # the progress bar
@@ -170,24 +171,10 @@ def test_evaluate_script_prints_the_signature(tokenizer, tmp_path, monkeypatch):
     (tmp_path / "src.en").write_text("The girl ate an apple.\nHow are you today?\n")
     (tmp_path / "ref.de").write_text("Das Mädchen hat einen Apfel gegessen.\nWie geht es Ihnen heute?\n")
     files = ["--source_file", str(tmp_path / "src.en"), "--reference_file", str(tmp_path / "ref.de")]
-    stdout, code = _run(evaluate_cli, ["--model", str(tmp_path / "m"), *files], monkeypatch)
+    stdout, code = run_main(evaluate_cli, ["--model", str(tmp_path / "m"), *files], monkeypatch)
     assert code is None
     assert "sacreBLEU = " in stdout and "signature: nrefs:1|case:mixed|eff:no|tok:13a" in stdout
     assert f"\n{COMPOUND_SPLIT_LABEL} = " in stdout and "signature: moses:de|escape:yes|" in stdout
-    explicit, code = _run(evaluate_cli, ["--model", str(tmp_path / "m"), "--length_penalty", "0.6", *files],
+    explicit, code = run_main(evaluate_cli, ["--model", str(tmp_path / "m"), "--length_penalty", "0.6", *files],
                           monkeypatch)  # fmt: skip
     assert code is None and explicit == stdout  # alpha 0.6 is the model's own (the paper's)
-
-
-def _run(module, argv: list[str], monkeypatch, stdin: bytes = b"") -> tuple[str, str | int | None]:
-    """(stdout, exit code: None when main returned) of the command's `module.main(argv)` in this process (a script
-    in a process of its own: the first test above)."""
-    stdout = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
-    monkeypatch.setattr(sys, "stdout", stdout)
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
-    code = None
-    try:
-        module.main(argv)
-    except SystemExit as exit:
-        code = exit.code
-    return stdout.buffer.getvalue().decode(), code

@@ -4,11 +4,10 @@ one-line errors of the scripts for options that do not go together."""
 
 import io
 import re
-import sys
 
 import pytest
 import torch
-from conftest import ENGLISH, make_model
+from conftest import ENGLISH, make_model, run_main
 
 from vaswani_mt.cli import evaluate as evaluate_cli
 from vaswani_mt.cli import translate as translate_cli
@@ -179,19 +178,6 @@ def test_sampling_draws_first_tokens_with_the_model_probabilities_within_top_k(t
 # The scripts
 
 
-def _run(module, argv: list[str], monkeypatch, stdin: bytes = b"") -> tuple[str, str | int | None]:
-    """(stdout, exit code: None when main returned) of `module.main(argv)`."""
-    stdout = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
-    monkeypatch.setattr(sys, "stdout", stdout)
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
-    code = None
-    try:
-        module.main(argv)
-    except SystemExit as exit:
-        code = exit.code
-    return stdout.buffer.getvalue().decode(), code
-
-
 BAD_OPTIONS = {
     "nbest above the beam": (["--nbest", "5"], "nbest=5 is more than the beam size (4)"),
     "nbest above greedy's beam": (["--nbest", "2", "--num_beams", "1"], "nbest=2 is more than the beam size (1)"),
@@ -213,7 +199,7 @@ BAD_OPTIONS = {
 @pytest.mark.parametrize(("options", "message"), BAD_OPTIONS.values(), ids=BAD_OPTIONS)
 def test_translate_script_refuses_options_that_do_not_go_together_in_one_line(fitted_folder, monkeypatch, options,
                                                                                message):  # fmt: skip
-    stdout, code = _run(translate_cli, ["--model", str(fitted_folder), *options], monkeypatch, b"How are you?\n")
+    stdout, code = run_main(translate_cli, ["--model", str(fitted_folder), *options], monkeypatch, b"How are you?\n")
     assert stdout == "" and isinstance(code, str)
     assert code.startswith("error: ") and "\n" not in code and message in code, code
 
@@ -223,13 +209,16 @@ def test_evaluate_script_writes_the_nbest_file_and_scores_its_best(fitted_folder
     source.write_text("\n".join(ENGLISH[:3]) + "\n")
     reference.write_text("Das Mädchen hat einen Apfel gegessen.\nWie geht es Ihnen heute?\nDie Straße.\n")
     files = ["--model", str(fitted_folder), "--source_file", str(source), "--reference_file", str(reference)]
-    assert _run(evaluate_cli, [*files, "--nbest", "5", "--nbest_file", "x"], monkeypatch)[1] == (
+    assert run_main(evaluate_cli, [*files, "--nbest", "5", "--nbest_file", "x"], monkeypatch)[1] == (
         "error: nbest=5 is more than the beam size (4): the search keeps 4 hypotheses"
     )
-    assert _run(evaluate_cli, [*files, "--nbest", "2"], monkeypatch)[1] == "error: --nbest and --nbest_file go together"
-    plain, _ = _run(evaluate_cli, [*files, "--num_beams", "1"], monkeypatch)
+    assert (
+        run_main(evaluate_cli, [*files, "--nbest", "2"], monkeypatch)[1]
+        == "error: --nbest and --nbest_file go together"
+    )
+    plain, _ = run_main(evaluate_cli, [*files, "--num_beams", "1"], monkeypatch)
     nbest_file = tmp_path / "test.nbest"
-    with_nbest, code = _run(evaluate_cli, [*files, "--num_beams", "1", "--nbest", "1", "--nbest_file",
+    with_nbest, code = run_main(evaluate_cli, [*files, "--num_beams", "1", "--nbest", "1", "--nbest_file",
                                            str(nbest_file), "--max_tokens", "20"], monkeypatch)  # fmt: skip
     assert code is None and with_nbest == plain  # the same scores
     model, tokenizer = fitted
@@ -241,14 +230,14 @@ def test_translate_script_options_nbest_sampling_and_max_tokens(fitted_folder, m
     lines = [*ENGLISH, "", "How are you?"]
     data = ("\n".join(lines) + "\n").encode()
     model = ["--model", str(fitted_folder)]
-    plain, code = _run(translate_cli, [*model, "--batch_size", "2"], monkeypatch, data)
+    plain, code = run_main(translate_cli, [*model, "--batch_size", "2"], monkeypatch, data)
     assert code is None and len(plain.splitlines()) == len(lines)
-    assert _run(translate_cli, [*model, "--max_tokens", "24", "--buffer_size", "5"], monkeypatch, data)[0] == plain
-    nbest, _ = _run(translate_cli, [*model, "--nbest", "2", "--max_tokens", "40"], monkeypatch, data)
+    assert run_main(translate_cli, [*model, "--max_tokens", "24", "--buffer_size", "5"], monkeypatch, data)[0] == plain
+    nbest, _ = run_main(translate_cli, [*model, "--nbest", "2", "--max_tokens", "40"], monkeypatch, data)
     rows = _nbest_rows(nbest)
     assert [row[0] for row in rows] == [i for i in range(len(lines)) for _ in range(2)]
     assert [row[1] for row in rows[::2]] == plain.splitlines()  # the best of each list is the translation
-    sampled = [_run(translate_cli, [*model, "--sampling", "--seed", str(seed), "--temperature", "2", "--topp",
+    sampled = [run_main(translate_cli, [*model, "--sampling", "--seed", str(seed), "--temperature", "2", "--topp",
                                     "0.95"], monkeypatch, data)[0] for seed in (1, 1, 2)]  # fmt: skip
     assert sampled[0] == sampled[1] != sampled[2]
     assert len(sampled[0].splitlines()) == len(lines) and sampled[0].splitlines()[6] == ""
@@ -270,8 +259,12 @@ def test_early_stopping_option_gives_the_library_rule_of_that_name(fitted, fitte
     monkeypatch.setattr(beam_search_vaswani, "can_improve", spy)
     for word, rule in (("never", "never"), ("true", True), ("false", False)):
         rules.clear()
-        out, code = _run(translate_cli, ["--model", str(fitted_folder), "--early_stopping", word], monkeypatch, data)
+        out, code = run_main(
+            translate_cli, ["--model", str(fitted_folder), "--early_stopping", word], monkeypatch, data
+        )
         assert code is None and rules and set(rules) == {rule}
         assert out.splitlines() == translate(model, tokenizer, ENGLISH, early_stopping=rule)
-    _, code = _run(translate_cli, ["--model", str(fitted_folder), "--early_stopping", "sometimes"], monkeypatch, data)
+    _, code = run_main(
+        translate_cli, ["--model", str(fitted_folder), "--early_stopping", "sometimes"], monkeypatch, data
+    )
     assert code == 2  # argparse: invalid choice
