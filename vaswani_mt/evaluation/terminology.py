@@ -21,6 +21,7 @@ logger = logging.getLogger(__name__)
 
 # The alphas tried: the paper's 0.6 and steps of 0.3 from 0 up to the model's own (at most 1.5).
 ALPHAS = (0.0, 0.3, 0.6, 0.9, 1.2, 1.5)
+ALPHA_SENTENCES = 200  # the dev sentences with a term that the choice translates at each alpha, at most
 _WORD = re.compile(r"\w{5,}")
 
 
@@ -44,7 +45,7 @@ def alphas_to_try(model) -> list[float]:
 
 def choose_constrained_alpha(
     model, tokenizer, sources: Sequence[str], references: Sequence[str], *, batch_size: int = 32,
-    max_sentences: int = 200,
+    max_sentences: int = ALPHA_SENTENCES,
 ) -> tuple[float, dict[float, float]]:  # fmt: skip
     """The alpha of `ALPHAS` (up to the model's own) with the best BLEU on the dev sentences that have a term
     (`reference_terms`, at most `max_sentences`), each translated with its term under the model's search; ties go to
@@ -74,4 +75,4 @@ def choose_constrained_alpha(
     return best, scores
 
 
-__all__ = ["ALPHAS", "alphas_to_try", "choose_constrained_alpha", "reference_terms"]
+__all__ = ["ALPHAS", "ALPHA_SENTENCES", "alphas_to_try", "choose_constrained_alpha", "reference_terms"]

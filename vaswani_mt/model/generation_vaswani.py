@@ -33,6 +33,14 @@ PAPER_STOPPING = True
 CONSTRAINED_STOPPING = ("best", "beam")
 
 
+def _constrained_stopping(kwargs: dict, gen_config: GenerationConfig) -> str:
+    """This call's `constrained_stopping` (taken out of `kwargs`), else the saved one, else the default ("best")."""
+    rule = kwargs.pop("constrained_stopping", getattr(gen_config, "constrained_stopping", None))
+    if rule not in (None, *CONSTRAINED_STOPPING):
+        raise ValueError(f"constrained_stopping must be one of {', '.join(CONSTRAINED_STOPPING)}, not {rule!r}")
+    return rule or CONSTRAINED_STOPPING[0]
+
+
 def sentence_limits(max_len_a: float | None, max_len_b: int, source_lengths: torch.Tensor) -> torch.Tensor:
     """§6.1's per-sentence output limit, fairseq's `max_len_a * |X| + max_len_b` generated tokens (EOS included)."""
     return (float(max_len_a or 0) * source_lengths + max_len_b).long().clamp(min=1)
@@ -114,10 +122,7 @@ class VaswaniGenerationMixin(GenerationMixin):
         # this call sets `length_penalty` alone (then that one is every sentence's).
         saved_alpha = None if "length_penalty" in kwargs else getattr(gen_config, "constrained_length_penalty", None)
         constrained_alpha = kwargs.pop("constrained_length_penalty", saved_alpha)
-        constrained_stopping = kwargs.pop("constrained_stopping", getattr(gen_config, "constrained_stopping", None))
-        if constrained_stopping not in (None, *CONSTRAINED_STOPPING):
-            raise ValueError(f"constrained_stopping must be one of {', '.join(CONSTRAINED_STOPPING)}, not "
-                             f"{constrained_stopping!r}")  # fmt: skip
+        constrained_stopping = _constrained_stopping(kwargs, gen_config)
         max_len_a = kwargs.pop("max_len_a", getattr(gen_config, "max_len_a", None))
         max_len_b = kwargs.pop("max_len_b", getattr(gen_config, "max_len_b", None))
         input_ids = inputs if inputs is not None else kwargs.get("input_ids")
@@ -137,7 +142,7 @@ class VaswaniGenerationMixin(GenerationMixin):
             logits_processor.append(PerSentenceMaxLength(limits, eos))
         config, model_kwargs = self._vaswani_search_config(gen_config, kwargs)
         config.constrained_length_penalty = constrained_alpha  # the constrained sentences' alpha (None: the same)
-        config.constrained_stopping = constrained_stopping or CONSTRAINED_STOPPING[0]
+        config.constrained_stopping = constrained_stopping
         if config.do_sample and (config.num_beams or 1) > 1:
             raise ValueError(
                 f"do_sample=True with {config.num_beams} beams (beam sampling) is not the paper's search: sample with "

@@ -11,8 +11,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 
-from vaswani_mt.evaluation.terminology import alphas_to_try, reference_terms
+from vaswani_mt.data.corpus import source_target
+from vaswani_mt.evaluation.terminology import ALPHA_SENTENCES, alphas_to_try, reference_terms
 from vaswani_mt.inference.translate import translate
 
 logger = logging.getLogger(__name__)
@@ -62,7 +64,7 @@ def after_training_seconds(
         seconds = (time.monotonic() - started) / max(len(plain), 1) * test_sentences
         if choose_alpha:
             terms = reference_terms(dev_sources, dev_references)
-            termed = [i for i, wanted in enumerate(terms) if wanted][:200]  # as choose_constrained_alpha
+            termed = [i for i, wanted in enumerate(terms) if wanted][:ALPHA_SENTENCES]
             probe = termed[:sample]
             started = time.monotonic()
             if probe:
@@ -75,4 +77,13 @@ def after_training_seconds(
     return seconds * MARGIN + FIXED_SECONDS
 
 
-__all__ = ["JobDeadline", "after_training_seconds"]
+def job_deadline(job_minutes: float, started: float, model, tokenizer, corpus, languages: tuple[str, str], *,
+                 test_bleu: bool, choose_alpha: bool, batch_size: int) -> JobDeadline:  # fmt: skip
+    """The main job's deadline: the work after training is `_score_and_publish`'s, on `corpus`' test and dev splits."""
+    dev = source_target(corpus["validation"], *languages)
+    estimate = partial(after_training_seconds, model, tokenizer, *dev, test_sentences=len(corpus["test"]) if test_bleu
+                       else 0, choose_alpha=test_bleu and choose_alpha, batch_size=batch_size)  # fmt: skip
+    return JobDeadline(job_minutes, started, estimate)
+
+
+__all__ = ["JobDeadline", "after_training_seconds", "job_deadline"]

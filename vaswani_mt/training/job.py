@@ -73,7 +73,7 @@ from .checkpoints import (
     resume_point,
     unpickling_refused,
 )
-from .deadline import JobDeadline, after_training_seconds
+from .deadline import job_deadline
 from .hardware import (
     apply_float32_overrides,
     configure_process,
@@ -216,7 +216,11 @@ def run_training(
     started = time.monotonic()
     run = _prepare(model_args, data_args, recipe, training_args, build_model)
     if recipe.job_minutes:
-        run.clock.deadline = _deadline(run, recipe, data_args, training_args, started)
+        run.clock.deadline = job_deadline(
+            recipe.job_minutes, started, run.trainer.model, run.tokenizer, run.corpus,
+            (data_args.source_lang, data_args.target_lang), test_bleu=recipe.test_bleu,
+            choose_alpha=recipe.constrained_length_penalty is None, batch_size=training_args.per_device_eval_batch_size,
+        )  # fmt: skip
     train_metrics = _train_or_skip(run, recipe)
     train_seconds = time.monotonic() - started
 
@@ -230,16 +234,6 @@ def run_training(
     _score_and_publish(run, result, model_args, data_args, recipe, training_args, started=started,
                        train_seconds=train_seconds, command=command, model_card=model_card)  # fmt: skip
     return result
-
-
-def _deadline(run: _Run, recipe: RecipeArguments, data_args: DataArguments, training_args, started: float):
-    """--job_minutes: when training stops, from the estimated time of what `_score_and_publish` will do."""
-    dev = source_target(run.corpus["validation"], data_args.source_lang, data_args.target_lang)
-    test = len(run.corpus["test"]) if recipe.test_bleu else 0
-    choose = recipe.test_bleu and recipe.constrained_length_penalty is None
-    estimate = partial(after_training_seconds, run.trainer.model, run.tokenizer, *dev, test_sentences=test,
-                       choose_alpha=choose, batch_size=training_args.per_device_eval_batch_size)  # fmt: skip
-    return JobDeadline(recipe.job_minutes, started, estimate)
 
 
 def _prepare(
