@@ -4,8 +4,8 @@ import io
 import re
 
 import pytest
-from conftest import ENGLISH
-from test_decoding_options import _nbest_rows, _run
+from conftest import ENGLISH, run_main
+from test_decoding_options import _nbest_rows
 
 from vaswani_mt.cli import evaluate as evaluate_cli
 from vaswani_mt.cli import translate as translate_cli
@@ -164,32 +164,32 @@ def test_the_scripts_take_tab_lines_prefix_and_block_files(fitted_folder, fitted
     terms = _terms(plain)
     data = "".join("\t".join([s, *t]) + "\n" for s, t in zip(ENGLISH, terms, strict=True)).encode()
     model = ["--model", str(fitted_folder), "--constraints", "unordered"]
-    out, code = _run(translate_cli, model, monkeypatch, data)
+    out, code = run_main(translate_cli, model, monkeypatch, data)
     assert code is None and out.splitlines() == translate(*fitted, ENGLISH, constraints=terms)
-    nbest, _ = _run(translate_cli, [*model, "--nbest", "2", "--max_tokens", "40"], monkeypatch, data)
+    nbest, _ = run_main(translate_cli, [*model, "--nbest", "2", "--max_tokens", "40"], monkeypatch, data)
     assert [row[1] for row in _nbest_rows(nbest)[::2]] == out.splitlines()
     prefix_file, block_file = tmp_path / "prefixes", tmp_path / "block"
     prefix_file.write_text("Die\n\n")
     block_file.write_text("Buch\n")
     extra = ["--target_prefix_file", str(prefix_file), "--block_file", str(block_file), "--disable_unk"]
     two = "\n".join(ENGLISH[:2]).encode()
-    out, code = _run(translate_cli, ["--model", str(fitted_folder), *extra], monkeypatch, two)
+    out, code = run_main(translate_cli, ["--model", str(fitted_folder), *extra], monkeypatch, two)
     assert code is None and out.splitlines() == translate(*fitted, ENGLISH[:2], target_prefixes=["Die", ""],
                                                           block=["Buch"], disable_unk=True)  # fmt: skip
-    _, code = _run(translate_cli, ["--model", str(fitted_folder), *extra], monkeypatch, data)
+    _, code = run_main(translate_cli, ["--model", str(fitted_folder), *extra], monkeypatch, data)
     assert code == f"error: {prefix_file}: the target prefixes end before input line 3"
     refusals = {"--sampling": "error: constraints need beam search, not sampling",
                 "--num_beams": "error: constraints need beam search (num_beams > 1), not greedy search"}  # fmt: skip
     for option, message in refusals.items():
         argv = [*model, option, *(["1"] if option == "--num_beams" else [])]
-        assert _run(translate_cli, argv, monkeypatch, data) == ("", message)
-    _, code = _run(translate_cli, model, monkeypatch, "How are you?\tKa漢ffee\nHow are you?\n".encode())
+        assert run_main(translate_cli, argv, monkeypatch, data) == ("", message)
+    _, code = run_main(translate_cli, model, monkeypatch, "How are you?\tKa漢ffee\nHow are you?\n".encode())
     assert code.startswith("error: 1 of 2 lines not translated") and "'漢'" in code and "\n" not in code
     source, reference = tmp_path / "test.tsv", tmp_path / "test.de"
     source.write_bytes(data)
     reference.write_text("Das Mädchen hat einen Apfel gegessen.\n" * len(ENGLISH))
     files = ["--source_file", str(source), "--reference_file", str(reference), "--output", str(tmp_path / "out")]
-    _, code = _run(evaluate_cli, [*model, *files], monkeypatch)
+    _, code = run_main(evaluate_cli, [*model, *files], monkeypatch)
     assert code is None and (tmp_path / "out").read_text().splitlines() == translate(*fitted, ENGLISH,
                                                                                      constraints=terms)  # fmt: skip
 
@@ -245,7 +245,7 @@ def test_the_constrained_lines_alpha_is_an_option_of_the_commands(fitted, fitted
     model, tokenizer = fitted
     data = f"{ENGLISH[0]}\tKaffee\n{ENGLISH[1]}\n".encode()
     for alpha in ("0.0", "3.0"):
-        out, code = _run(translate_cli, ["--model", str(fitted_folder), "--constraints", "unordered",
+        out, code = run_main(translate_cli, ["--model", str(fitted_folder), "--constraints", "unordered",
                                          "--constrained_length_penalty", alpha], monkeypatch, data)  # fmt: skip
         expected = translate(model, tokenizer, ENGLISH[:2], constraints=[["Kaffee"], []],
                              constrained_length_penalty=float(alpha))  # fmt: skip
