@@ -34,7 +34,6 @@ the built-in test split with the main job's model.
     python benchmarks/alignments.py outputs/ding-cpu --markup_heldout benchmarks/markup_heldout.jsonl
 """
 
-import argparse
 import collections
 import json
 import logging
@@ -44,7 +43,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from speed_common import MachineRecord, run_sides, split_pairs
+from speed_common import MachineRecord, command_parser, run_sides, split_pairs
 from terminology import ANNOTATIONS, dictionary_entries
 
 from vaswani_mt.data.alignment_labels import eflomal_links, grow_diag_final_and, require_eflomal
@@ -307,13 +306,12 @@ def measure_heldout(model, tokenizer, rows, method) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser(__doc__)
     parser.add_argument("model", help="the main job's output folder (its averaged model)")
     parser.add_argument("--eflomal", action="store_true", help="also the silver AER against eflomal (if installed)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of the speed comparison (0: none)")
     parser.add_argument("--sentences", type=int, default=None, help="only the first N test sentences")
     parser.add_argument("--markup_heldout", help="only the markup: this held-out set (6) and the test split's (5)")
-    parser.add_argument("--json", help="write the result here too")
     args = parser.parse_args()
     record = MachineRecord()
     model, tokenizer = load_for_inference(args.model)

@@ -19,8 +19,6 @@ its worker processes):
 Target on a 2-core machine (the WMT recipe issue): the whole preparation in at most 20 minutes and 8 GiB.
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import os
@@ -31,13 +29,13 @@ import sys
 import time
 from pathlib import Path
 
-from speed_common import MachineRecord, child_argv, peak_rss_mib
+from speed_common import MachineRecord, child_argv, command_parser, peak_rss_mib
 
 STAGES = ("tokenizer", "tokenize", "tokenize_again", "sampler", "resume")
 
 
 def parse(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser(__doc__, json_help="also write the figures here")
     parser.add_argument("--work_dir", required=True, help="holds the synthetic corpus, its caches and the tokenizer")
     parser.add_argument("--pairs", type=int, default=4_500_000, help="training pairs (WMT14 en-de: about 4.5M)")
     parser.add_argument("--vocab_size", type=int, default=37000, help="the joint BPE's size (the WMT recipe's)")
@@ -45,7 +43,6 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--num_proc", type=int, default=os.cpu_count() or 1, help="tokenization processes")
     parser.add_argument("--max_tokens", type=int, default=3125, help="token budget per batch (the 8-GPU recipe's)")
     parser.add_argument("--seed", type=int, default=1, help="of the synthetic corpus and the sampler")
-    parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--stage", choices=(*STAGES, "corpus"), help=argparse.SUPPRESS)  # in a process of its own
     return parser.parse_args(argv)
 

@@ -30,8 +30,6 @@ leaks per request, a bounded server's quarters level off and its slope is near 0
     python benchmarks/demo_load.py --clients 8 --requests 10 --waves 24   # 1,920 requests: memory's trend
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import os
@@ -44,9 +42,8 @@ import threading
 import time
 from pathlib import Path
 
-from speed_common import PAIRS, MachineRecord, free_port, tiny_model_folder
+from speed_common import PAIRS, ROOT, MachineRecord, command_parser, free_port, tiny_model_folder
 
-ROOT = Path(__file__).resolve().parents[1]
 SHORT = [en for en, _ in PAIRS]
 LONG = " ".join(SHORT * 3)
 OVER_LONG = "The street is closed because of the snow. " * 2_500
@@ -99,7 +96,7 @@ signal.signal(signal.SIGUSR1, lambda *_: _report())
 def parse(argv=None) -> argparse.Namespace:
     from vaswani_mt.app.demo import DEMO_QUEUE_SIZE, DEMO_WORKERS
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser(__doc__)
     parser.add_argument(
         "model",
         nargs="?",
@@ -110,12 +107,7 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--waves", type=int, default=1, help="waves of clients x requests, idle RSS after each")
     parser.add_argument("--workers", type=int, default=DEMO_WORKERS, help="the demo's translations at a time")
     parser.add_argument("--queue_size", type=int, default=DEMO_QUEUE_SIZE, help="the demo's longest queue")
-    parser.add_argument("--server_threads", type=int, help="OMP_NUM_THREADS of the demo's process (default: torch's)")
-    parser.add_argument(
-        "--timeout", type=float, default=300.0, help="seconds a request may take before it counts as an error"
-    )
     parser.add_argument("--diagnose", action="store_true", help="after each wave, the server's objects (DIAGNOSE)")
-    parser.add_argument("--json", help="write the results here")
     return parser.parse_args(argv)
 
 
@@ -134,7 +126,8 @@ def request_for(kind: str, number: int) -> dict:
 
 
 def call(client, url: str, data: list, timeout: float = 300.0) -> dict:
-    """One request through Gradio's HTTP API: {"outcome", "status", "message", "seconds", "output"}."""
+    """One request through Gradio's HTTP API: {"outcome", "status", "message", "seconds", "output"}; one that takes
+    over `timeout` seconds is an error."""
     import httpx
 
     body = json.dumps({"data": data}).encode()  # ensure_ascii: lone surrogates travel as JSON escapes
@@ -184,8 +177,6 @@ def start_server(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.Po
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     env.pop("GRADIO_SERVER_NAME", None)
-    if args.server_threads:
-        env["OMP_NUM_THREADS"] = str(args.server_threads)
     env["DEMO_LOAD_REPORT"] = str(workdir / "report.jsonl")
     log = workdir / "server.log"
     model = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model  # the server runs in workdir
@@ -276,7 +267,7 @@ def run_load(args: argparse.Namespace) -> dict:
         rss = {"ready": process.memory_info().rss}
         try:
             with httpx.Client() as client:
-                warm = call(client, url, [SHORT[0], *SEARCH], args.timeout)  # first-use imports (matplotlib) here
+                warm = call(client, url, [SHORT[0], *SEARCH])  # first-use imports (matplotlib) here
             if warm["outcome"] != "answered":
                 raise RuntimeError(f"the warm-up request failed: {warm['message']}; {log.read_text()[-3000:]}")
             rss["warm"] = process.memory_info().rss
@@ -299,7 +290,7 @@ def run_load(args: argparse.Namespace) -> dict:
                         row = {
                             "kind": kind,
                             "label": request["label"],
-                            **call(client, url, request["data"], args.timeout),
+                            **call(client, url, request["data"]),
                         }
                         if row["output"] is not None:
                             row["translation"], row["notes"] = row["output"][0], row["output"][2]

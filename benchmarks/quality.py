@@ -9,9 +9,6 @@
 pipeline: train_vs_marian.py.
 """
 
-from __future__ import annotations
-
-import argparse
 import json
 import os
 import tempfile
@@ -20,18 +17,13 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from speed_common import MachineRecord, command_parser, dispatch, run_sides, split_pairs
+from speed_common import MachineRecord, command_parser, dispatch, print_table, run_sides, split_pairs
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
 
 from vaswani_mt.data.corpus import BUILTIN_CORPUS
 from vaswani_mt.evaluation.metrics import evaluate_bleu, token_nll
 from vaswani_mt.model.generation_vaswani import PAPER_SEARCH
 from vaswani_mt.training.checkpoints import average_checkpoints, list_checkpoints, log_history
-
-
-def _parser(command: str, doc: str) -> argparse.ArgumentParser:
-    return command_parser("quality.py", command, doc)
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # curve: BLEU against wall-clock minutes
@@ -44,15 +36,12 @@ def checkpoint_minutes(run: Path, step: int) -> float | None:
     except FileNotFoundError:
         return None
     points = sorted((row["step"], row["train_minutes"]) for row in history if "train_minutes" in row)
-    if points:
-        below = [p for p in points if p[0] <= step] or [(0, 0.0)]
-        above = [p for p in points if p[0] >= step]
-        (s0, m0), (s1, m1) = below[-1], (above[0] if above else points[-1])
-        return m0 if s1 == s0 else m0 + (m1 - m0) * (step - s0) / (s1 - s0)
-    runtime = [row for row in history if "train_runtime" in row]
-    if runtime:
-        return step * runtime[-1]["train_runtime"] / 60 / max(runtime[-1]["step"], 1)
-    return None
+    if not points:
+        return None
+    below = [p for p in points if p[0] <= step] or [(0, 0.0)]
+    above = [p for p in points if p[0] >= step]
+    (s0, m0), (s1, m1) = below[-1], (above[0] if above else points[-1])
+    return m0 if s1 == s0 else m0 + (m1 - m0) * (step - s0) / (s1 - s0)
 
 
 def run_labels(runs: list[Path]) -> list[str]:
@@ -89,7 +78,7 @@ def curve_score(folder: Path, sources, references, batch_size: int, train=None) 
 def curve(argv=None) -> None:
     """BLEU, chrF and NLL of every checkpoint of each run against its training minutes (the NLL of as many
     training pairs too: the generalisation gap); --average_last K also scores the mean of the last K at each point."""
-    parser = _parser("curve", curve.__doc__)
+    parser = command_parser(curve, "write the points here (merged with what it holds)")
     parser.add_argument("runs", nargs="+", help="training output folders holding checkpoint-N folders")
     parser.add_argument(
         "--dataset", default=BUILTIN_CORPUS, help="the corpus the runs trained on (see --dataset of train.py)"
@@ -98,7 +87,6 @@ def curve(argv=None) -> None:
     parser.add_argument("--max_samples", type=int, default=None, help="only the split's first N pairs")
     parser.add_argument("--average_last", type=int, default=0, help="also score the mean of the last K checkpoints")
     parser.add_argument("--batch_size", type=int, default=64, help="sentences per batch of the search")
-    parser.add_argument("--json", help="write the points here (merged with what the file already holds)")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", torch.get_num_threads())))
 
@@ -208,7 +196,7 @@ def score_run(
 def search(argv=None) -> None:
     """BLEU of a run's final checkpoint and of the mean of its last K, each under beam 4, greedy, the run's saved
     search and any other given (--length_penalties, --search), on one split."""
-    parser = _parser("search", search.__doc__)
+    parser = command_parser(search)
     parser.add_argument("run", help="a training output folder holding checkpoint-N folders")
     parser.add_argument("--dataset", default=BUILTIN_CORPUS, help="the corpus the run trained on (train.py's)")
     parser.add_argument("--split", default="test", choices=["validation", "test"], help="the pairs scored")
@@ -219,7 +207,6 @@ def search(argv=None) -> None:
     )
     parser.add_argument("--max_samples", type=int, default=None, help="only the split's first N pairs")
     parser.add_argument("--batch_size", type=int, default=64, help="sentences per batch of the search")
-    parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
     record = MachineRecord()
     sources, references = split_pairs(args.split, args.max_samples, args.dataset)
@@ -232,12 +219,8 @@ def search(argv=None) -> None:
         searches[f"beam 4, alpha {float(alpha)}"] = {"length_penalty": float(alpha)}
     searches.update({f"beam 4, {text}": parse_search(text) for text in args.search})
     rows = score_run(Path(args.run), sources, references, average_last, args.batch_size, searches)
-    print(f"\n{args.run}, {args.split} split ({len(sources)} sentences), sacreBLEU {rows[0]['signature']}\n")
-    print("| weights | search | BLEU | chrF | BP | seconds |\n|---|---|---|---|---|---|")
-    for row in rows:
-        print(
-            f"| {row['weights']} | {row['search']} | {row['bleu']} | {row['chrf']} | {row['bp']} | {row['seconds']} |"
-        )
+    print_table(f"{args.run}, {args.split} split ({len(sources)} sentences), sacreBLEU {rows[0]['signature']}", rows,
+                ["weights", "search", "bleu", "chrf", "bp", "seconds"])  # fmt: skip
     record.report({"run": args.run, "split": args.split, "rows": rows}, args.json)
 
 
@@ -253,7 +236,7 @@ def ensemble(argv=None) -> dict:
     from vaswani_mt.inference.translate import translate
     from vaswani_mt.system import native_bf16
 
-    parser = _parser("ensemble", ensemble.__doc__)
+    parser = command_parser(ensemble)
     parser.add_argument("run", help="a finished training run's folder, holding checkpoint-N folders")
     parser.add_argument("--last", type=int, default=5, help="K: the last K checkpoints (default 5, as §6.1's base)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N test sentences")
@@ -263,7 +246,6 @@ def ensemble(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=1, help="rounds of the split per side")
     parser.add_argument("--device", default=None, help="default: GPU if there is one")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    parser.add_argument("--json", help="also write the JSON here")
     args = parser.parse_args(argv)
     if args.last < 1:
         parser.error(f"--last must be at least 1, got {args.last}")

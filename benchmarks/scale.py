@@ -11,8 +11,6 @@
 under load: demo_load.py.
 """
 
-from __future__ import annotations
-
 import argparse
 import hashlib
 import json
@@ -27,13 +25,12 @@ import time
 from pathlib import Path
 
 import torch
-from speed_common import PAIRS, MachineRecord, command_parser, dispatch, free_port, tiny_model_folder
+from speed_common import ROOT, MachineRecord, command_parser, dispatch, free_port, print_table
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository, for a run without installing
 
-from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration  # noqa: E402
-from vaswani_mt.training.flops import (  # noqa: E402
+from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani_mt.training.flops import (
     GPU_PEAK_TFLOPS,
     PAPER_P100_TFLOPS,
     PAPER_RUNS,
@@ -42,27 +39,6 @@ from vaswani_mt.training.flops import (  # noqa: E402
     analytic_training_flops_per_token,
     count_training_flops,
 )
-
-GPUS_DOC = """gpu_check.sh's multi-GPU step (`gpus`), one process per GPU under `accelerate launch`:
-
-    accelerate launch --multi_gpu --num_processes N benchmarks/scale.py gpus --mode ddp --json OUT.json
-    accelerate launch --use_fsdp --fsdp_version 2 --num_processes N benchmarks/scale.py gpus --mode fsdp ...
-
-- `ddp`: NCCL data parallel on every visible GPU (gloo on CPU processes with --cpu, gpu_check.sh's dry run): the
-  model of --preset trained --steps steps on random pairs of --length tokens, --batch pairs per GPU, bf16 autocast,
-  fused AdamW; records target tokens/s per GPU (median step) and whether the weights are bit-for-bit equal on every
-  rank afterwards (a SHA-256 of each rank's parameters, gathered).
-- `fsdp`: whether the model's three-way tied matrix (source embedding, target embedding, pre-softmax projection,
-  §3.4) survives FSDP in the installed accelerate: one training step under the FSDP plugin the launcher set, then
-  whether the three are still one parameter. FSDP2 refused shared parameters before accelerate PR #4171; the
-  answer, or the error, is recorded.
-
-Rank 0 writes the record to --json."""
-
-
-def _parser(command: str, doc: str) -> argparse.ArgumentParser:
-    return command_parser("scale.py", command, doc)
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # machines: two simulated machines against one
@@ -131,13 +107,12 @@ def _same(a: Path, b: Path) -> bool:
 def machines(argv=None) -> None:
     """Two simulated machines (accelerate's multi-node path, gloo, one process each) against one machine of two
     processes, rounds interleaved: tokens/s and the same weights; --lost N rounds lose machine 1 and resume."""
-    parser = _parser("machines", machines.__doc__)
+    parser = command_parser(machines)
     parser.add_argument("--preset", default="small", help="the model trained")
     parser.add_argument("--steps", type=int, default=30, help="training steps of each run")
     parser.add_argument("--max_tokens", type=int, default=1024, help="token budget per batch and process")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of one machine and two")
     parser.add_argument("--lost", type=int, default=0, help="rounds that lose machine 1 after step 5")
-    parser.add_argument("--json", help="write the result here too")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1: a lost machine's weights are checked against round 0's")
@@ -184,8 +159,9 @@ def machines(argv=None) -> None:
     medians = {"one_machine_2_processes": one, "two_machines_1_process": two}
     result = {"args": vars(args), "rounds": rounds, "lost_machine": lost, "median_target_tokens_per_s": medians,
               "ratio_two_over_one": round(two / one, 3)}  # fmt: skip
-    print(f"\n| setup | target tokens/s (median of {args.rounds}) |\n|---|---|")
-    print(f"| one machine, 2 processes | {one:.0f} |\n| two machines, 1 process each | {two:.0f} ({two / one:.2f}x) |")
+    rows = [{"setup": "one machine, 2 processes", "target tokens/s": one},
+            {"setup": "two machines, 1 process each", "target tokens/s": two, "ratio": two / one}]  # fmt: skip
+    print_table(f"Median of {args.rounds} rounds", rows, ["setup", "target tokens/s", "ratio"])
     if lost:
         print(f"lost machine 1: machine 0 ended {[r['seconds_to_end'] for r in lost]} s after; resumed exactly: "
               f"{[r['same_weights'] for r in lost]}")  # fmt: skip
@@ -202,6 +178,23 @@ def _batch(config, batch: int, length: int, device, seed: int) -> dict:
     return {"input_ids": ids[0].to(device), "labels": ids[1].to(device)}
 
 
+def _timed_steps(accelerator, model, optimizer, config, steps: int, args) -> list[float]:
+    """Seconds of each of `steps` training steps on random pairs (each rank and step its own), kernels waited for."""
+    times = []
+    for step in range(steps):
+        batch = _batch(config, args.batch, args.length, accelerator.device, 1000 * step + accelerator.process_index)
+        if accelerator.device.type == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        accelerator.backward(model(**batch).loss)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if accelerator.device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+    return times
+
+
 def _tied(model) -> bool:
     """Whether the source embedding, the target embedding and the pre-softmax projection are still one matrix."""
     matrices = [model.model.encoder.embed_tokens.weight, model.model.decoder.embed_tokens.weight,
@@ -210,11 +203,26 @@ def _tied(model) -> bool:
 
 
 def gpus(argv=None) -> None:
+    """gpu_check.sh's multi-GPU step (`gpus`), one process per GPU under `accelerate launch`:
+
+        accelerate launch --multi_gpu --num_processes N benchmarks/scale.py gpus --mode ddp --json OUT.json
+        accelerate launch --use_fsdp --fsdp_version 2 --num_processes N benchmarks/scale.py gpus --mode fsdp ...
+
+    - `ddp`: NCCL data parallel on every visible GPU (gloo on CPU processes with --cpu, gpu_check.sh's dry run): the
+      model of --preset trained --steps steps on random pairs of --length tokens, --batch pairs per GPU, bf16 autocast,
+      fused AdamW; records target tokens/s per GPU (median step) and whether the weights are bit-for-bit equal on every
+      rank afterwards (a SHA-256 of each rank's parameters, gathered).
+    - `fsdp`: whether the model's three-way tied matrix (source embedding, target embedding, pre-softmax projection,
+      §3.4) survives FSDP in the installed accelerate: one training step under the FSDP plugin the launcher set, then
+      whether the three are still one parameter. FSDP2 refused shared parameters before accelerate PR #4171; the
+      answer, or the error, is recorded.
+
+    Rank 0 writes the record to --json."""
     import accelerate
     from accelerate import Accelerator
     from accelerate.utils import gather_object
 
-    parser = _parser("gpus", GPUS_DOC)
+    parser = command_parser(gpus, "rank 0 writes the record here")
     parser.add_argument("--mode", choices=["ddp", "fsdp"], required=True, help="the check (the doc above)")
     parser.add_argument("--preset", default="base", help="the model trained")
     parser.add_argument("--vocab_size", type=int, default=37000, help="the model's vocabulary")
@@ -222,7 +230,6 @@ def gpus(argv=None) -> None:
     parser.add_argument("--length", type=int, default=30, help="tokens per random sentence")
     parser.add_argument("--steps", type=int, default=20, help="training steps")
     parser.add_argument("--cpu", action="store_true", help="CPU processes (gloo): the dry run of gpu_check.sh")
-    parser.add_argument("--json", required=True, help="rank 0 writes the record here")
     args = parser.parse_args(argv)
 
     accelerator = Accelerator(cpu=args.cpu, mixed_precision="no" if args.cpu else "bf16")
@@ -242,21 +249,7 @@ def gpus(argv=None) -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
                                       fused=not args.cpu)  # fmt: skip
         model, optimizer = accelerator.prepare(model, optimizer)
-        times = []
-        for step in range(args.steps if args.mode == "ddp" else 1):
-            batch = _batch(
-                config, args.batch, args.length, accelerator.device, seed=1000 * step + accelerator.process_index
-            )
-            if accelerator.device.type == "cuda":
-                torch.cuda.synchronize()
-            started = time.perf_counter()
-            loss = model(**batch).loss
-            accelerator.backward(loss)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if accelerator.device.type == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - started)
+        times = _timed_steps(accelerator, model, optimizer, config, args.steps if args.mode == "ddp" else 1, args)
         unwrapped = accelerator.unwrap_model(model)
         if args.mode == "ddp":
             warm = times[min(3, len(times) - 1) :]
@@ -273,8 +266,9 @@ def gpus(argv=None) -> None:
     except Exception as error:  # the answer to record (FSDP refusing the tied matrix, say), not a crash
         record["error"] = f"{type(error).__name__}: {' '.join(str(error).split())[:400]}"
     if accelerator.is_main_process:
-        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
         print(json.dumps(record))
+        if args.json:
+            Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
     accelerator.wait_for_everyone()
     accelerator.end_training()
 
@@ -283,17 +277,20 @@ def gpus(argv=None) -> None:
 # paper_time: the paper's runs on GPUs
 
 
+GPU_COUNTS = (1, 8)  # the paper's 8 P100 GPUs, and one
+
+
 def estimate(args) -> dict:
     gpus = args.gpus.split(",")
-    counts = [int(n) for n in args.counts.split(",")]
     models = {}
     for name in args.models.split(","):
         paper = PAPER_RUNS[name]
         counted = count_training_flops(name, args.length, vocab_size=args.vocab_size)
         analytic = analytic_training_flops_per_token(name, args.length, vocab_size=args.vocab_size)
-        per_step = counted.per_target_token * args.tokens_per_step
+        per_step = counted.per_target_token * PAPER_TOKENS_PER_STEP
         total = per_step * paper["steps"]
-        hours = {gpu: {n: total / (n * args.mfu * GPU_PEAK_TFLOPS[gpu] * 1e12) / 3600 for n in counts} for gpu in gpus}
+        seconds = {gpu: total / (args.mfu * GPU_PEAK_TFLOPS[gpu] * 1e12) for gpu in gpus}  # on one GPU
+        hours = {gpu: {n: seconds[gpu] / n / 3600 for n in GPU_COUNTS} for gpu in gpus}
         paper_seconds = paper["hours_on_8_p100"] * 3600
         models[name] = {
             "steps": paper["steps"],
@@ -310,7 +307,7 @@ def estimate(args) -> dict:
     return {
         "mfu": args.mfu,
         "length": args.length,
-        "tokens_per_step": args.tokens_per_step,
+        "tokens_per_step": PAPER_TOKENS_PER_STEP,
         "peak_tflops": {gpu: GPU_PEAK_TFLOPS[gpu] for gpu in gpus},
         "models": models,
     }
@@ -326,13 +323,11 @@ def paper_time(argv=None) -> dict:
     """The paper's two runs (base, big) in hours on 1 and 8 GPUs of each kind: the training FLOPs counted from the
     model (and by formula, the check), at an assumed model FLOPs utilisation (--mfu) of each GPU's dense bf16 peak.
     The JSON has each model's FLOPs per target token, per step and in all, and the paper's own utilisation."""
-    parser = _parser("paper_time", paper_time.__doc__)
+    parser = command_parser(paper_time)
     parser.add_argument("--mfu", type=float, default=0.35, help="model FLOPs utilisation assumed on every GPU")
     parser.add_argument("--gpus", default=",".join(GPU_PEAK_TFLOPS), help=f"of {', '.join(GPU_PEAK_TFLOPS)}")
-    parser.add_argument("--counts", default="1,8", help="numbers of GPUs")
     parser.add_argument("--models", default="base,big", help="of base, big")
     parser.add_argument("--length", type=int, default=WMT14_MEAN_LENGTH, help="tokens per sentence, each side")
-    parser.add_argument("--tokens_per_step", type=int, default=PAPER_TOKENS_PER_STEP, help="target tokens")
     parser.add_argument("--vocab_size", type=int, default=37000, help="the shared BPE vocabulary's size")
     args = parser.parse_args(argv)
     unknown = [g for g in args.gpus.split(",") if g not in GPU_PEAK_TFLOPS]
@@ -342,16 +337,15 @@ def paper_time(argv=None) -> dict:
     for name, m in result["models"].items():
         print(f"{name}: {m['flops_per_target_token'] / 1e6:.1f} MFLOP per target token, {m['total_flops']:.3g} in "
               f"{m['steps']:,} steps; the paper's run: {m['paper_run_utilisation']:.0%} of 8 x 9.5 TFLOPS")  # fmt: skip
-    counts = [int(n) for n in args.counts.split(",")]
-    print(f"\nExpected wall time at MFU {args.mfu:.2f} of the dense bf16/fp16 tensor peak (vendor data sheets)\n")
-    header = " | ".join(f"{name}, {n} GPU{'s' if n > 1 else ''}" for name in result["models"] for n in counts)
-    print(f"| GPU | peak TFLOPS | {header} |")
-    print("|---|---|" + "---|" * (len(result["models"]) * len(counts)))
+    runs = {f"{name}, {n} GPU{'s' if n > 1 else ''}": (model, n) for name, model in result["models"].items()
+            for n in GPU_COUNTS}  # fmt: skip
+    rows = []
     for gpu, peak in result["peak_tflops"].items():
-        cells = " | ".join(_duration(m["hours"][gpu][n]) for m in result["models"].values() for n in counts)
-        print(f"| {gpu} | {peak:g} | {cells} |")
-    print("\n" + json.dumps(result))
-    return result
+        rows.append({"GPU": gpu, "peak TFLOPS": f"{peak:g}"})
+        rows[-1].update({run: _duration(m["hours"][gpu][n]) for run, (m, n) in runs.items()})
+    print_table(f"Expected wall time at MFU {args.mfu:.2f} of the dense bf16/fp16 tensor peak (vendor data sheets)",
+                rows, ["GPU", "peak TFLOPS", *runs])  # fmt: skip
+    return MachineRecord().report(result, args.json)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -360,6 +354,8 @@ def paper_time(argv=None) -> dict:
 
 def distinct_lines() -> list[str]:
     """60 lines of 1 to 3 of the six sentences: 6 single ones, 30 ordered pairs and 24 triples."""
+    from speed_common import PAIRS
+
     english = [en for en, _ in PAIRS]
     lines = list(english)
     lines += [f"{a} {b}" for a in english for b in english if a != b]
@@ -377,14 +373,9 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _status_kib(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise KeyError(field)
-
-
 def run_stream(args: argparse.Namespace, folder: Path) -> dict:
+    from speed_common import peak_rss_mib
+
     from vaswani_mt.inference.loading import load_for_inference
     from vaswani_mt.inference.translate import translate
 
@@ -429,8 +420,8 @@ def run_stream(args: argparse.Namespace, folder: Path) -> dict:
                 marks[i + 1] = {
                     "seconds": round(time.perf_counter() - start, 1),
                     "cpu_seconds": round(_cpu_seconds(process.pid), 1),
-                    "peak_rss_mib": round(_status_kib(process.pid, "VmHWM") / 1024, 1),
-                    "rss_mib": round(_status_kib(process.pid, "VmRSS") / 1024, 1),
+                    "peak_rss_mib": round(peak_rss_mib(process.pid), 1),
+                    "rss_mib": round(peak_rss_mib(process.pid, "VmRSS"), 1),
                     "wrong_or_out_of_order": wrong,
                 }
                 print(json.dumps({"lines": i + 1, **marks[i + 1]}), file=sys.stderr, flush=True)
@@ -466,14 +457,15 @@ def run_stream(args: argparse.Namespace, folder: Path) -> dict:
 def stream(argv=None) -> dict:
     """scripts/translate.py on --lines lines of standard input: every output in order and right, lines/s, and the
     process's memory read every --checkpoint lines (a long stream must not grow it)."""
-    parser = _parser("stream", stream.__doc__)
+    from speed_common import tiny_model_folder
+
+    parser = command_parser(stream)
     parser.add_argument("--model", help="saved model folder (default: the tests' fitted tiny model, built here)")
     parser.add_argument("--lines", type=int, default=100_000, help="input lines, 60 distinct ones in turn")
     parser.add_argument("--checkpoint", type=int, default=10_000, help="the peak RSS is read every this many lines")
     parser.add_argument("--num_beams", type=int, default=1, help="translate.py's")
     parser.add_argument("--batch_size", type=int, default=64, help="translate.py's")
     parser.add_argument("--chunk_size", type=int, default=None, help="default: translate.py's (16 batches)")
-    parser.add_argument("--json", help="write the result here too")
     args = parser.parse_args(argv)
     if not 0 < args.checkpoint < args.lines:
         parser.error(f"--checkpoint must be between 0 and --lines ({args.lines}), got {args.checkpoint}")
@@ -490,14 +482,13 @@ def shards(argv=None) -> dict:
     one thread each under `accelerate launch` (sharded), against one process of --processes threads: sentences/s
     from the median of interleaved rounds, start-up (imports, loading) included, and whether the two outputs are the
     same bytes."""
-    from speed_common import interleave, split_pairs
+    from speed_common import interleave, rates, split_pairs
 
-    parser = _parser("shards", shards.__doc__)
+    parser = command_parser(shards)
     parser.add_argument("--model", required=True, help="saved model folder (the main job's: outputs/ding-cpu)")
     parser.add_argument("--processes", type=int, default=2, help="processes of one thread (and threads of one)")
     parser.add_argument("--lines", type=int, default=584, help="the test split's first lines (584: all of it)")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of each side")
-    parser.add_argument("--json", help="write the result here too")
     args = parser.parse_args(argv)
 
     record = MachineRecord()
@@ -521,13 +512,8 @@ def shards(argv=None) -> dict:
         }  # fmt: skip
         times = interleave(sides, args.repeats, warmup=0)
         same = one.read_bytes() == many.read_bytes()
-    rows = {}
-    for name, seconds in times.items():
-        median = statistics.median(seconds)
-        rows[name] = {"median_s": round(median, 2), "sentences_per_s": round(args.lines / median, 2),
-                      "seconds": [round(x, 2) for x in seconds]}  # fmt: skip
-    first, second = rows.values()
-    ratio = round(second["sentences_per_s"] / first["sentences_per_s"], 3)
+    rows = rates(times, args.lines, baseline=next(iter(times)))
+    ratio = round(list(rows.values())[1]["ratio_of_medians"], 3)  # processes over threads
     return record.report({"lines": args.lines, "sides": rows, "ratio": ratio, "same_bytes": same}, args.json)
 
 

@@ -12,8 +12,6 @@ our own decoding options, each side run as its users run it; one command per fig
 side-by-side runner, peak memory in a child process) is speed_common.py's.
 """
 
-from __future__ import annotations
-
 import argparse
 import copy
 import itertools
@@ -28,6 +26,7 @@ from pathlib import Path
 
 import torch
 from speed_common import (
+    TRANSLATE_PY,
     MachineRecord,
     child_argv,
     command_parser,
@@ -36,6 +35,7 @@ from speed_common import (
     measure_peak_rss,
     peak_rss_mib,
     print_table,
+    rates,
     run_sides,
     speedups,
     split_pairs,
@@ -47,16 +47,10 @@ from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_mt.data.tokenization import config_token_ids
 from vaswani_mt.export.marian import hidden_permutation, to_marian
 
-ROOT = Path(__file__).resolve().parents[1]
 
-
-def _parser(command: str, doc: str) -> argparse.ArgumentParser:
-    return command_parser("speed.py", command, doc)
-
-
-def _shape_parser(command: str, doc: str, repeats: int) -> argparse.ArgumentParser:
+def _shape_parser(command, repeats: int) -> argparse.ArgumentParser:
     """The options `train` and `decode` share: the model's shape, the timed rounds, the device, peak memory."""
-    parser = _parser(command, doc)
+    parser = command_parser(command)
     parser.add_argument("--preset", default="base", help="the model's shape (VaswaniConfig.from_preset)")
     parser.add_argument("--vocab_size", type=int, default=37000, help="data mode: the BPE trained is of this size")
     parser.add_argument("--length", type=int, default=30, help="tokens per synthetic sentence (decode: the source)")
@@ -67,7 +61,6 @@ def _shape_parser(command: str, doc: str, repeats: int) -> argparse.ArgumentPars
     parser.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True,
                         help="also each side's peak RSS, each in a process of its own")  # fmt: skip
     parser.add_argument("--only_memory", action="store_true", help="measure peak RSS only, no timing")
-    parser.add_argument("--json", default=None, help="also write the record to this file")
     parser.add_argument("--rss_child", default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -111,17 +104,15 @@ CHECKPOINTED = "_checkpointed"
 
 
 def train_args(argv=None) -> argparse.Namespace:
-    parser = _shape_parser("train", train.__doc__, repeats=10)
+    parser = _shape_parser(train, repeats=10)
     parser.add_argument("--mode", choices=["step", "data"], default="step", help="one synthetic batch, or real ones")
     parser.add_argument("--dropout", type=float, default=None, help="default: the preset's")
     parser.add_argument("--batch", type=int, default=32, help="step mode: pairs per batch")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per side first")
     parser.add_argument("--sides", default=None, help="comma-separated; step: models, data: MODEL:BATCHING")
     parser.add_argument("--seconds", type=float, default=300, help="data mode: wall seconds per side")
-    parser.add_argument("--max_train_samples", type=int, default=None, help="data mode: the first N training pairs")
     parser.add_argument("--tokenizer", default=None, help="data mode: a saved tokenizer (default: train one)")
     parser.add_argument("--work_dir", default="outputs/bench-speed", help="where a trained tokenizer is kept")
-    parser.add_argument("--lr", type=float, default=1e-4, help="constant learning rate (speed does not depend on it)")
     parser.add_argument("--profile", type=int, default=0, help="step mode: also profile this many steps per side "
                         "(device busy time, kernels per step, the top ops)")  # fmt: skip
     args = _parse(parser, argv)
@@ -151,8 +142,9 @@ def build_models(config: VaswaniConfig, models: list[str], seed: int, device: st
     return [model.to(device).train() for model in built]
 
 
-def optimizer_for(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
-    """Trainer's `adamw_torch_fused` with the paper's Adam settings (§5.3), no weight decay."""
+def optimizer_for(model: torch.nn.Module, lr: float = 1e-4) -> torch.optim.Optimizer:
+    """Trainer's `adamw_torch_fused` with the paper's Adam settings (§5.3), no weight decay, a constant rate (a step's
+    speed does not depend on it)."""
     return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0, fused=True)
 
 
@@ -218,8 +210,9 @@ def check_same_function(ours, marian, batch: dict) -> dict:
             "shared_grad_rel_gap": grad_gap, "same_function": loss_gap < 1e-5 and grad_gap < 1e-4}  # fmt: skip
 
 
-def model_config(args) -> VaswaniConfig:
-    overrides = {"vocab_size": args.vocab_size}
+def model_config(args, **overrides) -> VaswaniConfig:
+    """--preset at --vocab_size with --dropout where given, then `overrides` (a tokenizer's size and ids)."""
+    overrides = {"vocab_size": args.vocab_size, **overrides}
     if args.dropout is not None:
         overrides["dropout"] = args.dropout
     return VaswaniConfig.from_preset(args.preset, **overrides)
@@ -231,7 +224,7 @@ def run_step_mode(args) -> dict:
     batch = synthetic_batch(config, args.batch, args.length, args.seed, args.device)
     if args.rss_child:  # one side alone, for its peak memory
         (model,) = build_models(config, [args.rss_child], args.seed, args.device)
-        _child_peak(args.rss_child, partial(make_step(args.rss_child, model, optimizer_for(model, args.lr)), batch), 3)
+        _child_peak(args.rss_child, partial(make_step(args.rss_child, model, optimizer_for(model)), batch), 3)
         return {}
     shape = f"{args.preset}, vocab {config.vocab_size}, {args.batch} x {args.length} tokens, dropout {config.dropout}"
     if args.only_memory:
@@ -242,7 +235,7 @@ def run_step_mode(args) -> dict:
     if "vaswani_mt" in models and "marian" in models:
         check = check_same_function(models["vaswani_mt"], models["marian"], batch)
         print(json.dumps({"check": check}), flush=True)
-    steps = {name: make_step(name, model, optimizer_for(model, args.lr)) for name, model in models.items()}
+    steps = {name: make_step(name, model, optimizer_for(model)) for name, model in models.items()}
     times = interleave({name: partial(step, batch) for name, step in steps.items()}, args.repeats, args.warmup)
     baseline = "marian" if "marian" in times else sides[0]
     summary = speedups(times, baseline)
@@ -303,8 +296,6 @@ def load_training_rows(args):
     from vaswani_mt.data.tokenization import build_tokenizer, tokenize_corpus
 
     train = load_corpus("ding")["train"]
-    if args.max_train_samples:
-        train = train.select(range(min(args.max_train_samples, len(train))))
     work = Path(args.work_dir) / f"bpe-{args.vocab_size}-{len(train)}"
     tokenizer = build_tokenizer(
         {"train": train}, ("en", "de"), work, tokenizer=args.tokenizer, vocab_size=args.vocab_size
@@ -332,14 +323,14 @@ def batch_stream(kind: str, size: int, source_lengths, target_lengths, seed: int
 class DataSide:
     """One side of a real-data run: its model, optimizer, batching and counters."""
 
-    def __init__(self, spec: str, model, tokenizer, rows, lengths, lr: float, seed: int):
+    def __init__(self, spec: str, model, tokenizer, rows, lengths, seed: int):
         self.name = spec
         self.model_name, kind, size = parse_side(spec)
         self.device = next(model.parameters()).device
         self.rows = rows
         self.batches = batch_stream(kind, size, *lengths, seed)
         self.collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
-        self.step_fn = make_step(self.model_name, model, optimizer_for(model, lr))
+        self.step_fn = make_step(self.model_name, model, optimizer_for(model))
         self.seconds = 0.0
         self.steps = self.sentences = self.target_tokens = self.padded_target_tokens = 0
 
@@ -372,12 +363,9 @@ def run_data_mode(args) -> dict:
     """Alternating time slices: the first side takes one step, every other side steps until it has used as long."""
     tokenizer, rows, source_lengths, target_lengths = load_training_rows(args)
     specs = args.sides.split(",")
-    overrides = config_token_ids(tokenizer)
-    if args.dropout is not None:
-        overrides["dropout"] = args.dropout
-    config = VaswaniConfig.from_preset(args.preset, **overrides)
+    config = model_config(args, **config_token_ids(tokenizer))
     models = build_models(config, [parse_side(spec)[0] for spec in specs], args.seed, args.device)
-    sides = [DataSide(spec, model, tokenizer, rows, (source_lengths, target_lengths), args.lr, args.seed)
+    sides = [DataSide(spec, model, tokenizer, rows, (source_lengths, target_lengths), args.seed)
              for spec, model in zip(specs, models, strict=True)]  # fmt: skip
     shape = f"{args.preset}, vocab {config.vocab_size}, dropout {config.dropout}, {len(rows)} training pairs"
     for side in sides:
@@ -417,7 +405,7 @@ SEARCHES = {"beam4": 4, "greedy": 1}
 
 
 def decode_args(argv=None) -> argparse.Namespace:
-    parser = _shape_parser("decode", decode.__doc__, repeats=5)
+    parser = _shape_parser(decode, repeats=5)
     parser.add_argument("--steps", type=int, default=30, help="new tokens, min = max")
     parser.add_argument("--batches", default="1,16", help="batch sizes")
     parser.add_argument("--searches", default="beam4,greedy", help="comma-separated, of beam4, greedy")
@@ -541,12 +529,11 @@ def batching(argv=None) -> dict:
     test split, each run a whole command, interleaved: the same output lines, and sentences/s of each."""
     from vaswani_mt.system import native_bf16
 
-    parser = _parser("batching", batching.__doc__)
+    parser = command_parser(batching)
     parser.add_argument("--model", required=True, help="a trained model folder")
     parser.add_argument("--max_tokens", type=int, default=1200, help="the token budget of a batch (translate.py's)")
     parser.add_argument("--batch_size", type=int, default=16, help="the fixed-size batches compared against")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of each command")
-    parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args(argv)
     record = MachineRecord()
     sources = split_pairs("test")[0]
@@ -554,7 +541,7 @@ def batching(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "test.en"
         source.write_text("\n".join(sources) + "\n", encoding="utf-8")
-        base = [sys.executable, str(ROOT / "scripts" / "translate.py"), "--model", args.model, "--input", str(source)]
+        base = [sys.executable, TRANSLATE_PY, "--model", args.model, "--input", str(source)]
         commands = {f"batch_size {args.batch_size}": [*base, "--batch_size", str(args.batch_size)],
                     f"max_tokens {args.max_tokens}": [*base, "--max_tokens", str(args.max_tokens)]}  # fmt: skip
 
@@ -568,12 +555,9 @@ def batching(argv=None) -> dict:
                 raise AssertionError(f"{name}: {differ} of {lines} translations differ from the first run's")
 
         times = interleave({name: partial(run, name, command) for name, command in commands.items()}, args.repeats, 0)
-    rows = speedups(times, f"batch_size {args.batch_size}")
-    for row in rows.values():
-        row["sentences_per_s"] = round(lines / row["median_s"], 2)
     result = {"model": args.model, "sentences": lines, "native_bf16": native_bf16(), "outputs_identical": True,
               "commands": {name: " ".join(["python", *command[1:]]) for name, command in commands.items()},
-              "sides": rows, "wall_s": times}  # fmt: skip
+              "sides": rates(times, lines, f"batch_size {args.batch_size}")}  # fmt: skip
     return record.report(result, args.json)
 
 
@@ -635,7 +619,7 @@ def peers(argv=None) -> dict:
     from vaswani_mt.inference.translator import Translator
     from vaswani_mt.system import native_bf16
 
-    parser = _parser("peers", peers.__doc__)
+    parser = command_parser(peers)
     parser.add_argument("--model", required=True, help="a saved vaswani_mt folder (the main job's: outputs/ding-cpu)")
     parser.add_argument("--beam", type=int, default=4, help="beams of every side")
     parser.add_argument("--batch", type=int, default=16, help="sentences per batch of every side")
@@ -644,7 +628,6 @@ def peers(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch's and CTranslate2's")
     parser.add_argument("--ct2_ranking", choices=["ctranslate2", "paper"], default="ctranslate2",
                         help="CTranslate2's own ranking, as users run it, or §6.1's (our back end)")  # fmt: skip
-    parser.add_argument("--json", default=None, help="also write the result here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     record = MachineRecord()
@@ -725,13 +708,12 @@ def leave(argv=None) -> dict:
     from vaswani_mt.inference.translate import translate
     from vaswani_mt.model import beam_search_vaswani as search
 
-    parser = _parser("leave", leave.__doc__)
+    parser = command_parser(leave)
     parser.add_argument("--model", required=True, help="a trained model folder (the main job's: outputs/ding-cpu)")
     parser.add_argument("--batch_size", type=int, default=16, help="sentences per batch")
     parser.add_argument("--lines", type=int, default=None, help="the test split's first lines (default: all 584)")
     parser.add_argument("--threads", type=int, default=1, help="torch's threads")
     parser.add_argument("--repeats", type=int, default=3, help="paired rounds, interleaved")
-    parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     record = MachineRecord()

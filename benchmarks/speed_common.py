@@ -12,8 +12,6 @@ terminology.py and alignments.py (controls), data_scale.py, scale.py and demo_lo
 gpu_check.sh (the GPU path).
 """
 
-from __future__ import annotations
-
 import argparse
 import inspect
 import json
@@ -29,9 +27,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # each script imports this one from benchmarks/
-
 import torch
 import transformers
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository
+TRANSLATE_PY = str(ROOT / "scripts" / "translate.py")  # the command the translation benchmarks run
 
 
 def _cpu_model() -> str:
@@ -109,13 +109,13 @@ def _memory_gib() -> float:
         return 0.0
 
 
-def peak_rss_mib() -> float:
-    """This process's peak resident set size in MiB: VmHWM, which starts afresh at exec (`ru_maxrss` does not: a
-    child would report its parent's peak at fork time)."""
+def peak_rss_mib(pid: int | str = "self", field: str = "VmHWM") -> float:
+    """A process's peak resident set size in MiB (this one's by default): VmHWM, which starts afresh at exec
+    (`ru_maxrss` does not: a child would report its parent's peak at fork time); `field="VmRSS"`: its RSS now."""
     try:
-        with open("/proc/self/status", encoding="utf-8") as f:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
@@ -150,6 +150,16 @@ def speedups(times: dict[str, list[float]], baseline: str) -> dict[str, dict]:
             row["median_of_ratios"] = statistics.median(b / v for b, v in zip(base, values, strict=False))
         out[name] = row
     return out
+
+
+def rates(times: dict[str, list[float]], sentences: int, baseline: str) -> dict[str, dict]:
+    """`speedups(times, baseline)` of runs that each translate `sentences`, with each side's sentences/s (from its
+    median) and its rounds' seconds."""
+    rows = speedups(times, baseline)
+    for name, row in rows.items():
+        row["sentences_per_s"] = round(sentences / row["median_s"], 2)
+        row["seconds"] = [round(t, 2) for t in times[name]]
+    return rows
 
 
 def rows_against(
@@ -230,10 +240,16 @@ def run_summary(run: str | os.PathLike) -> dict:
     }
 
 
-def command_parser(script: str, command: str, doc: str) -> argparse.ArgumentParser:
-    """The parser of `script COMMAND`'s options, its description `doc`."""
-    return argparse.ArgumentParser(prog=f"{script} {command}", description=inspect.cleandoc(doc),
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+def command_parser(command: str | Callable, json_help: str = "also write the result here") -> argparse.ArgumentParser:
+    """A benchmark's parser, with the option every benchmark has: --json, the file its record is written to.
+    `command`: a script's docstring, or the function of a command of a script of several (`SCRIPT COMMAND`)."""
+    doc, prog = command, None
+    if callable(command):
+        doc, prog = command.__doc__, f"{Path(inspect.getfile(command)).name} {command.__name__}"
+    parser = argparse.ArgumentParser(prog=prog, description=inspect.cleandoc(doc),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--json", help=json_help)
+    return parser
 
 
 def dispatch(doc: str, commands: dict[str, Callable], argv: list[str] | None):
@@ -288,7 +304,7 @@ def print_table(title: str, rows: list[dict], columns: list[str]) -> None:
         for column in columns:
             value = row.get(column, "")
             if isinstance(value, float):
-                cells.append(f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}")
+                cells.append(f"{value:,.0f}" if abs(value) >= 100 else f"{value:.4g}")
             else:
                 cells.append(str(value))
         print("| " + " | ".join(cells) + " |")

@@ -25,13 +25,12 @@ sentences with their term, and the test sentences with a reference term (`refere
 Sentences/s, the ratio to no terms, BLEU, and "best"'s lines and scores against "beam"'s.
 """
 
-import argparse
 import itertools
 import re
 import time
 from pathlib import Path
 
-from speed_common import MachineRecord, run_sides, split_pairs
+from speed_common import MachineRecord, command_parser, run_sides, split_pairs
 
 from vaswani_mt.data.corpus import _fetch_ding_dictionary, cache_dir
 from vaswani_mt.evaluation.metrics import bleu
@@ -193,7 +192,7 @@ def stopping_rules(model, tokenizer, sources, references, terms, repeats: int) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser(__doc__)
     parser.add_argument("model", help="the main job's output folder (its averaged model)")
     parser.add_argument("--length_penalty", type=float, default=None, help="GNMT alpha (default: the model's)")
     parser.add_argument(
@@ -207,7 +206,6 @@ def main() -> None:
                         "main job's tokenizer.json, its model not needed)")  # fmt: skip
     parser.add_argument("--stopping_rules", type=int, default=None, metavar="ROUNDS",
                         help="only constrained_stopping best against beam, beside no terms, ROUNDS rounds")  # fmt: skip
-    parser.add_argument("--json", help="write the result here too")
     args = parser.parse_args()
     record = MachineRecord()
     sources, references = split_pairs("test")

@@ -12,14 +12,13 @@ sequential in one process, so both see the same machine.
     python benchmarks/train_vs_marian.py --config configs/ding_cpu.yaml --time_budget_minutes 20
 """
 
-import argparse
 import json
 import os
 import time
 from pathlib import Path
 
 import torch
-from speed_common import MachineRecord, run_summary
+from speed_common import MachineRecord, command_parser, print_table, run_summary
 from torch.nn import functional as F
 from transformers import MarianMTModel
 
@@ -61,7 +60,7 @@ def marian_model(model_args, tokenizer) -> MarianMTModel:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser(__doc__)
     parser.add_argument("--config", default="configs/ding_cpu.yaml", help="the training config both sides run")
     parser.add_argument("--output_dir", default="outputs/bench-train", help="each side's run in a folder of it")
     parser.add_argument("--only", choices=["vaswani_mt", "marian"], help="run one side only")
@@ -92,14 +91,10 @@ def main() -> None:
         }
         print(json.dumps({name: results[name]}), flush=True)
 
-    record.report({"results": results})
-    print("\n| model | test sacreBLEU | chrF | steps | median target tok/s | final train loss | wall min |")
-    print("|---|---|---|---|---|---|---|")
-    for name, r in results.items():
-        print(
-            f"| {name} | {r['test_bleu']} | {r['test_chrf']} | {r['steps']} | {r['median_target_tokens_per_second']} "
-            f"| {r['final_train_loss']:.3f} | {r['wall_minutes']} |"
-        )
+    record.report({"results": results}, args.json)
+    print_table("Test sacreBLEU and chrF, steps, median target tokens/s, last training loss, wall minutes",
+                [{"model": name, **row} for name, row in results.items()], ["model", "test_bleu", "test_chrf", "steps",
+                 "median_target_tokens_per_second", "final_train_loss", "wall_minutes"])  # fmt: skip
 
 
 if __name__ == "__main__":
