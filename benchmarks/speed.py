@@ -6,7 +6,6 @@ our own decoding options, each side run as its users run it; one command per fig
     python benchmarks/speed.py decode ...     # generate() against Marian's at forced lengths (float32, bf16, int8)
     python benchmarks/speed.py batching ...   # translate.py with token-budget against fixed-size batches
     python benchmarks/speed.py peers ...      # one run: ours (float32, int8, bf16, terms), Marian, CTranslate2
-    python benchmarks/speed.py leave ...      # finished sentences leaving the beam search's batch, or kept
 
 `python benchmarks/speed.py COMMAND --help` describes each. The harness (machine record, interleaving, ratios, the
 side-by-side runner, peak memory in a child process) is speed_common.py's.
@@ -699,65 +698,8 @@ def peers(argv=None) -> dict:
     return record.report(result, args.json)
 
 
-def leave(argv=None) -> dict:
-    """translate() on the test split (the model's search, batches of --batch_size, float32) with finished sentences
-    leaving the batch (4aea25c) against every sentence kept to the end (the search before it), paired rounds
-    interleaved in one process: sentences/s, decoder rows (hypotheses x steps), equal lines, the largest score
-    difference."""
-    from vaswani_mt.inference.loading import load_for_inference
-    from vaswani_mt.inference.translate import translate
-    from vaswani_mt.model import beam_search_vaswani as search
-
-    parser = command_parser(leave)
-    parser.add_argument("--model", required=True, help="a trained model folder (the main job's: outputs/ding-cpu)")
-    parser.add_argument("--batch_size", type=int, default=16, help="sentences per batch")
-    parser.add_argument("--lines", type=int, default=None, help="the test split's first lines (default: all 584)")
-    parser.add_argument("--threads", type=int, default=1, help="torch's threads")
-    parser.add_argument("--repeats", type=int, default=3, help="paired rounds, interleaved")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    record = MachineRecord()
-    model, tokenizer = load_for_inference(args.model, device="cpu")
-    sources = split_pairs("test", args.lines)[0]
-    can_leave, output, rows, scores, forward = search._sentences_can_leave, search._output, [], [], model.forward
-    model.forward = lambda *a, **k: rows.append(k["decoder_input_ids"].shape[0]) or forward(*a, **k)
-    search._output = lambda finished, *rest: scores.append(finished.scores[:, 0]) or output(finished, *rest)
-    found = {}
-
-    def side(leaving: bool):
-        def run():
-            search._sentences_can_leave = can_leave if leaving else (lambda *_: False)
-            rows.clear(), scores.clear()
-            found[leaving] = translate(model, tokenizer, sources, batch_size=args.batch_size), sum(rows), torch.cat(
-                scores)  # fmt: skip
-
-        return run
-
-    try:
-        times = interleave({"kept to the end": side(False), "leaving": side(True)}, args.repeats, warmup=0)
-    finally:
-        search._sentences_can_leave, search._output = can_leave, output
-    (kept, kept_rows, kept_scores), (left, left_rows, left_scores) = found[False], found[True]
-    result = {
-        "sentences_per_s": {name: round(len(sources) / statistics.median(t), 2) for name, t in times.items()},
-        "ratio_of_medians": round(statistics.median(times["kept to the end"]) / statistics.median(times["leaving"]), 3),
-        "seconds": {name: [round(x, 2) for x in t] for name, t in times.items()},
-        "decoder_rows": {"kept to the end": kept_rows, "leaving": left_rows},
-        "lines_equal": f"{sum(a == b for a, b in zip(kept, left, strict=True))}/{len(sources)}",
-        "max_score_difference": float((kept_scores - left_scores).abs().max()),
-    }
-    return record.report(result, args.json)
-
-
 def main(argv=None):
-    commands = {
-        "train": train,
-        "decode": decode,
-        "batching": batching,
-        "peers": peers,
-        "leave": leave,
-    }
-    return dispatch(__doc__, commands, argv)
+    return dispatch(__doc__, {"train": train, "decode": decode, "batching": batching, "peers": peers}, argv)
 
 
 if __name__ == "__main__":

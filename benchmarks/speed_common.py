@@ -5,11 +5,10 @@ Both sides of a comparison run in one process, interleaved (A, B, A, B, ... with
 a busy machine slows both alike; ratios are reported two ways: the ratio of the medians, and the median of the
 per-round ratios (each round's two timings are seconds apart, so it cancels slow drifts in the load).
 
-The scripts, one per purpose: speed.py (against the peers and faster inference: training step, decoding, stopping
-rules, batching, the peers, our compute types and CTranslate2 as our back end in one run, sentences leaving the
-batch), quality.py (BLEU of runs: curves, searches, ensembles), train_vs_marian.py (quality against Marian),
-terminology.py and alignments.py (controls), data_scale.py, scale.py and demo_load.py (scale and faults),
-gpu_check.sh (the GPU path).
+The scripts, one per purpose: speed.py (against the peers and faster inference: training step, decoding,
+batching, the peers, our compute types and CTranslate2 as our back end in one run), quality.py (BLEU of runs:
+curves, searches, ensembles), train_vs_marian.py (quality against Marian), terminology.py and alignments.py
+(controls), data_scale.py, scale.py and demo_load.py (scale and faults), gpu_check.sh (the GPU path).
 """
 
 import argparse

@@ -116,22 +116,6 @@ def test_decoding_benchmark_times_the_opt_in_int8_sides_against_marian_fp32(benc
     assert "vaswani_mt_int8 x" in capsys.readouterr().out
 
 
-def test_leave_benchmark_counts_fewer_decoder_rows_for_the_same_lines(bench, tmp_path, monkeypatch):
-    speed, common = bench("speed"), bench("speed_common")
-    sources = [en for en, _ in common.PAIRS] * 4  # six sentences of different lengths, 24 lines
-    monkeypatch.setattr(speed, "split_pairs", lambda split, limit=None: (sources[:limit], sources[:limit]))
-    out = tmp_path / "leave.json"
-    speed.main(["leave", "--model", str(common.tiny_model_folder(tmp_path / "model")), "--lines", "24", "--repeats",
-                "1", "--batch_size", "8", "--json", str(out)])  # fmt: skip
-    result = json.loads(out.read_text())
-    rows = result["decoder_rows"]
-    assert result["lines_equal"] == "24/24" and result["max_score_difference"] < 1e-4
-    assert 0 < rows["leaving"] < rows["kept to the end"]  # sentences that finish early leave their batch
-    from vaswani_mt.model import beam_search_vaswani
-
-    assert beam_search_vaswani._sentences_can_leave.__name__ == "_sentences_can_leave"  # put back afterwards
-
-
 @pytest.mark.usefixtures("one_thread")  # a tiny model on 2 threads of the busy 2-core VM: 110 s against 13
 def test_peers_benchmark_reports_every_sides_bleu_and_the_targets_ratios_from_its_medians(bench, tmp_path, monkeypatch):
     pytest.importorskip("ctranslate2")
