@@ -17,12 +17,6 @@ sentences unconstrained), and sentences per second over the split. The speed cos
     python benchmarks/terminology.py outputs/ding-cpu --length_penalty 0.6   # the paper's alpha
     python benchmarks/terminology.py outputs/ding-cpu --constrained_length_penalty 1.2   # terms at the model's alpha
     python benchmarks/terminology.py outputs/ding-cpu --typo_check   # the typo warning on the terms' real words
-    python benchmarks/terminology.py outputs/ding-cpu --stopping_rules 3   # constrained_stopping "best" and "beam"
-
-`--stopping_rules R` (instead of the term test's table): when a constrained sentence is done, "best" (the default)
-against "beam", each beside the same lines without terms, R interleaved rounds (batch 16, medians): the term test's
-sentences with their term, and the test sentences with a reference term (`reference_terms`, speed.py peers' lines).
-Sentences/s, the ratio to no terms, BLEU, and "best"'s lines and scores against "beam"'s.
 """
 
 import itertools
@@ -30,13 +24,13 @@ import re
 import time
 from pathlib import Path
 
-from speed_common import MachineRecord, command_parser, run_sides, split_pairs
+from speed_common import MachineRecord, command_parser, split_pairs
 
 from vaswani_mt.data.corpus import _fetch_ding_dictionary, cache_dir
 from vaswani_mt.evaluation.metrics import bleu
 from vaswani_mt.inference.controls import ControlReport
 from vaswani_mt.inference.loading import load_for_inference
-from vaswani_mt.inference.translate import translate, translate_nbest
+from vaswani_mt.inference.translate import translate
 from vaswani_mt.system import native_bf16
 
 NOUN = re.compile(r"\{(?:m|f|n|pl)\}")
@@ -157,40 +151,6 @@ def typo_check(tokenizer, terms: list[list[str]]) -> dict:
     return result
 
 
-def _rule_side(model, tokenizer, term_of: dict, rule: str | None, scores: dict):
-    """A side of `stopping_rules`: lines -> translations, with each line's term under `rule` (None: no terms); the
-    last call's scores go to `scores[rule]`."""
-
-    def run(lines):
-        kwargs = {} if rule is None else {"constraints": [term_of[s] for s in lines], "constrained_stopping": rule}
-        found = translate_nbest(model, tokenizer, lines, 1, batch_size=BATCH, **kwargs)
-        scores[rule] = [h[0].score for h in found]
-        return [h[0].text for h in found]
-
-    return run
-
-
-def stopping_rules(model, tokenizer, sources, references, terms, repeats: int) -> dict:
-    """The two `constrained_stopping` rules beside no terms, on two term sets (the module's docstring)."""
-    from vaswani_mt.evaluation.terminology import reference_terms
-
-    result = {}
-    for name, wanted in (("term test", terms), ("reference terms", reference_terms(sources, references))):
-        chosen = [i for i, t in enumerate(wanted) if t]
-        texts, refs = [sources[i] for i in chosen], [references[i] for i in chosen]
-        term_of, scores = dict(zip(sources, wanted, strict=True)), {}
-        sides = {f"terms, {rule}" if rule else "no terms": _rule_side(model, tokenizer, term_of, rule, scores)
-                 for rule in (None, "best", "beam")}  # fmt: skip
-        print(f"\n{name}: {len(texts)} sentences")
-        rows, outputs = run_sides(sides, texts, refs, repeats, "no terms")
-        pairs = zip(outputs["terms, best"], outputs["terms, beam"], scores["best"], scores["beam"], strict=True)
-        equal, gap = zip(*((a == b, abs(x - y)) for a, b, x, y in pairs), strict=True)
-        result[name] = {"sentences": len(texts), "sides": rows, "best_lines_equal_beam": sum(equal),
-                        "best_max_score_difference": max(gap)}  # fmt: skip
-        print(f"best against beam: {sum(equal)} of {len(texts)} lines equal, scores within {max(gap):.2g}")
-    return result
-
-
 def main() -> None:
     parser = command_parser(__doc__)
     parser.add_argument("model", help="the main job's output folder (its averaged model)")
@@ -204,8 +164,6 @@ def main() -> None:
     parser.add_argument("--typo_check", action="store_true",
                         help="only the typo warning's rules on the term test's words (MODEL: a folder with the "
                         "main job's tokenizer.json, its model not needed)")  # fmt: skip
-    parser.add_argument("--stopping_rules", type=int, default=None, metavar="ROUNDS",
-                        help="only constrained_stopping best against beam, beside no terms, ROUNDS rounds")  # fmt: skip
     args = parser.parse_args()
     record = MachineRecord()
     sources, references = split_pairs("test")
@@ -222,10 +180,6 @@ def main() -> None:
         "sentences": len(sources), "term_sentences": sum(map(bool, terms)),
         "examples": [(s, t) for s, t in zip(sources, terms, strict=True) if t][:8],
     }  # fmt: skip
-    if args.stopping_rules:
-        result["stopping_rules"] = stopping_rules(model, tokenizer, sources, references, terms, args.stopping_rules)
-        record.report(result, args.json)
-        return
     search = {} if args.length_penalty is None else {"length_penalty": args.length_penalty}
     if args.constrained_length_penalty is not None:
         search["constrained_length_penalty"] = args.constrained_length_penalty
