@@ -21,6 +21,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
+from filelock import FileLock
 
 import vaswani_mt
 from vaswani_mt.data.tokenization import train_tokenizer
@@ -147,6 +148,30 @@ def run_main(module, argv: list[str], monkeypatch, stdin: bytes = b"") -> tuple[
 
 # ---------------------------------------------------------------------------------------------------------------
 # The tiny model and its data
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Builds that several test files read: made once per pytest run, also under pytest-xdist's workers
+
+
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """The folder `name`, filled by `build(folder)` once per pytest run. Under pytest-xdist (`-n`) the workers share
+    it: the first to need it builds it under a file lock, and the others wait and read it, rather than each training
+    a copy of its own. A build that failed or was cut off is never taken as whole: `name.done` beside the folder is
+    written after it, and a folder without one is built again from nothing."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        folder = tmp_path_factory.mktemp(name)
+        build(folder)
+        return folder
+    root = tmp_path_factory.getbasetemp().parent  # the run's folder, above each worker's own
+    folder, done = root / name, root / f"{name}.done"
+    with FileLock(root / f"{name}.lock"):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
 
 
 @pytest.fixture(scope="session")
@@ -288,14 +313,15 @@ def fitted_folder(tmp_path_factory, tokenizer):
     from vaswani_mt.evaluation.metrics import evaluate_bleu
     from vaswani_mt.hub.card import render_model_card
 
-    folder = tmp_path_factory.mktemp("fitted")
-    model = fit_tiny_model(tokenizer)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    sources, references = [en for en, _ in SENTENCES], [de for _, de in SENTENCES]
-    score = evaluate_bleu(model, tokenizer, sources, references, num_beams=1)
-    (folder / "README.md").write_text(render_model_card(card_values(model, tokenizer, score, sources[:2])))
-    return folder
+    def build(folder: Path) -> None:
+        model = fit_tiny_model(tokenizer)
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        sources, references = [en for en, _ in SENTENCES], [de for _, de in SENTENCES]
+        score = evaluate_bleu(model, tokenizer, sources, references, num_beams=1)
+        (folder / "README.md").write_text(render_model_card(card_values(model, tokenizer, score, sources[:2])))
+
+    return built_once(tmp_path_factory, "fitted", build)
 
 
 @pytest.fixture(scope="module")
@@ -432,16 +458,20 @@ def assert_same_training(run: Path, reference: Path, steps: int = REFERENCE_STEP
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory) -> Path:
     """The reference run's training pairs (`write_jsonl`)."""
-    return write_jsonl(tmp_path_factory.mktemp("corpus") / "pairs.jsonl")
+    return built_once(tmp_path_factory, "corpus", lambda folder: write_jsonl(folder / "pairs.jsonl")) / "pairs.jsonl"
 
 
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory, corpus) -> Path:
     """An uninterrupted run of `reference_command`: complete checkpoints every 2 steps (what tests/training's fault
     tests resume to, and what tests/training/test_checkpoints.py damages copies of)."""
-    output = tmp_path_factory.mktemp("reference") / "run"
-    result = subprocess.run(reference_command(corpus, output), env=REFERENCE_ENV, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
+
+    def build(folder: Path) -> None:
+        result = subprocess.run(reference_command(corpus, folder / "run"), env=REFERENCE_ENV, capture_output=True,
+                                text=True)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    output = built_once(tmp_path_factory, "reference", build) / "run"
     assert json.loads((output / "config.json").read_text())["dropout"] == 0.1
     return output
 
@@ -458,11 +488,13 @@ def ddp_reference(tmp_path_factory, corpus) -> Path:
     and no logged step): tests/training/test_job.py reads its stdout, `stdout.txt` beside the run's folder."""
     from vaswani_mt.training.checkpoints import is_complete, list_checkpoints
 
-    output = tmp_path_factory.mktemp("ddp-reference") / "run"
-    command = [*ddp_command(corpus, output), "--test_bleu", "true", "--max_eval_samples", "12"]
-    result = subprocess.run(command, env=REFERENCE_ENV, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    (output.parent / "stdout.txt").write_text(result.stdout)
+    def build(folder: Path) -> None:
+        command = [*ddp_command(corpus, folder / "run"), "--test_bleu", "true", "--max_eval_samples", "12"]
+        result = subprocess.run(command, env=REFERENCE_ENV, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        (folder / "stdout.txt").write_text(result.stdout)
+
+    output = built_once(tmp_path_factory, "ddp-reference", build) / "run"
     assert all(is_complete(c, processes=2) for c in list_checkpoints(output)), "every rank's RNG state is there"
     return output
 
@@ -519,15 +551,18 @@ def job_run(tmp_path_factory) -> SimpleNamespace:
     """The main job, small, as `scripts/train.py` runs it: 8 steps on 400 pairs, BLEU on 12 validation pairs at steps
     4 and 8, the last 3 checkpoints averaged, the test split scored (a saved length penalty of 0.9), the Hub folder
     written. `data` (the jsonl corpus), `output` (the run's folder) and `stdout`."""
-    root = tmp_path_factory.mktemp("job")
-    data = write_jsonl(root / "pairs.jsonl", count=400)
-    output = root / "run"
-    command = train_command(data, output, "--max_steps", "8", "--average_last", "3", "--test_bleu", "true")
-    command += ["--eval_bleu", "true", "--eval_strategy", "steps", "--eval_steps", "4", "--max_eval_samples", "12"]
-    command += ["--length_penalty", "0.9"]  # saved in generation_config.json: the test BLEU and later searches use it
-    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    return SimpleNamespace(data=data, output=output, stdout=result.stdout)
+
+    def build(root: Path) -> None:
+        data = write_jsonl(root / "pairs.jsonl", count=400)
+        command = train_command(data, root / "run", "--max_steps", "8", "--average_last", "3", "--test_bleu", "true")
+        command += ["--eval_bleu", "true", "--eval_strategy", "steps", "--eval_steps", "4", "--max_eval_samples", "12"]
+        command += ["--length_penalty", "0.9"]  # saved in generation_config.json: the test BLEU and searches use it
+        result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert result.returncode == 0, result.stderr[-3000:]
+        (root / "stdout.txt").write_text(result.stdout)
+
+    root = built_once(tmp_path_factory, "job", build)
+    return SimpleNamespace(data=root / "pairs.jsonl", output=root / "run", stdout=(root / "stdout.txt").read_text())
 
 
 # ---------------------------------------------------------------------------------------------------------------
