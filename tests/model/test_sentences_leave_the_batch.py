@@ -3,6 +3,8 @@ sentence that can no longer improve drops its rows of the running beams, the enc
 controls, and every sentence still gets what it gets alone; where every row must stay (per-step outputs, stopping
 criteria, a processor with state per row), the search keeps them all."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from conftest import make_model, padded_batch
@@ -144,3 +146,49 @@ def test_where_every_row_is_needed_the_search_keeps_them_all(record, options):
     for step in steps:
         first = step if torch.is_tensor(step) else step[0]
         assert first.shape[0] == 16
+
+
+@pytest.mark.parametrize(
+    ("dynamic", "cache", "leave"),
+    [(True, None, True), (False, None, False), (None, None, False), (True, "static", False)],
+)
+def test_only_a_decoder_compiled_with_dynamic_shapes_lets_sentences_leave(dynamic, cache, leave):
+    """A `CompileConfig(dynamic=True)` on the dynamic cache lets sentences leave; a compile of fixed shapes (or of
+    transformers' default, `dynamic=None`) or a static cache keeps every row."""
+    from transformers import CompileConfig, GenerationConfig
+
+    config = GenerationConfig(compile_config=CompileConfig(dynamic=dynamic), cache_implementation=cache)
+    decoder = SimpleNamespace(want={}, processors=[])
+    assert beam_search_vaswani._sentences_can_leave(config, decoder, None) is leave
+
+
+@pytest.mark.slow  # ~100 s: inductor compiles 4 graphs; CI runs the test of the rule above
+def test_a_decoder_compiled_with_dynamic_shapes_takes_the_shrinking_batch(record, monkeypatch):
+    """`compile_config=CompileConfig(dynamic=True)`: the compiled decoder step takes the shrinking batch, with the
+    eager search's tokens and scores."""
+    from transformers import CompileConfig
+
+    model = make_model(seed=2)
+    ids, mask = padded_batch(seed=5, lengths=LENGTHS)
+    eager, eager_recorded = record(model, input_ids=ids, attention_mask=mask, max_len_b=5)
+    rows, scores, step, output = [], [], beam_search_vaswani._Decoder.next_log_probs, beam_search_vaswani._output
+
+    def counted_step(decoder, sequences, *args):
+        rows.append(sequences.shape[0] * sequences.shape[1])
+        return step(decoder, sequences, *args)
+
+    def recorded_output(finished, *args):
+        scores.append(finished.scores[:, 0])
+        return output(finished, *args)
+
+    monkeypatch.setattr(beam_search_vaswani._Decoder, "next_log_probs", counted_step)
+    monkeypatch.setattr(beam_search_vaswani, "_output", recorded_output)
+    torch._dynamo.reset()
+    try:
+        compiled = model.generate(input_ids=ids, attention_mask=mask, max_len_b=5,
+                                  compile_config=CompileConfig(dynamic=True, mode="default"))  # fmt: skip
+    finally:
+        torch._dynamo.reset()
+    assert searched(rows) and rows == eager_recorded.rows
+    assert torch.equal(compiled, eager)
+    torch.testing.assert_close(scores[0], eager_recorded.scores, atol=1e-4, rtol=0)

@@ -320,8 +320,11 @@ def _sentences_can_leave(config: GenerationConfig, decoder: _Decoder,
     """Whether finished sentences may leave the batch, as in fairseq's `SequenceGenerator`: not where something needs
     every row at every step: per-step outputs (of shape (batch * num_beams, ...)), a stopping criterion (it may keep
     state per row), a logits processor with state per row that it cannot shrink (`keep_sentences`), a static cache
-    or a compiled forward (fixed shapes)."""
-    if any(decoder.want.values()) or stopping_criteria or getattr(config, "compile_config", None) is not None:
+    or a compiled forward of fixed shapes (one compiled with `dynamic=True` on the dynamic cache lets them leave)."""
+    compile_config = getattr(config, "compile_config", None)
+    if compile_config is not None and getattr(compile_config, "dynamic", None) is not True:
+        return False
+    if any(decoder.want.values()) or stopping_criteria:
         return False
     if getattr(config, "cache_implementation", None) not in (None, "dynamic"):
         return False
