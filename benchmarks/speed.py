@@ -3,7 +3,7 @@
 our own decoding options, each side run as its users run it; one command per figure:
 
     python benchmarks/speed.py train ...      # the training step against Marian's: synthetic or real batches
-    python benchmarks/speed.py decode ...     # generate() against Marian's at forced lengths (float32, bf16, int8)
+    python benchmarks/speed.py decode ...     # generate() against Marian's at forced lengths (float32, bf16)
     python benchmarks/speed.py batching ...   # translate.py with token-budget against fixed-size batches
     python benchmarks/speed.py peers ...      # one run: ours (float32, int8, bf16, terms), Marian, CTranslate2
 
@@ -27,12 +27,11 @@ import torch
 from speed_common import (
     TRANSLATE_PY,
     MachineRecord,
-    child_argv,
+    child_peak,
     command_parser,
     dispatch,
     interleave,
     measure_peak_rss,
-    peak_rss_mib,
     print_table,
     rates,
     run_sides,
@@ -59,7 +58,6 @@ def _shape_parser(command, repeats: int) -> argparse.ArgumentParser:
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available, else cpu)")
     parser.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True,
                         help="also each side's peak RSS, each in a process of its own")  # fmt: skip
-    parser.add_argument("--only_memory", action="store_true", help="measure peak RSS only, no timing")
     parser.add_argument("--rss_child", default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -75,22 +73,6 @@ def _report(result: dict, record: MachineRecord, args) -> dict:
     """The record with the device added, printed, written to --json."""
     cuda = args.device.startswith("cuda")
     return record.report(result, args.json, device=torch.cuda.get_device_name(args.device) if cuda else args.device)
-
-
-def _peaks(args, command: str, sides: list[str], title: str) -> dict[str, float]:
-    """Each side's peak RSS, each in a fresh process running this command with `--rss_child SIDE`; printed."""
-    peaks = measure_peak_rss(__file__, [command, *child_argv(args.argv)], sides)
-    print_table(
-        f"Peak RSS, {title}", [{"side": n, "peak_rss_mib": p} for n, p in peaks.items()], ["side", "peak_rss_mib"]
-    )
-    return peaks
-
-
-def _child_peak(side: str, run, times: int) -> None:
-    """The `--rss_child` process: `run()` `times` times, then its peak RSS as one JSON line."""
-    for _ in range(times):
-        run()
-    print(json.dumps({"side": side, "peak_rss_mib": peak_rss_mib()}))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -223,12 +205,9 @@ def run_step_mode(args) -> dict:
     batch = synthetic_batch(config, args.batch, args.length, args.seed, args.device)
     if args.rss_child:  # one side alone, for its peak memory
         (model,) = build_models(config, [args.rss_child], args.seed, args.device)
-        _child_peak(args.rss_child, partial(make_step(args.rss_child, model, optimizer_for(model)), batch), 3)
+        child_peak(args.rss_child, partial(make_step(args.rss_child, model, optimizer_for(model)), batch), 3)
         return {}
     shape = f"{args.preset}, vocab {config.vocab_size}, {args.batch} x {args.length} tokens, dropout {config.dropout}"
-    if args.only_memory:
-        peaks = _peaks(args, "train", sides, f"training ({shape})")
-        return {"mode": "step", "shape": shape, "sides": {n: {"peak_rss_mib": p} for n, p in peaks.items()}}
     models = dict(zip(sides, build_models(config, sides, args.seed, args.device), strict=True))
     check = None
     if "vaswani_mt" in models and "marian" in models:
@@ -244,7 +223,8 @@ def run_step_mode(args) -> dict:
     for name, step in steps.items() if args.profile else ():
         summary[name]["profile"] = profile_steps(partial(step, batch), args.profile)
     if args.memory:
-        for name, peak in _peaks(args, "train", list(models), f"training ({shape})").items():
+        peaks = measure_peak_rss(__file__, ["train", *args.argv], list(models), f"training ({shape})")
+        for name, peak in peaks.items():
             summary[name]["peak_rss_mib"] = peak
     rows = [{"side": name, **row} for name, row in summary.items()]
     print_table(f"Training step ({shape}), {args.repeats} interleaved steps per side, baseline {baseline}", rows,
@@ -409,12 +389,7 @@ def decode_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batches", default="1,16", help="batch sizes")
     parser.add_argument("--searches", default="beam4,greedy", help="comma-separated, of beam4, greedy")
     parser.add_argument("--bf16", action="store_true", help="also both models with bf16 weights (opt-in numerics)")
-    parser.add_argument("--int8", action="store_true", help="also both models with dynamic int8 Linear layers "
-                        "(compute_type='int8': inference.compute_types.apply_compute_type)")  # fmt: skip
-    args = _parse(parser, argv)
-    if args.int8 and args.device != "cpu":
-        parser.error(f"--int8 runs on the CPU only, not {args.device}: add --device cpu")
-    return args
+    return _parse(parser, argv)
 
 
 def synchronized(call, device: str):
@@ -429,14 +404,9 @@ def synchronized(call, device: str):
     return call_and_wait
 
 
-def make_sides(ours, marian, bf16: bool, int8: bool) -> dict:
-    """Both models in float32, and with --bf16 / --int8 a converted copy of each (`NAME_bf16`, `NAME_int8`)."""
+def make_sides(ours, marian, bf16: bool) -> dict:
+    """Both models in float32, and with --bf16 a copy of each with bf16 weights (`NAME_bf16`)."""
     sides = {"vaswani_mt": ours, "marian": marian}
-    if int8:
-        from vaswani_mt.inference.compute_types import apply_compute_type
-
-        sides["vaswani_mt_int8"] = apply_compute_type(copy.deepcopy(ours), "int8")
-        sides["marian_int8"] = apply_compute_type(copy.deepcopy(marian), "int8")
     if bf16:
         sides["vaswani_mt_bf16"] = copy.deepcopy(ours).to(torch.bfloat16)
         sides["marian_bf16"] = copy.deepcopy(marian).to(torch.bfloat16)
@@ -468,22 +438,19 @@ def forced_kwargs(search: str, steps: int) -> dict:
 
 def decode(argv=None) -> dict | None:
     """generate() of ours beside MarianMTModel's with the same weights, exactly --steps new tokens (so the same
-    tokens); --bf16 and --int8 add converted copies of both, timed against Marian in float32."""
+    tokens); --bf16 adds copies of both with bf16 weights, timed against Marian in float32."""
     args = decode_args(argv)
     torch.set_num_threads(args.threads)
     record = MachineRecord()
     torch.manual_seed(args.seed)
     ours = VaswaniForConditionalGeneration(VaswaniConfig.from_preset(args.preset, vocab_size=args.vocab_size)).eval()
     marian = to_marian(ours).eval()
-    sides = make_sides(ours.to(args.device), marian.to(args.device), args.bf16, args.int8)
+    sides = make_sides(ours.to(args.device), marian.to(args.device), args.bf16)
     if args.rss_child:
         inputs = synthetic_source(ours.config, 16, args.length, args.seed, args.device)
         run = partial(sides[args.rss_child].generate, **inputs, **forced_kwargs("beam4", args.steps))
-        return _child_peak(args.rss_child, run, 2)
+        return child_peak(args.rss_child, run, 2)
     shape = f"{args.preset}, vocab {args.vocab_size}, source {args.length} tokens, {args.steps} new tokens forced"
-    if args.only_memory:
-        peaks = _peaks(args, "decode", list(sides), f"beam 4, batch 16 ({shape})")
-        return _report({"shape": shape, "peak_rss_mib_beam4_batch16": peaks}, record, args)
     cases = []
     for batch in [int(b) for b in args.batches.split(",")]:
         inputs = synthetic_source(ours.config, batch, args.length, args.seed, args.device)
@@ -509,7 +476,8 @@ def decode(argv=None) -> dict | None:
             print(json.dumps(case), flush=True)
     result = {"shape": shape, "cases": cases}
     if args.memory:
-        result["peak_rss_mib_beam4_batch16"] = _peaks(args, "decode", list(sides), f"beam 4, batch 16 ({shape})")
+        peaks = measure_peak_rss(__file__, ["decode", *args.argv], list(sides), f"beam 4, batch 16 ({shape})")
+        result["peak_rss_mib_beam4_batch16"] = peaks
     rows = []
     for c in cases:
         rows.append({"search": c["search"], "batch": c["batch"], "identical tokens": c["identical_tokens"],

@@ -275,22 +275,32 @@ def child_argv(argv: list[str]) -> list[str]:
             skip = False
         elif arg == "--json":
             skip = True
-        elif arg not in ("--memory", "--no-memory", "--only_memory") and not arg.startswith("--json="):
+        elif arg not in ("--memory", "--no-memory") and not arg.startswith("--json="):
             out.append(arg)
     return out
 
 
-def measure_peak_rss(script: str, argv: list[str], sides: list[str]) -> dict[str, float]:
-    """Peak RSS of each side alone, each in a fresh subprocess running `script ARGV --rss_child SIDE` (so that peaks
-    do not mix); the child prints one JSON line with `peak_rss_mib` last."""
+def measure_peak_rss(script: str, argv: list[str], sides: list[str], title: str) -> dict[str, float]:
+    """Peak RSS of each side alone, each in a fresh subprocess running `script ARGV --rss_child SIDE` (`child_argv`:
+    so that peaks do not mix), printed; the child reports it with `child_peak`."""
     peaks = {}
     for side in sides:
-        done = subprocess.run([sys.executable, script, *argv, "--rss_child", side], capture_output=True, text=True)
+        command = [sys.executable, script, *child_argv(argv), "--rss_child", side]
+        done = subprocess.run(command, capture_output=True, text=True)
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         if done.returncode != 0 or not lines:
             raise RuntimeError(f"--rss_child {side} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
         peaks[side] = round(json.loads(lines[-1])["peak_rss_mib"], 1)
+    rows = [{"side": side, "peak_rss_mib": peak} for side, peak in peaks.items()]
+    print_table(f"Peak RSS, {title}", rows, ["side", "peak_rss_mib"])
     return peaks
+
+
+def child_peak(side: str, run: Callable[[], object], times: int) -> None:
+    """The `--rss_child` process of `measure_peak_rss`: `run()` `times` times, then its peak RSS as one JSON line."""
+    for _ in range(times):
+        run()
+    print(json.dumps({"side": side, "peak_rss_mib": peak_rss_mib()}))
 
 
 def print_table(title: str, rows: list[dict], columns: list[str]) -> None:
