@@ -37,6 +37,7 @@ the built-in test split with the main job's model.
 import collections
 import json
 import logging
+import logging.handlers
 import re
 import time
 from functools import partial
@@ -247,24 +248,17 @@ def forced_spans(model, tokenizer, rows, method) -> dict:
             "word_recall": round(100 * correct / max(wanted, 1), 1), "misses": misses}  # fmt: skip
 
 
-class _Warnings(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
 def measure_heldout(model, tokenizer, rows, method) -> dict:
     """The held-out markup set's shares (module docstring, 6)."""
     sources = [row["source"] for row in rows]
-    catcher = _Warnings()
+    catcher = logging.handlers.BufferingHandler(capacity=10**9)  # the warnings, kept
+    catcher.setLevel(logging.WARNING)
     logging.getLogger("vaswani_mt.inference.markup").addHandler(catcher)
     try:
         outputs = translate(model, tokenizer, sources, batch_size=BATCH, markup="xml", alignment_method=method)
     finally:
         logging.getLogger("vaswani_mt.inference.markup").removeHandler(catcher)
+    warned = [record.getMessage() for record in catcher.buffer]
     plain_lines = [i for i, row in enumerate(rows) if row["kind"] == "plain"]
     unchanged = translate(model, tokenizer, [sources[i] for i in plain_lines], batch_size=BATCH)
     counts = collections.Counter()
@@ -279,7 +273,7 @@ def measure_heldout(model, tokenizer, rows, method) -> dict:
     for i, (row, output) in enumerate(zip(rows, outputs, strict=True)):
         plan = parse_markup(row["source"])
         if plan.broken:
-            check("broken_line_warned", any(m.startswith(f"line {i + 1}: broken markup") for m in catcher.messages), i)
+            check("broken_line_warned", any(m.startswith(f"line {i + 1}: broken markup") for m in warned), i)
             continue
         if not plan.marked:
             continue
@@ -294,7 +288,7 @@ def measure_heldout(model, tokenizer, rows, method) -> dict:
             ok = output.startswith((edges[1] or "").strip()) and output.endswith((edges[2] or "").strip())
             check("void_tags_at_edges_stay", ok, i)
         if plan.strays:
-            check("stray_warned", any(m.startswith(f"line {i + 1}: a ") for m in catcher.messages), i)
+            check("stray_warned", any(m.startswith(f"line {i + 1}: a ") for m in warned), i)
     for k, i in enumerate(plain_lines):
         check("plain_lines_unchanged", outputs[i] == unchanged[k], i)
     names = dict.fromkeys(name for name, _ in counts)

@@ -100,13 +100,6 @@ def make_corpus(folder: Path, pairs: int, seed: int) -> None:
 # The stages, each in its own process
 
 
-def _peak_rss_mib() -> dict:
-    """This process's peak RSS and the largest of its finished worker processes' (an upper bound: a forked worker
-    starts with the pages it shares with this one)."""
-    workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    return {"peak_rss_mib": round(peak_rss_mib()), "peak_worker_rss_mib": round(workers)}
-
-
 def run_stage(args: argparse.Namespace) -> dict:
     from transformers import AutoTokenizer
 
@@ -162,7 +155,9 @@ def run_stage(args: argparse.Namespace) -> dict:
             figures["resumed_batch_is_the_straight_runs"] = first == straight
             figures["batch_at_middle"] = first[:5]
     figures["seconds"] = round(time.perf_counter() - started, 2)
-    return {**figures, **_peak_rss_mib()}
+    # the largest of the finished worker processes' peaks: an upper bound (a forked worker starts with our pages)
+    workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return {**figures, "peak_rss_mib": round(peak_rss_mib()), "peak_worker_rss_mib": round(workers)}
 
 
 def main(argv=None) -> dict:

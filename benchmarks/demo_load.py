@@ -359,13 +359,12 @@ def main(argv=None) -> dict:
     args = parse(argv)
     record = MachineRecord()
     result = record.report(run_load(args), args.json)
+    rss = result["rss_mb"]
     print(
         f"{result['requests']} requests ({args.waves} × {args.clients} clients × {args.requests}): "
-        f"{result['answered']} answered, "
-        f"{result['refused']} refused, {result['error']} errors; p50 {result['p50_s']} s, p95 {result['p95_s']} s; "
-        f"server RSS {result['rss_mb']['ready']} at start, {result['rss_mb']['first_round']} after the first "
-        f"round, {result['rss_mb']['end']} at the end (peak {result['rss_mb']['peak']}) MiB; trend "
-        f"{result['rss_trend']}"
+        f"{result['answered']} answered, {result['refused']} refused, {result['error']} errors; p50 "
+        f"{result['p50_s']} s, p95 {result['p95_s']} s; server RSS {rss['ready']} at start, {rss['first_round']} "
+        f"after the first round, {rss['end']} at the end (peak {rss['peak']}) MiB; trend {result['rss_trend']}"
     )
     return result
 

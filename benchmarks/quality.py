@@ -150,14 +150,7 @@ def saved_search(run: Path) -> str | None:
     return f"beam {config.num_beams}, alpha {config.length_penalty} (saved)"
 
 
-def score_run(
-    run: Path,
-    sources,
-    references,
-    average_last: list[int],
-    batch_size: int = 64,
-    searches: dict[str, dict] = SEARCHES,
-) -> list[dict]:
+def score_run(run: Path, sources, references, average_last: list[int], batch_size: int, searches: dict) -> list[dict]:
     """One row per (weights, search): the final checkpoint and the mean of each last K, each with every search
     (name -> `generate()` keyword arguments)."""
     checkpoints = list_checkpoints(run)

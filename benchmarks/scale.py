@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import torch
-from speed_common import ROOT, MachineRecord, command_parser, dispatch, free_port, print_table
+from speed_common import ROOT, MachineRecord, command_parser, dispatch, free_port, print_table, synthetic_batch
 
 sys.path.insert(0, str(ROOT))  # the repository, for a run without installing
 
@@ -56,18 +56,20 @@ def _train(args, output: Path) -> list[str]:
             "--use_cpu"]  # fmt: skip
 
 
+def _launch(machines: int, processes: int, port: int) -> list[str]:
+    """`accelerate launch` of `processes` CPU processes in all (gloo) on `machines` machines."""
+    return [ACCELERATE, "launch", "--multi_gpu", "--num_machines", str(machines), "--num_processes", str(processes),
+            "--main_process_port", str(port), "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
+
+
 def _one_machine(args, output: Path) -> list[list[str]]:
-    return [[ACCELERATE, "launch", "--multi_gpu", "--num_machines", "1", "--num_processes", "2",
-             "--main_process_port", str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no",
-             *_train(args, output)]]  # fmt: skip
+    return [[*_launch(1, 2, free_port()), *_train(args, output)]]
 
 
 def _two_machines(args, outputs: list[Path]) -> list[list[str]]:
     port = free_port()
-    return [[ACCELERATE, "launch", "--multi_gpu", "--num_machines", "2", "--num_processes", "2", "--machine_rank",
-             str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--rdzv_backend",
-             "static", "--same_network", "--mixed_precision", "no", "--dynamo_backend", "no",
-             *_train(args, outputs[rank])] for rank in (0, 1)]  # fmt: skip
+    return [[*_launch(2, 2, port), "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--rdzv_backend",
+             "static", "--same_network", *_train(args, outputs[rank])] for rank in (0, 1)]  # fmt: skip
 
 
 def _run(commands: list[list[str]], envs: list[dict] | None = None, lose_after: int | None = None) -> dict:
@@ -172,17 +174,12 @@ def machines(argv=None) -> None:
 # gpus: the multi-GPU step of gpu_check.sh
 
 
-def _batch(config, batch: int, length: int, device, seed: int) -> dict:
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(4, config.vocab_size, (2, batch, length), generator=generator)
-    return {"input_ids": ids[0].to(device), "labels": ids[1].to(device)}
-
-
 def _timed_steps(accelerator, model, optimizer, config, steps: int, args) -> list[float]:
     """Seconds of each of `steps` training steps on random pairs (each rank and step its own), kernels waited for."""
     times = []
     for step in range(steps):
-        batch = _batch(config, args.batch, args.length, accelerator.device, 1000 * step + accelerator.process_index)
+        seed = 1000 * step + accelerator.process_index
+        batch = synthetic_batch(config, args.batch, args.length, seed, accelerator.device)
         if accelerator.device.type == "cuda":
             torch.cuda.synchronize()
         started = time.perf_counter()
@@ -499,15 +496,12 @@ def shards(argv=None) -> dict:
         lines = (sources * (args.lines // len(sources) + 1))[: args.lines]
         source.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
         translate = [str(ROOT / "scripts" / "translate.py"), "--model", args.model, "--input", str(source)]
-        launch = [str(Path(sys.executable).parent / "accelerate"), "launch", "--multi_gpu", "--num_processes",
-                  str(args.processes), "--num_machines", "1", "--mixed_precision", "no",
-                  "--dynamo_backend", "no"]  # fmt: skip
         sides = {
             f"1 process x {args.processes} threads": lambda: subprocess.run(
                 [sys.executable, *translate, "--output", str(one), "--threads", str(args.processes)], env=env,
                 check=True, capture_output=True),
             f"{args.processes} processes x 1 thread": lambda: subprocess.run(
-                [*launch, "--main_process_port", str(free_port()), *translate, "--output", str(many), "--threads", "1"],
+                [*_launch(1, args.processes, free_port()), *translate, "--output", str(many), "--threads", "1"],
                 env=env, check=True, capture_output=True),
         }  # fmt: skip
         times = interleave(sides, args.repeats, warmup=0)

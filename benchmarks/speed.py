@@ -37,6 +37,7 @@ from speed_common import (
     run_sides,
     speedups,
     split_pairs,
+    synthetic_batch,
 )
 from transformers import DataCollatorForSeq2Seq
 from transformers.trainer_pt_utils import LabelSmoother
@@ -157,19 +158,6 @@ def make_step(name: str, model: torch.nn.Module, optimizer: torch.optim.Optimize
         return float(loss.detach())
 
     return step
-
-
-def synthetic_batch(config: VaswaniConfig, batch: int, length: int, seed: int, device: str = "cpu") -> dict:
-    generator = torch.Generator().manual_seed(seed)
-    source = torch.randint(4, config.vocab_size, (batch, length), generator=generator)
-    labels = torch.randint(4, config.vocab_size, (batch, length), generator=generator)
-    source[:, -1] = labels[:, -1] = config.eos_token_id
-    decoder_input_ids = torch.full_like(labels, config.pad_token_id)
-    decoder_input_ids[:, 0] = config.decoder_start_token_id
-    decoder_input_ids[:, 1:] = labels[:, :-1]
-    tensors = {"input_ids": source, "attention_mask": torch.ones_like(source), "decoder_input_ids": decoder_input_ids,
-               "labels": labels}  # fmt: skip
-    return {key: value.to(device) for key, value in tensors.items()}
 
 
 def check_same_function(ours, marian, batch: dict) -> dict:

@@ -319,6 +319,20 @@ def print_table(title: str, rows: list[dict], columns: list[str]) -> None:
         print("| " + " | ".join(cells) + " |")
 
 
+def synthetic_batch(config, batch: int, length: int, seed: int, device: str = "cpu") -> dict:
+    """`batch` random training pairs of `length` tokens each side, ending in </s> (speed.py train, scale.py gpus)."""
+    generator = torch.Generator().manual_seed(seed)
+    source = torch.randint(4, config.vocab_size, (batch, length), generator=generator)
+    labels = torch.randint(4, config.vocab_size, (batch, length), generator=generator)
+    source[:, -1] = labels[:, -1] = config.eos_token_id
+    decoder_input_ids = torch.full_like(labels, config.pad_token_id)
+    decoder_input_ids[:, 0] = config.decoder_start_token_id
+    decoder_input_ids[:, 1:] = labels[:, :-1]
+    tensors = {"input_ids": source, "attention_mask": torch.ones_like(source), "decoder_input_ids": decoder_input_ids,
+               "labels": labels}  # fmt: skip
+    return {key: value.to(device) for key, value in tensors.items()}
+
+
 PAIRS = [  # the tests' six sentence pairs (tests/conftest.py)
     ("The girl ate an apple.", "Das Mädchen hat einen Apfel gegessen."),
     ("How are you today?", "Wie geht es Ihnen heute?"),

@@ -155,12 +155,8 @@ def main() -> None:
     parser = command_parser(__doc__)
     parser.add_argument("model", help="the main job's output folder (its averaged model)")
     parser.add_argument("--length_penalty", type=float, default=None, help="GNMT alpha (default: the model's)")
-    parser.add_argument(
-        "--constrained_length_penalty",
-        type=float,
-        default=None,
-        help="the constrained sentences' alpha (default: the model's saved one, else its alpha)",
-    )
+    parser.add_argument("--constrained_length_penalty", type=float, default=None,
+                        help="the constrained sentences' alpha (default: the model's, else its alpha)")  # fmt: skip
     parser.add_argument("--typo_check", action="store_true",
                         help="only the typo warning's rules on the term test's words (MODEL: a folder with the "
                         "main job's tokenizer.json, its model not needed)")  # fmt: skip
@@ -180,15 +176,9 @@ def main() -> None:
         "sentences": len(sources), "term_sentences": sum(map(bool, terms)),
         "examples": [(s, t) for s, t in zip(sources, terms, strict=True) if t][:8],
     }  # fmt: skip
-    search = {} if args.length_penalty is None else {"length_penalty": args.length_penalty}
-    if args.constrained_length_penalty is not None:
-        search["constrained_length_penalty"] = args.constrained_length_penalty
-    result["constrained_length_penalty"] = search.get(
-        "constrained_length_penalty", getattr(model.generation_config, "constrained_length_penalty", None)
-    )
-    result["length_penalty"] = (
-        model.generation_config.length_penalty if args.length_penalty is None else args.length_penalty
-    )
+    alphas = ("length_penalty", "constrained_length_penalty")
+    search = {key: getattr(args, key) for key in alphas if getattr(args, key) is not None}  # else the model's own
+    result.update({key: search.get(key, getattr(model.generation_config, key, None)) for key in alphas})
     plain, plain_out = quality(model, tokenizer, sources, references, terms, False, search)
     constrained, constrained_out = quality(model, tokenizer, sources, references, terms, True, search)
     same = [a == b for a, b, t in zip(plain_out, constrained_out, terms, strict=True) if not t]
