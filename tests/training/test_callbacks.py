@@ -69,6 +69,23 @@ def test_the_curves_after_a_resume_hold_every_logged_step_from_before_it(tmp_pat
     assert drawn[-1] == [1, 2, 3, 4, 5, 6]
 
 
+def test_the_curves_are_redrawn_at_a_save_at_most_once_a_minute_and_always_at_the_end(monkeypatch):
+    from types import SimpleNamespace
+
+    from vaswani_mt.training import callbacks
+
+    drawn, clock = [], [0.0]
+    monkeypatch.setattr(callbacks, "plot_curves", lambda history, *a, **k: drawn.append(clock[0]))
+    monkeypatch.setattr(callbacks.time, "monotonic", lambda: clock[0])
+    args = SimpleNamespace(output_dir="out", metric_for_best_model=None)
+    state = SimpleNamespace(is_world_process_zero=True, log_history=[], best_global_step=None)
+    curves = callbacks.CurvesCallback()
+    for clock[0] in (100.0, 130.0, 159.0, 160.0, 170.0):  # saves: the first draws, then once 60 s have passed
+        curves.on_save(args, state, None)
+    curves.on_train_end(args, state, None)
+    assert drawn == [100.0, 160.0, 170.0]
+
+
 def test_plot_has_a_panel_per_logged_curve(tmp_path):
     history = [
         {"step": s, "loss": 5 - s / 10, "learning_rate": 1e-3, "target_tokens_per_second": 900} for s in range(5)
