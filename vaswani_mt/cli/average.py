@@ -7,7 +7,7 @@ import argparse
 import logging
 import sys
 
-from vaswani_mt.cli import add_overwrite, check_output, old_name, quiet_library_bars
+from vaswani_mt.cli import add_overwrite, check_output, old_name, start_command
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.last < 1:
         parser.error(f"--last must be at least 1, got {args.last}")
     check_output(args.output, args.overwrite, [args.model])
-    quiet_library_bars()
+    start_command()
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.INFO)
     from vaswani_mt.training.checkpoints import average_checkpoints
 

@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from vaswani_mt.cli import add_compute_type, quiet_library_bars
+from vaswani_mt.cli import add_compute_type, start_command
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
         compute_type = resolve_compute_type(args.compute_type or "float32")
     except ValueError as error:
         sys.exit(f"error: --compute_type: {error}")
-    quiet_library_bars()
+    start_command()
     from vaswani_mt.app.demo import launch
     from vaswani_mt.inference.loading import ModelFolderError
 

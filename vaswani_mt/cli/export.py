@@ -13,7 +13,7 @@ model's beam size and length limit: docs/export.md.
 import argparse
 import sys
 
-from vaswani_mt.cli import add_overwrite, check_output, quiet_library_bars
+from vaswani_mt.cli import add_overwrite, check_output, start_command
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quantization", help="ctranslate2 only: int8, int8_float32, float16, bfloat16, ...")
     args = parser.parse_args(argv)
     check_output(args.output, args.overwrite, [args.model])
-    quiet_library_bars()
+    start_command()
     from vaswani_mt.export.marian import export_model
 
     try:

@@ -14,7 +14,7 @@ which hosted inference can serve without remote code. A failed upload says why, 
 import argparse
 import sys
 
-from vaswani_mt.cli import add_overwrite, quiet_library_bars
+from vaswani_mt.cli import add_overwrite, start_command
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--private", action="store_true", help="create the Hub repository private")
     add_overwrite(parser)
     args = parser.parse_args(argv)
-    quiet_library_bars()
+    start_command()
     from vaswani_mt.hub.publish import HubUploadError, publish
 
     try:

@@ -15,7 +15,7 @@ import argparse
 import logging
 import sys
 
-from vaswani_mt.cli import quiet_library_bars
+from vaswani_mt.cli import start_command
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--list", action="store_true", help="print what each row changes at this scale and stop")
     args, overrides = parser.parse_known_args(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    quiet_library_bars()  # rows trained here; a --launcher row runs vaswani_mt.cli.train, which calls it too
+    start_command()  # rows trained here; a --launcher row runs vaswani_mt.cli.train, which calls it too
     from vaswani_mt.training.table3 import ROWS_DIR, describe_rows, markdown_table, run_table
 
     rows_dir = args.rows_dir or str(ROWS_DIR)

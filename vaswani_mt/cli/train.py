@@ -24,7 +24,7 @@ import shlex
 import sys
 from typing import NoReturn
 
-from vaswani_mt.cli import quiet_library_bars
+from vaswani_mt.cli import start_command
 from vaswani_mt.training.arguments import check_dataset_options, parse_args  # transformers' training options
 from vaswani_mt.training.machines import (
     MachinesError,
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
         check_dataset_options(data_args, recipe)
     except ValueError as error:  # a bad option or config file: one line that names it, no traceback
         _fail(error)
-    quiet_library_bars()
+    start_command()
     from vaswani_mt.data.corpus import DataError
     from vaswani_mt.training.checkpoints import CheckpointError
     from vaswani_mt.training.job import print_summary, run_training

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
-from vaswani_mt.cli import add_compute_type, check_compute_type, quiet_library_bars, saved_search
+from vaswani_mt.cli import add_compute_type, check_compute_type, saved_search, start_command
 from vaswani_mt.model.constraints_vaswani import ORDERS  # loaded with vaswani_mt itself
 
 if TYPE_CHECKING:
@@ -182,7 +182,7 @@ def starting_options(args: argparse.Namespace) -> TranslationOptions:
     try:
         check_compute_type(args)
         options = decoding_options(args)
-        quiet_library_bars()
+        start_command()
     except KeyboardInterrupt:
         print("interrupted while starting: nothing translated", file=sys.stderr)
         sys.exit(130)

@@ -7,7 +7,7 @@ python scripts/visualize_attention.py --model outputs/ding-cpu --text "The house
 import argparse
 import sys
 
-from vaswani_mt.cli import old_name, quiet_library_bars
+from vaswani_mt.cli import old_name, start_command
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num_beams", type=int, default=None, help="beam size (default: the model's)")
     args = parser.parse_args(argv)
     kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
-    quiet_library_bars()
+    start_command()
     from vaswani_mt.app.attention_plots import visualize
 
     try:
