@@ -179,3 +179,22 @@ def test_every_option_of_every_command_says_what_it_does(monkeypatch):
     silent = {prog: [a.option_strings[0] for a in parser._actions if a.option_strings and not a.help]
               for prog, parser in parsers.items()}  # fmt: skip
     assert len(parsers) >= 6 and {prog: options for prog, options in silent.items() if options} == {}
+
+
+def test_a_command_freezes_the_libraries_objects_and_a_program_calling_main_keeps_its_collector(monkeypatch):
+    """`start_command`: gc.freeze() where the process is one of our commands (its exit then skips the collector's
+    pass over torch's and transformers' objects); a program that calls `main()` (here, pytest) is left as it was."""
+    import gc
+
+    import vaswani_mt
+    from vaswani_mt.cli import start_command
+
+    frozen = gc.get_freeze_count()
+    start_command()
+    assert gc.get_freeze_count() == frozen
+    monkeypatch.setattr(vaswani_mt, "_started_as_a_command", lambda: True)
+    try:
+        start_command()
+        assert gc.get_freeze_count() > frozen
+    finally:
+        gc.unfreeze()
