@@ -47,8 +47,7 @@ def parse(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The synthetic corpus
+# --- The synthetic corpus --------------------------------------------------------------------------------------------
 
 
 def _words(rng, count: int, vocabulary: int, length: int) -> list[str]:
@@ -96,8 +95,7 @@ def make_corpus(folder: Path, pairs: int, seed: int) -> None:
     corpus.save_to_disk(str(folder))
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The stages, each in its own process
+# --- The stages, each in its own process -----------------------------------------------------------------------------
 
 
 def run_stage(args: argparse.Namespace) -> dict:

@@ -214,13 +214,9 @@ def summarise(results: list[dict]) -> dict:
 
     def block(rows: list[dict]) -> dict:
         seconds = [row["seconds"] for row in rows if row["outcome"] == "answered"]
-        return {
-            "requests": len(rows),
-            **{outcome: sum(row["outcome"] == outcome for row in rows) for outcome in ("answered", "refused", "error")},
-            "p50_s": _percentile(seconds, 50),
-            "p95_s": _percentile(seconds, 95),
-            "max_s": round(max(seconds), 3) if seconds else None,
-        }
+        outcomes = {kind: sum(row["outcome"] == kind for row in rows) for kind in ("answered", "refused", "error")}
+        return {"requests": len(rows), **outcomes, "p50_s": _percentile(seconds, 50), "p95_s": _percentile(seconds, 95),
+                "max_s": round(max(seconds), 3) if seconds else None}  # fmt: skip
 
     refusals: dict[str, int] = {}
     for row in results:
@@ -333,26 +329,17 @@ def run_load(args: argparse.Namespace) -> dict:
             except subprocess.TimeoutExpired:
                 server.kill()
     mib = 2**20
-    return {
-        "model": args.model if not args.model.startswith(tempfile.gettempdir()) else "tests' fitted tiny model",
-        "clients": args.clients,
-        "requests_per_client": args.requests * args.waves,
-        "workers": args.workers,
-        "queue_size": args.queue_size,
-        **summarise(results),
-        "wall_s": round(wall, 1),
-        "requests_per_s": round(len(results) / wall, 2),
-        "rss_mb": {key: round(value / mib, 1) for key, value in rss.items()},
-        "rss_growth_mb": round((rss["end"] - rss["first_round"]) / mib, 1),
-        "rss_by_round_mb": [round(value / mib) for value in rounds],
-        "waves": args.waves,
-        "rss_idle_by_wave_mb": [round(value / mib, 1) for value in idle],
-        "rss_trend": rss_trend([value / mib for value in idle], args.clients * args.requests),
-        **({"diagnosis": diagnosis} if args.diagnose else {}),
-        "over_long_notes": sorted(
-            {r["notes"].splitlines()[0] for r in results if r["kind"] == "over_long" and r.get("notes")}
-        ),
-    }
+    model = args.model if not args.model.startswith(tempfile.gettempdir()) else "tests' fitted tiny model"
+    notes = {r["notes"].splitlines()[0] for r in results if r["kind"] == "over_long" and r.get("notes")}
+    return {"model": model, "clients": args.clients, "requests_per_client": args.requests * args.waves,
+            "workers": args.workers, "queue_size": args.queue_size, **summarise(results), "wall_s": round(wall, 1),
+            "requests_per_s": round(len(results) / wall, 2),
+            "rss_mb": {key: round(value / mib, 1) for key, value in rss.items()},
+            "rss_growth_mb": round((rss["end"] - rss["first_round"]) / mib, 1),
+            "rss_by_round_mb": [round(value / mib) for value in rounds], "waves": args.waves,
+            "rss_idle_by_wave_mb": [round(value / mib, 1) for value in idle],
+            "rss_trend": rss_trend([value / mib for value in idle], args.clients * args.requests),
+            **({"diagnosis": diagnosis} if args.diagnose else {}), "over_long_notes": sorted(notes)}  # fmt: skip
 
 
 def main(argv=None) -> dict:

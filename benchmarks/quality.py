@@ -25,8 +25,7 @@ from vaswani_mt.evaluation.metrics import evaluate_bleu, token_nll
 from vaswani_mt.model.generation_vaswani import PAPER_SEARCH
 from vaswani_mt.training.checkpoints import average_checkpoints, list_checkpoints, log_history
 
-# ---------------------------------------------------------------------------------------------------------------
-# curve: BLEU against wall-clock minutes
+# --- curve: BLEU against wall-clock minutes --------------------------------------------------------------------------
 
 
 def checkpoint_minutes(run: Path, step: int) -> float | None:
@@ -116,8 +115,7 @@ def curve(argv=None) -> None:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# search: checkpoint averaging and beam search, each with and without
+# --- search: checkpoint averaging and beam search, each with and without ---------------------------------------------
 
 
 SEARCHES = {"beam 4 (paper)": dict(PAPER_SEARCH), "greedy": {**PAPER_SEARCH, "num_beams": 1}}
@@ -171,17 +169,10 @@ def score_run(run: Path, sources, references, average_last: list[int], batch_siz
             for search, kwargs in searches.items():
                 start = time.perf_counter()
                 result = evaluate_bleu(model, tokenizer, sources, references, batch_size=batch_size, **kwargs)
-                rows.append(
-                    {
-                        "weights": name,
-                        "search": search,
-                        "bleu": round(result["score"], 2),
-                        "chrf": round(result["chrf"], 2),
-                        "bp": round(result["bp"], 3),
-                        "seconds": round(time.perf_counter() - start, 1),
-                        "signature": result["signature"],
-                    }
-                )
+                seconds = round(time.perf_counter() - start, 1)
+                rows.append({"weights": name, "search": search, "bleu": round(result["score"], 2),
+                             "chrf": round(result["chrf"], 2), "bp": round(result["bp"], 3), "seconds": seconds,
+                             "signature": result["signature"]})  # fmt: skip
                 print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -217,8 +208,7 @@ def search(argv=None) -> None:
     record.report({"run": args.run, "split": args.split, "rows": rows}, args.json)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# ensemble: the last K checkpoints ensembled against their average
+# --- ensemble: the last K checkpoints ensembled against their average ------------------------------------------------
 
 
 def ensemble(argv=None) -> dict:

@@ -40,8 +40,7 @@ from vaswani_mt.training.flops import (
     count_training_flops,
 )
 
-# ---------------------------------------------------------------------------------------------------------------
-# machines: two simulated machines against one
+# --- machines: two simulated machines against one --------------------------------------------------------------------
 
 
 ACCELERATE = str(Path(sys.executable).parent / "accelerate")
@@ -170,8 +169,7 @@ def machines(argv=None) -> None:
     record.report(result, args.json, native_bf16=native_bf16())
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# gpus: the multi-GPU step of gpu_check.sh
+# --- gpus: the multi-GPU step of gpu_check.sh ------------------------------------------------------------------------
 
 
 def _timed_steps(accelerator, model, optimizer, config, steps: int, args) -> list[float]:
@@ -233,15 +231,11 @@ def gpus(argv=None) -> None:
     config = VaswaniConfig.from_preset(args.preset, vocab_size=args.vocab_size)
     torch.manual_seed(0)
     model = VaswaniForConditionalGeneration(config)
-    record: dict = {
-        "mode": args.mode,
-        "processes": accelerator.num_processes,
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() and not args.cpu else "cpu",
-        "backend": str(torch.distributed.get_backend()) if torch.distributed.is_initialized() else None,
-        "accelerate": accelerate.__version__,
-        "torch": torch.__version__,
-        "shape": {"preset": args.preset, "batch_per_process": args.batch, "length": args.length},
-    }
+    shape = {"preset": args.preset, "batch_per_process": args.batch, "length": args.length}
+    record: dict = {"mode": args.mode, "processes": accelerator.num_processes,
+                    "device": torch.cuda.get_device_name() if torch.cuda.is_available() and not args.cpu else "cpu",
+                    "backend": str(torch.distributed.get_backend()) if torch.distributed.is_initialized() else None,
+                    "accelerate": accelerate.__version__, "torch": torch.__version__, "shape": shape}  # fmt: skip
     try:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
                                       fused=not args.cpu)  # fmt: skip
@@ -270,8 +264,7 @@ def gpus(argv=None) -> None:
     accelerator.end_training()
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# paper_time: the paper's runs on GPUs
+# --- paper_time: the paper's runs on GPUs ----------------------------------------------------------------------------
 
 
 GPU_COUNTS = (1, 8)  # the paper's 8 P100 GPUs, and one
@@ -345,8 +338,7 @@ def paper_time(argv=None) -> dict:
     return MachineRecord().report(result, args.json)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# stream: translate.py on a long standard input
+# --- stream: translate.py on a long standard input -------------------------------------------------------------------
 
 
 def distinct_lines() -> list[str]:
@@ -427,28 +419,17 @@ def run_stream(args: argparse.Namespace, folder: Path) -> dict:
         process.kill()
     wall = time.perf_counter() - start
     first, last = marks[args.checkpoint], marks[args.lines]
-    return {
-        "lines": args.lines,
-        "num_beams": args.num_beams,
-        "batch_size": args.batch_size,
-        "chunk_size": args.chunk_size or 16 * args.batch_size,
-        "exit_status": status,
-        "outputs_in_order_and_correct": args.lines - wrong,
-        "wrong_or_out_of_order": wrong,
-        "outputs_before_input_ended": outputs_before_input_ended,
-        "wall_seconds": round(wall, 1),
-        "seconds_to_first_line": round(first_output, 1),
-        "lines_per_second": round(args.lines / wall, 1),
-        "lines_per_second_after_checkpoint": round(
-            (args.lines - args.checkpoint) / max(last["seconds"] - first["seconds"], 1e-9), 1
-        ),
-        "script_cpu_seconds": last["cpu_seconds"],
-        "lines_per_cpu_second_after_checkpoint": round(
-            (args.lines - args.checkpoint) / max(last["cpu_seconds"] - first["cpu_seconds"], 1e-9), 1
-        ),
-        "at_lines": marks,
-        "peak_rss_growth_mib": round(last["peak_rss_mib"] - first["peak_rss_mib"], 1),
-    }
+    after = args.lines - args.checkpoint  # the lines after the first reading: the steady state
+    cpu_after = last["cpu_seconds"] - first["cpu_seconds"]
+    return {"lines": args.lines, "num_beams": args.num_beams, "batch_size": args.batch_size,
+            "chunk_size": args.chunk_size or 16 * args.batch_size, "exit_status": status,
+            "outputs_in_order_and_correct": args.lines - wrong, "wrong_or_out_of_order": wrong,
+            "outputs_before_input_ended": outputs_before_input_ended, "wall_seconds": round(wall, 1),
+            "seconds_to_first_line": round(first_output, 1), "lines_per_second": round(args.lines / wall, 1),
+            "lines_per_second_after_checkpoint": round(after / max(last["seconds"] - first["seconds"], 1e-9), 1),
+            "script_cpu_seconds": last["cpu_seconds"], "at_lines": marks,
+            "lines_per_cpu_second_after_checkpoint": round(after / max(cpu_after, 1e-9), 1),
+            "peak_rss_growth_mib": round(last["peak_rss_mib"] - first["peak_rss_mib"], 1)}  # fmt: skip
 
 
 def stream(argv=None) -> dict:

@@ -76,8 +76,7 @@ def _report(result: dict, record: MachineRecord, args) -> dict:
     return record.report(result, args.json, device=torch.cuda.get_device_name(args.device) if cuda else args.device)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# train: the training step
+# --- train: the training step ----------------------------------------------------------------------------------------
 
 
 MODELS = ("vaswani_mt", "vaswani_mt_bf16", "marian", "marian_bf16")
@@ -93,7 +92,6 @@ def train_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per side first")
     parser.add_argument("--sides", default=None, help="comma-separated; step: models, data: MODEL:BATCHING")
     parser.add_argument("--seconds", type=float, default=300, help="data mode: wall seconds per side")
-    parser.add_argument("--tokenizer", default=None, help="data mode: a saved tokenizer (default: train one)")
     parser.add_argument("--work_dir", default="outputs/bench-speed", help="where a trained tokenizer is kept")
     parser.add_argument("--profile", type=int, default=0, help="step mode: also profile this many steps per side "
                         "(device busy time, kernels per step, the top ops)")  # fmt: skip
@@ -264,9 +262,7 @@ def load_training_rows(args):
 
     train = load_corpus("ding")["train"]
     work = Path(args.work_dir) / f"bpe-{args.vocab_size}-{len(train)}"
-    tokenizer = build_tokenizer(
-        {"train": train}, ("en", "de"), work, tokenizer=args.tokenizer, vocab_size=args.vocab_size
-    )
+    tokenizer = build_tokenizer({"train": train}, ("en", "de"), work, vocab_size=args.vocab_size)
     tokenized = tokenize_corpus({"train": train}, tokenizer, "en", "de")["train"]
     rows = tokenized.select_columns(["input_ids", "attention_mask", "labels"]).to_list()
     return tokenizer, rows, tokenized["source_length"], tokenized["target_length"]
@@ -365,8 +361,7 @@ def train(argv=None) -> dict | None:
     return None if args.rss_child else _report(result, record, args)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# decode: generate() against Marian's
+# --- decode: generate() against Marian's -----------------------------------------------------------------------------
 
 SEARCHES = {"beam4": 4, "greedy": 1}
 
@@ -448,18 +443,15 @@ def decode(argv=None) -> dict | None:
                      for name, model in sides.items()}  # fmt: skip
             outputs = {name: call() for name, call in calls.items()}  # the warm-up
             summary = speedups(interleave(calls, args.repeats, warmup=0), "marian")
-            case = {
-                "search": search,
-                "batch": batch,
-                "identical_tokens": torch.equal(outputs["vaswani_mt"], outputs["marian"]),
-                "share_equal_to_marian_fp32": {n: _same_rows(out, outputs["marian"]) for n, out in outputs.items()},
-                "ratios_of_medians": {name: row.get("ratio_of_medians", 1.0) for name, row in summary.items()},
-                "sentences_per_s": {name: batch / row["median_s"] for name, row in summary.items()},
-                "ratio_of_medians": summary["vaswani_mt"]["ratio_of_medians"],
-                "median_of_ratios": summary["vaswani_mt"]["median_of_ratios"],
-                "median_s": {name: row["median_s"] for name, row in summary.items()},
-                "min_s": {name: row["min_s"] for name, row in summary.items()},
-            }
+            case = {"search": search, "batch": batch,
+                    "identical_tokens": torch.equal(outputs["vaswani_mt"], outputs["marian"]),
+                    "share_equal_to_marian_fp32": {n: _same_rows(out, outputs["marian"]) for n, out in outputs.items()},
+                    "ratios_of_medians": {name: row.get("ratio_of_medians", 1.0) for name, row in summary.items()},
+                    "sentences_per_s": {name: batch / row["median_s"] for name, row in summary.items()},
+                    "ratio_of_medians": summary["vaswani_mt"]["ratio_of_medians"],
+                    "median_of_ratios": summary["vaswani_mt"]["median_of_ratios"],
+                    "median_s": {name: row["median_s"] for name, row in summary.items()},
+                    "min_s": {name: row["min_s"] for name, row in summary.items()}}  # fmt: skip
             cases.append(case)
             print(json.dumps(case), flush=True)
     result = {"shape": shape, "cases": cases}
@@ -516,8 +508,7 @@ def batching(argv=None) -> dict:
     return record.report(result, args.json)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# peers: ours beside MarianMTModel and CTranslate2 as their users run them, in one run (issue 52, item 6)
+# --- peers: ours beside MarianMTModel and CTranslate2 as their users run them, in one run (issue 52, item 6) ---------
 
 # The ratios issue 52 sets targets on: (side, against it, at least).
 PEER_TARGETS = {"ours float32 / MarianMTModel float32": ("ours float32", "MarianMTModel float32", 1.5),

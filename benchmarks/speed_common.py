@@ -110,7 +110,8 @@ def _memory_gib() -> float:
 
 def peak_rss_mib(pid: int | str = "self", field: str = "VmHWM") -> float:
     """A process's peak resident set size in MiB (this one's by default): VmHWM, which starts afresh at exec
-    (`ru_maxrss` does not: a child would report its parent's peak at fork time); `field="VmRSS"`: its RSS now."""
+    (`ru_maxrss` does not: a child would report its parent's peak at fork time); `field="VmRSS"`: its RSS now. NaN
+    for another process that has none (it has ended)."""
     try:
         with open(f"/proc/{pid}/status", encoding="utf-8") as f:
             for line in f:
@@ -118,7 +119,7 @@ def peak_rss_mib(pid: int | str = "self", field: str = "VmHWM") -> float:
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 if pid == "self" else float("nan")
 
 
 def interleave(runs: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
@@ -171,16 +172,13 @@ def rows_against(
     count = len(references)
     rows = {}
     for name, row in speedups(times, baseline).items():
-        rows[name] = {
-            "sentences_per_s": round(count / row["median_s"], 2),
-            f"ratio_to_{baseline}": round(row.get("ratio_of_medians", 1.0), 3),
-            "median_of_round_ratios": round(row.get("median_of_ratios", 1.0), 3),
-            "bleu": round(bleu(outputs[name], references)["score"], 2),
-            f"identical_to_{baseline}": round(
-                sum(a == b for a, b in zip(outputs[name], outputs[baseline], strict=True)) / count, 4
-            ),
-            "seconds": [round(s, 2) for s in times[name]],
-        }
+        same = sum(a == b for a, b in zip(outputs[name], outputs[baseline], strict=True))
+        rows[name] = {"sentences_per_s": round(count / row["median_s"], 2),
+                      f"ratio_to_{baseline}": round(row.get("ratio_of_medians", 1.0), 3),
+                      "median_of_round_ratios": round(row.get("median_of_ratios", 1.0), 3),
+                      "bleu": round(bleu(outputs[name], references)["score"], 2),
+                      f"identical_to_{baseline}": round(same / count, 4),
+                      "seconds": [round(s, 2) for s in times[name]]}  # fmt: skip
         print(
             f"{name:<38}{rows[name]['sentences_per_s']:>9.2f} sent/s {rows[name][f'ratio_to_{baseline}']:>7.3f}x"
             f"{rows[name]['bleu']:>7.2f} BLEU {rows[name][f'identical_to_{baseline}']:>8.1%} = {baseline}"
