@@ -11,7 +11,7 @@ from conftest import write_jsonl as _write_jsonl
 
 from vaswani_mt.evaluation.terminology import alphas_to_try, reference_terms
 from vaswani_mt.training import deadline
-from vaswani_mt.training.deadline import FIXED_SECONDS, MARGIN, JobDeadline, after_training_seconds
+from vaswani_mt.training.deadline import FIXED_SECONDS, MARGIN, WARM_UP, JobDeadline, after_training_seconds
 
 
 def test_the_deadline_measures_the_work_after_training_once_and_stops_training_with_room_for_it():
@@ -54,7 +54,9 @@ def test_the_estimate_counts_the_test_set_and_each_alpha_on_the_dev_sentences_wi
                                      batch_size=16, sample=8)  # fmt: skip
     assert seconds == pytest.approx((0.5 * 100 + 0.5 * termed * len(alphas)) * MARGIN + FIXED_SECONDS)
     assert model.training  # put back as it was
-    assert translated[0] == (8, None) and translated[1][0] == 8 and all(translated[1][1])  # plain, then with terms
+    warm_up, timed = translated[:2], translated[2:]  # untimed first (WARM_UP sentences), plain then with terms
+    assert warm_up[0] == (WARM_UP, None) and warm_up[1][0] == WARM_UP and all(warm_up[1][1])
+    assert timed[0] == (8, None) and timed[1][0] == 8 and all(timed[1][1])  # the sample: plain, then with terms
     plain = after_training_seconds(model, tokenizer, sources, references, test_sentences=100, choose_alpha=False,
                                    batch_size=16, sample=8)  # fmt: skip
     assert plain == pytest.approx(0.5 * 100 * MARGIN + FIXED_SECONDS)
