@@ -80,8 +80,6 @@ CHARACTERS = st.one_of(
     st.sampled_from(["\x00", "\u202e", "\u200d", "$", "😀", "\n", "\r", "\ufeff"]),
 )  # fmt: skip
 
-pytestmark = pytest.mark.xdist_group("demo")  # one xdist worker: its module fixtures once
-
 
 @settings(max_examples=12, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip

@@ -27,8 +27,6 @@ from vaswani_mt.inference.backends import TorchBackend
 from vaswani_mt.inference.shards import ShardedOutput, plan_shards
 from vaswani_mt.inference.streams import LineLimit, read_text_lines
 
-pytestmark = pytest.mark.xdist_group("sharded")  # one xdist worker: its module fixtures once
-
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = str(ROOT / "scripts" / "translate.py")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}

@@ -42,8 +42,6 @@ print(json.dumps({"retained": allocator.retain_freed_memory(), "returned": alloc
                   "applied": allocator._applied}))
 """
 
-pytestmark = pytest.mark.xdist_group("allocator")  # one xdist worker: its module fixtures once
-
 glibc = pytest.mark.skipif(allocator._glibc() is None, reason="mallopt parameters are glibc's")
 
 

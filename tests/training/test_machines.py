@@ -51,8 +51,7 @@ from vaswani_mt.training.machines import (
     speaks_for_machine,
 )
 
-# xdist_group: one xdist worker runs this file, so that its module fixtures are built once
-pytestmark = [pytest.mark.transformers_internals, pytest.mark.xdist_group("machines")]
+pytestmark = pytest.mark.transformers_internals
 
 BOUND = 15  # seconds from a fault to machine 0's exit; under the launcher's 30 s between SIGTERM and SIGKILL
 SLURM = ROOT / "scripts" / "slurm" / "train_multinode.sbatch"
