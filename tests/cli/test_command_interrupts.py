@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ENGLISH
+from conftest import ENGLISH, built_once
 
 ROOT = Path(__file__).resolve().parents[2]
 LINES = 3000
@@ -34,12 +34,15 @@ def command(name: str, model: Path, source: Path, output: Path | None = None) ->
 
 @pytest.fixture(scope="module")
 def long_input(tmp_path_factory, fitted_folder):
-    """The input file and the output of an uninterrupted run of translate on it."""
-    folder = tmp_path_factory.mktemp("long")
-    (folder / "long.en").write_text(TEXT)
-    with open(folder / "whole.de", "wb") as out:
-        subprocess.run(command("translate", fitted_folder, folder / "long.en"), stdout=out, stderr=subprocess.DEVNULL,
-                       env=ENV, timeout=600, check=True, stdin=subprocess.DEVNULL)  # fmt: skip
+    """The input file and the output of an uninterrupted run of translate on it (once per pytest run: `built_once`)."""
+
+    def build(folder: Path) -> None:
+        (folder / "long.en").write_text(TEXT)
+        with open(folder / "whole.de", "wb") as out:
+            subprocess.run(command("translate", fitted_folder, folder / "long.en"), stdout=out, env=ENV,
+                           stderr=subprocess.DEVNULL, timeout=600, check=True, stdin=subprocess.DEVNULL)  # fmt: skip
+
+    folder = built_once(tmp_path_factory, "long-input", build)
     whole = (folder / "whole.de").read_text().splitlines()
     assert len(whole) == LINES and all(whole)
     return folder / "long.en", whole

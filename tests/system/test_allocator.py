@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import built_once
 
 from vaswani_mt.system import allocator
 
@@ -51,9 +52,15 @@ def _child(code: str, *argv: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def settled() -> dict:
-    """The settled page faults per allocation, with glibc's defaults and with retain_freed_memory() (called twice)."""
-    return {mode: _child(_CHILD, mode) for mode in ("default", "retain")}
+def settled(tmp_path_factory) -> dict:
+    """The settled page faults per allocation, with glibc's defaults and with retain_freed_memory() (called twice);
+    measured once per pytest run (`built_once`: two child processes)."""
+
+    def build(folder: Path) -> None:
+        measured = {mode: _child(_CHILD, mode) for mode in ("default", "retain")}
+        (folder / "settled.json").write_text(json.dumps(measured))
+
+    return json.loads((built_once(tmp_path_factory, "allocator", build) / "settled.json").read_text())
 
 
 @glibc

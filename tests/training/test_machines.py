@@ -12,6 +12,7 @@ cases; `pytest -m slow` adds a lost machine (folders per machine, and a shared o
 missing or behind, another corpus, a broken tokenizer, SIGTERM to both launchers, and the Slurm script's preemption."""
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -31,6 +32,7 @@ from conftest import (
     ROOT,
     Launch,
     assert_same_training,
+    built_once,
     free_port,
     is_zombie,
     kill_launch,
@@ -242,19 +244,24 @@ def start_machines(*argv: str, env: dict | None = None) -> tuple[list[subprocess
 @pytest.fixture(scope="module")
 def rank0_fails(tmp_path_factory) -> tuple[list[tuple[int, str, str]], Path]:
     """Both machines through two storage probes and a tokenizer build that raises a KeyError on rank 0: each
-    process's status, stdout and stderr, and the probes' folder."""
-    folder = tmp_path_factory.mktemp("probes")
-    processes, _ = start_machines("rank0", str(folder))
-    ended = []
-    for process in processes:
-        try:
-            stdout, stderr = process.communicate(timeout=120)
-        except subprocess.TimeoutExpired:  # a rank left waiting for rank 0: the fault this guards against
-            for other in processes:
-                other.kill()
-            raise
-        ended.append((process.returncode, stdout, stderr))
-    return ended, folder
+    process's status, stdout and stderr, and the probes' folder (once per pytest run: `built_once`)."""
+
+    def build(root: Path) -> None:
+        (root / "probes").mkdir()
+        processes, _ = start_machines("rank0", str(root / "probes"))
+        ended = []
+        for process in processes:
+            try:
+                stdout, stderr = process.communicate(timeout=120)
+            except subprocess.TimeoutExpired:  # a rank left waiting for rank 0: the fault this guards against
+                for other in processes:
+                    other.kill()
+                raise
+            ended.append((process.returncode, stdout, stderr))
+        (root / "ended.json").write_text(json.dumps(ended))
+
+    root = built_once(tmp_path_factory, "rank0-fails", build)
+    return [tuple(process) for process in json.loads((root / "ended.json").read_text())], root / "probes"
 
 
 def test_any_exception_in_rank_0s_tokenizer_build_ends_every_machine_with_one_line(rank0_fails):
