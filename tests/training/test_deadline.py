@@ -60,6 +60,9 @@ def test_the_estimate_counts_the_test_set_and_each_alpha_on_the_dev_sentences_wi
     plain = after_training_seconds(model, tokenizer, sources, references, test_sentences=100, choose_alpha=False,
                                    batch_size=16, sample=8)  # fmt: skip
     assert plain == pytest.approx(0.5 * 100 * MARGIN + FIXED_SECONDS)
+    translated.clear()
+    after_training_seconds(model, tokenizer, sources, references, test_sentences=100, choose_alpha=False, batch_size=16)
+    assert translated == [(WARM_UP, None), (16, None)]  # by default the sample is one whole batch
 
 
 @pytest.mark.usefixtures("restore_rng", "restore_threads")

@@ -53,11 +53,15 @@ class JobDeadline:
 
 def after_training_seconds(
     model, tokenizer, dev_sources: Sequence[str], dev_references: Sequence[str], *, test_sentences: int,
-    choose_alpha: bool, batch_size: int, sample: int = 32,
+    choose_alpha: bool, batch_size: int, sample: int | None = None,
 ) -> float:  # fmt: skip
     """The seconds `_score_and_publish` will take: the test set and, with `choose_alpha`, each alpha of
     `choose_constrained_alpha` on its dev sentences with terms, at the rates of `sample` dev sentences translated
-    now (plain, then with their terms); plus averaging and saving."""
+    now (plain, then with their terms); plus averaging and saving.
+
+    `sample` defaults to one whole batch (`batch_size`), as the sets are translated: a batch runs as long as its
+    longest sentence, and half a batch (32 of 64) made the rate of one checkpoint of the main job 2x its sets'."""
+    sample = sample or batch_size
     was_training = model.training
     model.eval()
     try:
