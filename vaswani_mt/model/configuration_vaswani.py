@@ -68,6 +68,12 @@ class VaswaniConfig(PreTrainedConfig):
             Epsilon of every LayerNorm (tensor2tensor's value).
         attention_bias (`bool`, defaults to `False`):
             Whether the Q, K, V and output projections have biases (the paper writes plain matrices).
+        activation_function (`str`, defaults to `"relu"`):
+            The FFN's non-linearity (§3.3: `max(0, .)`, ReLU). `"swish"` (= `"silu"`) and `"gelu"` are there for
+            imported checkpoints (OPUS-MT's opus-mt-en-de uses swish: `export.marian.from_marian`).
+        logits_bias (`bool`, defaults to `False`):
+            Whether a bias, not trained (a buffer, as Marian's `final_logits_bias`), is added to the pre-softmax
+            logits. The paper has none (§3.4); OPUS-MT checkpoints do.
         init_std (`float`, *optional*):
             If set, every weight is initialised from N(0, init_std); if `None`, embeddings from N(0, d_model^-0.5)
             (as tensor2tensor and fairseq, since they are scaled by sqrt(d_model)) and linear weights Xavier-uniform.
@@ -108,6 +114,8 @@ class VaswaniConfig(PreTrainedConfig):
     max_position_embeddings: int = 1024
     layer_norm_eps: float | int = 1e-6
     attention_bias: bool = False
+    activation_function: Literal["relu", "swish", "silu", "gelu"] = "relu"
+    logits_bias: bool = False
     init_std: float | int | None = None
     label_smoothing: float | int = 0.1
     pad_token_id: int | None = 1

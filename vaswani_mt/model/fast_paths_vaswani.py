@@ -125,7 +125,7 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, label_smoothing: float, scale: float, chunk_rows: int):
+    def forward(ctx, hidden, weight, labels, label_smoothing: float, scale: float, chunk_rows: int, bias=None):
         device_type = hidden.device.type
         compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
         with torch.autocast(device_type, enabled=False):
@@ -140,6 +140,8 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
                 h, target = h_all[start : start + chunk_rows], labels[start : start + chunk_rows]
                 rows = torch.arange(target.shape[0], device=target.device)
                 logits = (h @ w.T).to(softmax_dtype)
+                if bias is not None:  # a constant (an imported checkpoint's logits bias): no gradient of its own
+                    logits += bias
                 # In place: a fresh chunk is slower to allocate and fill than this one (benchmarks/RESULTS.md, speed).
                 log_probs = _log_softmax_(logits)
                 # CE_ls = (1 - eps) * -log p(y) + eps * mean_v(-log p(v))
@@ -163,16 +165,20 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
         grad_hidden, grad_weight = ctx.saved_tensors
         if grad_output.item() != 1.0:  # Trainer's loss is used as is; only scaled losses pay for another pass
             grad_hidden, grad_weight = grad_hidden * grad_output, grad_weight * grad_output
-        return grad_hidden, grad_weight, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
 def projected_label_smoothed_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, label_smoothing: float, scale: float
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, label_smoothing: float, scale: float,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`scale * sum_rows CE_ls(hidden @ weight^T, labels)` for rows that are all real target tokens, with gradients,
-    through `_ProjectedLabelSmoothedCrossEntropy` in chunks of at most `_LOSS_CHUNK_ELEMENTS` logits."""
+    """`scale * sum_rows CE_ls(hidden @ weight^T + bias, labels)` for rows that are all real target tokens, with
+    gradients (none for `bias`, a constant), through `_ProjectedLabelSmoothedCrossEntropy` in chunks of at most
+    `_LOSS_CHUNK_ELEMENTS` logits."""
     chunk_rows = max(1, _LOSS_CHUNK_ELEMENTS // weight.shape[0])
-    return _ProjectedLabelSmoothedCrossEntropy.apply(hidden, weight, labels, label_smoothing, scale, chunk_rows)
+    if bias is not None:
+        bias = bias.detach()
+    return _ProjectedLabelSmoothedCrossEntropy.apply(hidden, weight, labels, label_smoothing, scale, chunk_rows, bias)
 
 
 __all__ = ["apply_dropout", "projected_label_smoothed_cross_entropy"]

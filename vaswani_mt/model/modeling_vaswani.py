@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
+from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -168,17 +169,19 @@ class VaswaniAttention(nn.Module):
 
 
 class VaswaniFeedForward(nn.Module):
-    """§3.3: `FFN(x) = max(0, x W1 + b1) W2 + b2`."""
+    """§3.3: `FFN(x) = max(0, x W1 + b1) W2 + b2`; another activation only where an imported checkpoint has one."""
 
     def __init__(self, config: VaswaniConfig):
         super().__init__()
         self.fc1 = nn.Linear(config.d_model, config.d_ff)
         self.fc2 = nn.Linear(config.d_ff, config.d_model)
         self.activation_dropout = config.activation_dropout
+        name = config.activation_function
+        self.activation = nn.functional.relu if name == "relu" else ACT2FN[name]
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # = self.fc2(F.dropout(relu(self.fc1(x)))), through the fast paths `_project` and `apply_dropout`.
-        hidden_states = nn.functional.relu(_project(self.fc1, hidden_states))
+        hidden_states = self.activation(_project(self.fc1, hidden_states))
         hidden_states = apply_dropout(hidden_states, self.activation_dropout, self.training)
         return _project(self.fc2, hidden_states)
 
@@ -315,6 +318,8 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
+        if getattr(module, "final_logits_bias", None) is not None:  # the model itself, with a logits bias
+            init.zeros_(module.final_logits_bias)
 
 
 class _VaswaniStack(nn.Module):
@@ -585,6 +590,8 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
         super().__init__(config)
         self.model = VaswaniModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.logits_bias:  # an imported checkpoint's (Marian's `final_logits_bias`); saved, never trained
+            self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
         self.post_init()
         self._use_paper_search()  # §6.1: beam 4, GNMT alpha 0.6, |X| + 50 (generation_vaswani.py)
 
@@ -664,6 +671,8 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
             logits, loss = None, self._training_loss(outputs.last_hidden_state, labels, num_items_in_batch)
         else:
             logits = _project(self.lm_head, outputs.last_hidden_state)  # = self.lm_head(last_hidden_state)
+            if self.config.logits_bias:
+                logits = logits + self.final_logits_bias.to(logits.dtype)
             loss = self.loss(logits, labels, num_items_in_batch) if labels is not None else None
         return Seq2SeqLMOutput(
             loss=loss,
@@ -712,6 +721,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
             labels[real],
             float(self.config.label_smoothing),
             1.0 / float(num_items_in_batch),
+            bias=self.final_logits_bias[0] if self.config.logits_bias else None,
         )
 
 
