@@ -566,6 +566,98 @@ def job_run(tmp_path_factory) -> SimpleNamespace:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# OPUS-MT checkpoints as the Hub has them (MarianMTModel folders), made here: tests/export/test_import.py and the
+# tests that run every feature on an imported model.
+
+# opus-mt-en-de's config.json, but for the vocabulary (two small SentencePiece models trained on the built-in corpus).
+OPUS_MT_EN_DE = dict(
+    d_model=512, encoder_attention_heads=8, decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048,
+    encoder_layers=6, decoder_layers=6, activation_function="swish", scale_embedding=True,
+    share_encoder_decoder_embeddings=True, tie_word_embeddings=True, static_position_embeddings=True,
+    normalize_before=False, normalize_embedding=False, add_final_layer_norm=False, max_position_embeddings=512,
+    dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, bos_token_id=0, eos_token_id=0, forced_eos_token_id=0,
+)  # fmt: skip
+OPUS_MT_TINY = dict(d_model=32, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                    decoder_ffn_dim=64, encoder_layers=2, decoder_layers=2)  # fmt: skip
+
+
+def marian_tokenizer_files(folder: Path, pairs: list[tuple[str, str]], vocab_size: int = 600) -> None:
+    """source.spm, target.spm (unigram SentencePiece models, as OPUS-MT's, trained on each side of `pairs`) and one
+    vocab.json in Marian's order: `</s>` 0, `<unk>` 1, the pieces of both models, `<pad>` last."""
+    import sentencepiece
+
+    folder.mkdir(parents=True, exist_ok=True)
+    pieces = []
+    for side, name in ((0, "source"), (1, "target")):
+        text = folder / f"{name}.txt"
+        text.write_text("\n".join(pair[side] for pair in pairs) + "\n", encoding="utf-8")
+        sentencepiece.SentencePieceTrainer.train(
+            input=str(text), model_prefix=str(folder / name), vocab_size=vocab_size, model_type="unigram",
+            character_coverage=1.0, bos_id=-1, eos_id=2, unk_id=1, pad_id=-1, minloglevel=2, num_threads=1,
+        )  # fmt: skip
+        (folder / f"{name}.model").rename(folder / f"{name}.spm")
+        text.unlink()
+        (folder / f"{name}.vocab").unlink()
+        processor = sentencepiece.SentencePieceProcessor(model_file=str(folder / f"{name}.spm"))
+        pieces += [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+    vocab = {"</s>": 0, "<unk>": 1}
+    for piece in pieces:
+        vocab.setdefault(piece, len(vocab))
+    vocab["<pad>"] = len(vocab)
+    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+
+
+def make_marian_folder(folder: Path, tokenizer_folder: Path, seed: int = 0, **config) -> Path:
+    """A MarianMTModel folder as OPUS-MT publishes them (`OPUS_MT_EN_DE` unless `config` says otherwise), with
+    `tokenizer_folder`'s MarianTokenizer and random weights whose biases, logits bias and LayerNorm weights are all
+    nonzero (a bias the import missed could not pass), positions the sinusoids."""
+    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
+
+    tokenizer = MarianTokenizer(str(tokenizer_folder / "source.spm"), str(tokenizer_folder / "target.spm"),
+                                str(tokenizer_folder / "vocab.json"), source_lang="en", target_lang="de")  # fmt: skip
+    pad = tokenizer.pad_token_id
+    values = {**OPUS_MT_EN_DE, **config}
+    marian_config = MarianConfig(vocab_size=len(tokenizer), decoder_vocab_size=len(tokenizer), pad_token_id=pad,
+                                 decoder_start_token_id=pad, **values)  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = MarianMTModel(marian_config).eval()
+        with torch.no_grad():
+            for name, tensor in model.named_parameters():
+                if name.endswith(".bias"):
+                    tensor.normal_(0.0, 0.1)
+                elif "layer_norm" in name:
+                    tensor.normal_(1.0, 0.1)
+            model.final_logits_bias.normal_(0.0, 0.2)
+    model.generation_config.bad_words_ids = [[pad]]
+    model.generation_config.num_beams = 4
+    model.generation_config.max_length = 512
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def opus_mt(tmp_path_factory):
+    """MarianMTModel folders as OPUS-MT's: `swish` (opus-mt-en-de's shape), `relu` (the same with ReLU), `tiny`
+    (swish, d_model 32, 2 + 2 layers) and `tokenizer` (the MarianTokenizer files alone); `test` holds the built-in
+    corpus's test split as (en, de) pairs."""
+    from vaswani_mt.data.corpus import load_ding
+
+    corpus = load_ding("en", "de")
+    pairs = lambda split: [(row["en"], row["de"]) for row in corpus[split]["translation"]]  # noqa: E731
+
+    def build(root: Path) -> None:
+        marian_tokenizer_files(root / "tokenizer", pairs("train"))
+        make_marian_folder(root / "swish", root / "tokenizer")
+        make_marian_folder(root / "relu", root / "tokenizer", seed=1, activation_function="relu")
+        make_marian_folder(root / "tiny", root / "tokenizer", seed=2, **OPUS_MT_TINY)
+
+    root = built_once(tmp_path_factory, "opus_mt", build)
+    return SimpleNamespace(**{name: root / name for name in ("swish", "relu", "tiny", "tokenizer")}, test=pairs("test"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Folders that are not servable vaswani_mt models (tests/inference: test_bad_models.py, test_loading.py)
 
 # Bad folder -> what its message must say, besides the folder's name.
@@ -575,7 +667,7 @@ BAD_FOLDERS = {
     "garbage_config": "config.json is not valid JSON",
     "impossible_config": "config.json: dropout must be a number in [0, 1), got 1.5",
     "config_disagrees_with_weights": "config.json does not match the weights",
-    "marian": "holds a 'marian' model, not a vaswani_mt one",
+    "marian": "holds a 'marian' model, not a vaswani_mt one: import the MarianMTModel exactly with vaswani-mt-import",
     "bart": "holds a 'bart' model, not a vaswani_mt one",
     "pickle_only": "has no model.safetensors, only pytorch_model.bin",
     "truncated_weights": "model.safetensors is not a complete safetensors file",

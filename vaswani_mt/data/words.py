@@ -7,17 +7,19 @@ import bisect
 import re
 from collections.abc import Sequence
 
+from vaswani_mt.model.constraints_vaswani import encode_with_offsets
+
 _WORD = re.compile(r"\S+")
 
 
-def token_words(tokenizer, text: str, ids: Sequence[int]) -> tuple[list[str], list[int]]:
-    """The whitespace-separated words of `text` and, per token of `ids` (its source ids), the word it is part of
-    (-1: none, e.g. `</s>`), by the tokenizer's character offsets; where the tokenizer's ids are not `ids` (a cut or
-    mended source), by decoding."""
+def token_words(tokenizer, text: str, ids: Sequence[int], target: bool = False) -> tuple[list[str], list[int]]:
+    """The whitespace-separated words of `text` and, per token of `ids` (its source ids, or with `target` its target
+    ids), the word it is part of (-1: none, e.g. `</s>`), by the tokenizer's character offsets; where the
+    tokenizer's ids are not `ids` (a cut or mended source), by decoding."""
     spans = [m.span() for m in _WORD.finditer(text)]
     words = [text[a:b] for a, b in spans]
     try:
-        encoding = tokenizer(text, return_offsets_mapping=True)
+        encoding = encode_with_offsets(tokenizer, text, target=target)
     except (TypeError, ValueError):  # text the tokenizer cannot read (lone surrogates), mended by encode_source
         return decoded_words(tokenizer, ids)
     if list(encoding["input_ids"][: len(ids) - 1]) != list(ids[:-1]):

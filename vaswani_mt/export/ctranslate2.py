@@ -56,13 +56,14 @@ def _converter(marian_dir: Path):
 
 def to_ctranslate2(marian_dir: str | Path, output: str | Path, quantization: str | None = None) -> Path:
     """Converts a Marian folder written by `save_marian` to a CTranslate2 model in `output` (`model.bin`,
-    `config.json`, `shared_vocabulary.json`, plus `tokenizer.json` to tokenize with; `export_model` adds our
+    `config.json`, `shared_vocabulary.json`, plus the tokenizer's files to tokenize with; `export_model` adds our
     generation_config.json, the search `ctranslate2_search` reads). `quantization`: None (the
     weights' float32), "int8", "int8_float32", "float16", ... as CTranslate2 names them."""
     marian_dir, output = Path(marian_dir), Path(output)
     with torch.no_grad():
         _converter(marian_dir).convert(str(output), quantization=quantization, force=True)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
+    # Ours (tokenizer.json) or an imported checkpoint's MarianTokenizer (its SentencePiece models and vocabulary).
+    for name in ("tokenizer.json", "tokenizer_config.json", "source.spm", "target.spm", "vocab.json"):
         if (marian_dir / name).is_file():
             shutil.copy(marian_dir / name, output / name)
     return output

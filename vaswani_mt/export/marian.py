@@ -287,6 +287,8 @@ def save_marian(model: VaswaniForConditionalGeneration, tokenizer, output: str |
     marian.generation_config.max_length = MARIAN_MAX_LENGTH
     marian.save_pretrained(output)
     tokenizer.save_pretrained(output)
+    if not tokenizer.is_fast:  # an imported checkpoint's MarianTokenizer, a class every transformers knows
+        return output
     # `TokenizersBackend` is transformers 5's name; transformers 4 (and the Hub's hosted inference) know the same
     # tokenizer.json-backed class as PreTrainedTokenizerFast, which transformers 5 also maps to it.
     config_path = output / "tokenizer_config.json"

@@ -47,12 +47,14 @@ def warn_no_tabs(lines: int) -> None:
         )
 
 
-def block_kwargs(tokenizer, block: Sequence[str] = (), disable_unk: bool = False, where: str = "") -> dict:
+def block_kwargs(tokenizer, block: Sequence[str] = (), disable_unk: bool = False, where: str = "",
+                 model_bans: Sequence[Sequence[int]] | None = None) -> dict:  # fmt: skip
     """`generate()` arguments that keep `block`'s phrases (each as tokenized at the start and inside a sentence) and,
     with `disable_unk`, `<unk>` out of every output. ValueError naming the phrase (after `where`) for one that is
-    empty or has characters outside the vocabulary."""
+    empty or has characters outside the vocabulary. `model_bans`, the model's own `bad_words_ids` (an imported
+    OPUS-MT model's `<pad>`, its decoder start), stay banned beside them: the call's would otherwise replace them."""
     kwargs: dict = {}
-    forms = []
+    forms = [list(form) for form in model_bans or []]
     for number, phrase in enumerate(block, 1):
         try:
             forms += phrase_forms(tokenizer, phrase)

@@ -18,7 +18,8 @@ problem, before any weights are read. What it checks, in order:
   translate garbage;
 - `generation_config.json`: if present, a JSON object whose search settings have the right types (transformers
   silently drops a broken one, and with it the paper's beam search);
-- the tokenizer: `tokenizer.json` present and loadable, with no more tokens than the model's vocabulary.
+- the tokenizer: `tokenizer.json`, or an imported checkpoint's `MarianTokenizer` files (`source.spm`, `target.spm`,
+  `vocab.json`), present and loadable, with no more tokens than the model's vocabulary.
 """
 
 from __future__ import annotations
@@ -35,8 +36,16 @@ from vaswani_mt.system.messages import error_line
 # What a model folder may hold as weights, and the suffixes of pickle files, refused here and by hub.check_hub_files.
 _SAFETENSORS, _SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib")
-# Files fetched from a Hub repository: configs, tokenizer files and safetensors weights, never code or pickles.
-_HUB_PATTERNS = ["*.json", "*.safetensors"]
+# Files fetched from a Hub repository: configs, tokenizer files (SentencePiece models too) and safetensors weights,
+# never code or pickles.
+_HUB_PATTERNS = ["*.json", "*.safetensors", "*.spm"]
+# The tokenizer files a folder holds: ours (`tokenizers`' one file) or an imported OPUS-MT checkpoint's MarianTokenizer.
+TOKENIZER_FILES = (("tokenizer.json",), ("source.spm", "target.spm", "vocab.json"))
+
+
+def tokenizer_files(folder: Path) -> tuple[str, ...] | None:
+    """The tokenizer files `folder` has (one set of `TOKENIZER_FILES`), or None."""
+    return next((names for names in TOKENIZER_FILES if all((folder / name).is_file() for name in names)), None)
 
 
 class ModelFolderError(ValueError):
@@ -88,11 +97,10 @@ def _read_json_object(model: str, folder: Path, name: str) -> dict:
 def _read_config(model: str, folder: Path) -> VaswaniConfig:
     values = _read_json_object(model, folder, "config.json")
     model_type = values.get("model_type")
-    if model_type == "marian":  # `vaswani-mt-export --format marian` writes one
+    if model_type == "marian":  # an OPUS-MT checkpoint, or what `vaswani-mt-export --format marian` writes
         raise ModelFolderError(
-            f"{model} holds a 'marian' model, not a vaswani_mt one: a Marian export (vaswani-mt-export --format "
-            "marian) runs in transformers alone, with MarianMTModel.from_pretrained(folder), "
-            "AutoTokenizer.from_pretrained(folder) and generate(); or translate the vaswani_mt folder it came from"
+            f"{model} holds a 'marian' model, not a vaswani_mt one: import the MarianMTModel exactly with "
+            f"vaswani-mt-import --model {model} --output OUT (scripts/import_model.py), then use OUT"
         )
     if not model_type and (folder / "model.bin").is_file():  # `--format ctranslate2`: CTranslate2's own config.json
         raise ModelFolderError(
@@ -189,9 +197,9 @@ def _check_generation_config(model: str, folder: Path) -> None:
 def _load_tokenizer(model: str, folder: Path, config: VaswaniConfig):
     from transformers import AutoTokenizer
 
-    if not (folder / "tokenizer.json").is_file():
+    if tokenizer_files(folder) is None:
         raise ModelFolderError(f"{model} has no tokenizer.json: save the tokenizer next to the model")
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+    for name in ("tokenizer.json", "vocab.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (folder / name).is_file():
             _read_json_object(model, folder, name)
     try:
@@ -223,10 +231,10 @@ def check_ctranslate2_folder(model: str) -> Path:
     tokenizer.json (and tokenizer_config.json), and generation_config.json, the search, if present. Returns the
     folder, or raises `ModelFolderError`."""
     folder = Path(str(model)).expanduser()
-    if not (folder / "tokenizer.json").is_file():
+    if tokenizer_files(folder) is None:
         raise ModelFolderError(f"{model} has no tokenizer.json: export the model again with vaswani-mt-export, "
                                "which copies it")  # fmt: skip
-    for name in ("tokenizer.json", "tokenizer_config.json"):
+    for name in ("tokenizer.json", "vocab.json", "tokenizer_config.json"):
         if (folder / name).is_file():
             _read_json_object(model, folder, name)
     _check_generation_config(model, folder)
@@ -281,10 +289,12 @@ def translation_pipeline(model: str, compute_type: str = "float32", device: str 
 
 __all__ = [
     "PICKLE_SUFFIXES",
+    "TOKENIZER_FILES",
     "ModelFolderError",
     "check_ctranslate2_folder",
     "check_model_folder",
     "is_ctranslate2_folder",
     "load_for_inference",
+    "tokenizer_files",
     "translation_pipeline",
 ]

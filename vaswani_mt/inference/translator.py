@@ -84,8 +84,9 @@ class Translator:
         self.options.check(self.backend.facts)
         # What the search runs with: markup aligns (hard) to put the tags back.
         self._search = self.options.replace(alignments="hard", markup=None) if self.options.markup else self.options
-        self._kwargs = {**self._search.search_kwargs(), **block_kwargs(self.tokenizer, self.options.block,
-                                                                       self.options.disable_unk)}  # fmt: skip
+        bans = getattr(self.backend.generation_config, "bad_words_ids", None)
+        blocks = block_kwargs(self.tokenizer, self.options.block, self.options.disable_unk, model_bans=bans)
+        self._kwargs = {**self._search.search_kwargs(), **blocks}
 
     def translate(self, lines: Sequence[str], *, terms: Sequence | None = None, prefixes: Sequence[str] | None = None,
                   report: ControlReport | None = None, progress: bool = False) -> list:  # fmt: skip

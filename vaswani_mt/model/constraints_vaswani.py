@@ -24,14 +24,60 @@ logger = logging.get_logger(__name__)
 ORDERS = ("unordered", "ordered")
 
 
+def encode_with_offsets(tokenizer, text: str, target: bool = False, add_special_tokens: bool = True) -> dict:
+    """`{"input_ids": [...], "offset_mapping": [(start, end), ...]}` of `text`, the source side's tokens or, with
+    `target`, the target side's (`text_target`; the same for a joint vocabulary). Offsets are characters of `text`,
+    (0, 0) for added special tokens. A fast tokenizer gives them itself; a SentencePiece one without a fast form
+    (`MarianTokenizer`: two SentencePiece models, source and target, over one vocabulary) gives them through its
+    model's piece offsets, with the ids that tokenizer gives."""
+    if tokenizer.is_fast:
+        side = {"text_target": text} if target else {"text": text}
+        encoding = tokenizer(**side, add_special_tokens=add_special_tokens, return_offsets_mapping=True, verbose=False)
+        return {"input_ids": encoding["input_ids"], "offset_mapping": encoding["offset_mapping"]}
+    spm = getattr(tokenizer, "spm_target" if target else "spm_source", None)
+    if spm is None:
+        raise TypeError(f"{type(tokenizer).__name__} gives no character offsets: use a fast tokenizer or a Marian one")
+    codes, rest = tokenizer.remove_language_code(text)  # a multilingual model's leading >>xx<< is a token of its own
+    shift = len(text) - len(rest)
+    char_of_byte, position = {}, 0
+    for index, character in enumerate(rest):
+        char_of_byte[position] = index
+        position += len(character.encode("utf-8"))
+    char_of_byte[position] = len(rest)
+    pieces = _spm_pieces(spm, rest)
+    tokens = codes + [piece.piece for piece in pieces]
+    offsets = [(0, shift)] * len(codes)
+    offsets += [(shift + char_of_byte[piece.begin], shift + char_of_byte[piece.end]) for piece in pieces]
+    ids = tokenizer.convert_tokens_to_ids(tokens)
+    if add_special_tokens:
+        with_specials = tokenizer.build_inputs_with_special_tokens(ids)
+        offsets += [(0, 0)] * (len(with_specials) - len(ids))  # Marian's: `</s>` after the text
+        ids = with_specials
+    return {"input_ids": ids, "offset_mapping": offsets}
+
+
+def _spm_pieces(spm, text: str):
+    """SentencePiece's pieces of `text`, each with its `piece` and its UTF-8 byte span (`begin`, `end`) in `text`:
+    `out_type="proto"` from sentencepiece 0.2.1 on, "immutable_proto" before (which 0.2.1 refuses)."""
+    try:
+        return spm.encode(text, out_type="proto").pieces
+    except (ValueError, TypeError, RuntimeError):
+        return spm.encode(text, out_type="immutable_proto").pieces
+
+
+def target_ids(tokenizer, texts: str | list[str]) -> list:
+    """The target side's token ids of `texts` (one text or a list), without special tokens."""
+    return tokenizer(text_target=texts, add_special_tokens=False)["input_ids"]
+
+
 def phrase_forms(tokenizer, phrase: str) -> list[list[int]]:
-    """The token ids of `phrase` as it is tokenized inside a sentence (after a word) and at a sentence's start, each
-    distinct form once: both count as the phrase. Raises ValueError (one line) for an empty phrase or one with
-    characters outside the vocabulary, naming them."""
+    """The token ids of `phrase`, target text, as it is tokenized inside a sentence (after a word) and at a
+    sentence's start, each distinct form once: both count as the phrase. Raises ValueError (one line) for an empty
+    phrase or one with characters outside the vocabulary, naming them."""
     text = " ".join(phrase.split())
     if not text:
         raise ValueError("an empty constraint")
-    initial = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    initial = encode_with_offsets(tokenizer, text, target=True, add_special_tokens=False)
     unk = tokenizer.unk_token_id
     if unk is not None and unk in initial["input_ids"]:
         spans = zip(initial["input_ids"], initial["offset_mapping"], strict=True)
@@ -40,8 +86,7 @@ def phrase_forms(tokenizer, phrase: str) -> list[list[int]]:
                          + " ".join(repr(c) for c in unknown))  # fmt: skip
     forms = [list(initial["input_ids"])]
     # Inside a sentence: the phrase's tokens after a context word, that word's own tokens taken off the front.
-    context = tokenizer("a", add_special_tokens=False)["input_ids"]
-    inside = tokenizer("a " + text, add_special_tokens=False)["input_ids"]
+    context, inside = target_ids(tokenizer, ["a", "a " + text])
     if inside[: len(context)] == context and inside[len(context) :] not in forms:
         forms.append(list(inside[len(context) :]))
     return forms
@@ -342,4 +387,5 @@ def search_controls(controls: dict, batch: int, limits: torch.Tensor | None, max
     return lexical, tensor
 
 
-__all__ = ["ORDERS", "DynamicBeamAllocation", "LexicalConstraints", "allocate", "phrase_forms", "search_controls"]
+__all__ = ["ORDERS", "DynamicBeamAllocation", "LexicalConstraints", "allocate", "encode_with_offsets", "phrase_forms",
+           "search_controls", "target_ids"]  # fmt: skip

@@ -169,7 +169,11 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
 
 
 def projected_label_smoothed_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, label_smoothing: float, scale: float,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    label_smoothing: float,
+    scale: float,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`scale * sum_rows CE_ls(hidden @ weight^T + bias, labels)` for rows that are all real target tokens, with

@@ -20,7 +20,7 @@ import torch
 from transformers import Pipeline
 from transformers.utils import logging
 
-from .constraints_vaswani import phrase_forms
+from .constraints_vaswani import encode_with_offsets, phrase_forms, target_ids
 
 logger = logging.get_logger(__name__)
 
@@ -58,7 +58,7 @@ def unusual_pieces(tokenizer, term: str) -> str | None:
     for word in term.split():
         if _PLACEHOLDER.fullmatch(word):
             continue
-        pieces = tokenizer.tokenize(" " + word, add_special_tokens=False) if word else []
+        pieces = tokenizer.convert_ids_to_tokens(target_ids(tokenizer, " " + word)) if word else []
         if len(pieces) >= 3 and len(word) / len(pieces) < 2.5:
             near = _nearer_word(tokenizer, word, len(pieces) - 2)
             if near is not None:
@@ -81,7 +81,7 @@ def _nearer_word(tokenizer, word: str, pieces: int) -> tuple[str, int] | None:
     near = [candidate for candidate in dict.fromkeys(near) if candidate.strip() and candidate != word]
     if not near:
         return None
-    encoded = tokenizer([" " + candidate for candidate in near], add_special_tokens=False)["input_ids"]
+    encoded = target_ids(tokenizer, [" " + candidate for candidate in near])
     counts = [len(ids) for ids in encoded]
     best = min(range(len(near)), key=lambda k: counts[k])
     return (near[best], counts[best]) if counts[best] <= pieces else None
@@ -98,7 +98,7 @@ def _tokenize_prefix(tokenizer, text: str, limit: int):
         if len(text) > size:
             space = text.rfind(" ", size // 2, size)
             prefix = text[: space + 1 if space >= 0 else size]
-        encoding = tokenizer(prefix, return_offsets_mapping=True, verbose=False)
+        encoding = encode_with_offsets(tokenizer, prefix)
         if len(prefix) == len(text) or len(encoding["input_ids"]) > limit or size >= largest:
             return prefix, encoding
         size = min(4 * size, largest)

@@ -68,7 +68,7 @@ def add_alignment_labels(dataset, tokenizer, cache: Path | None = None):
     column = []
     for source, target, ids, labels, row in zip(sources, targets, source_ids, label_ids, links, strict=True):
         source_index = token_words(tokenizer, source, ids)[1]
-        target_index = token_words(tokenizer, target, labels)[1]
+        target_index = token_words(tokenizer, target, labels, target=True)[1]
         column.append([k for pair in token_links(source_index, target_index, row) for k in pair])
     return dataset.add_column("alignment", column)
 
