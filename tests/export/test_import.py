@@ -184,8 +184,9 @@ def test_imported_folder_loads_in_a_fresh_process_as_remote_code(imported):
         "print(type(m).__module__.startswith('transformers_modules'), type(t).__name__,"
         " m.generate(**t(['The house is small.'], return_tensors='pt'), num_beams=1, max_new_tokens=5).tolist())"
     )
+    env = {"PATH": "/usr/bin", "HF_HUB_OFFLINE": "1", "HOME": str(folder.parent)}  # no vaswani_mt on the path
     result = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True,
-                            cwd=folder.parent, env={"PATH": "/usr/bin", "HF_HUB_OFFLINE": "1", "HOME": str(folder.parent)})  # fmt: skip
+                            cwd=folder.parent, env=env)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     model, tokenizer, *_ = imported["tiny"]
     with torch.no_grad():
