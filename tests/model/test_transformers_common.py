@@ -139,6 +139,7 @@ class VaswaniModelTester:
         self.is_training = is_training
         self.attn_implementation = None  # the default (sdpa)
         self.label_smoothing = 0.1  # epsilon_ls, the default (§5.4)
+        self.imported = {}  # config fields of an imported checkpoint (ImportedVaswaniModelTest)
 
     def get_config(self) -> VaswaniConfig:
         return VaswaniConfig(
@@ -151,6 +152,7 @@ class VaswaniModelTester:
             max_position_embeddings=64,
             label_smoothing=self.label_smoothing,
             attn_implementation=self.attn_implementation,
+            **self.imported,
         )
 
     def prepare_config_and_inputs(self):
@@ -212,3 +214,17 @@ class VaswaniModelTest(ModelTesterMixin, unittest.TestCase):
         what it checks, that the labels are not shifted a second time, does not depend on the smoothing."""
         self.model_tester.label_smoothing = 0.0
         super().test_encoder_decoder_loss_no_double_shift()
+
+
+class ImportedVaswaniModelTest(VaswaniModelTest):
+    """The mixin again on the config an imported OPUS-MT checkpoint gets (`export.marian.from_marian`): swish, biases
+    in every projection, a logits bias, LayerNorm eps 1e-5, Marian's tokens (`</s>` 0, `<pad>` last and the decoder's
+    start)."""
+
+    def setUp(self):
+        super().setUp()
+        pad = self.model_tester.vocab_size - 1
+        self.model_tester.imported = dict(
+            activation_function="swish", attention_bias=True, logits_bias=True, layer_norm_eps=1e-5, eos_token_id=0,
+            bos_token_id=None, pad_token_id=pad, decoder_start_token_id=pad,
+        )  # fmt: skip

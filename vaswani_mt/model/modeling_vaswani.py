@@ -613,6 +613,19 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
     def get_decoder(self) -> VaswaniDecoder:
         return self.model.decoder
 
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        """transformers' resize of the one shared matrix; a logits bias is resized alike (new tokens get 0)."""
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        if self.config.logits_bias:
+            old, size = self.final_logits_bias, embeddings.weight.shape[0]
+            kept = min(size, old.shape[1])
+            new = old.new_zeros(1, size)
+            new[:, :kept] = old[:, :kept]
+            self.register_buffer("final_logits_bias", new)
+        return embeddings
+
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
