@@ -39,6 +39,8 @@ def _converter(marian_dir: Path):
 
         def set_config(self, config, model, tokenizer):
             ct2_transformers.BartLoader.set_config(self, config, model, tokenizer)
+            if config.bos_token is None:  # an imported OPUS-MT model's MarianTokenizer has none: `</s>`, as CT2's own
+                config.bos_token = tokenizer.eos_token
 
         def set_decoder(self, spec, decoder):
             ct2_transformers.BartLoader.set_decoder(self, spec, decoder)
