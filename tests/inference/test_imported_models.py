@@ -129,3 +129,19 @@ def test_the_pipeline_of_an_imported_folder_translates(imported):
     assert [list(row) for row in out] == [["translation_text"], ["translation_text"]] and out[1][
         "translation_text"
     ] == ""
+
+
+def test_an_imported_folder_publishes_and_serves_the_demo(imported, tmp_path):
+    from vaswani_mt.app.demo import translate_for_demo
+    from vaswani_mt.hub.publish import publish
+    from vaswani_mt.inference.loading import load_for_inference
+
+    # The Hub's folder is built and loads in a fresh process without vaswani_mt, with the same greedy tokens; the
+    # card is the import's (source, license, citation), with no results of its own to require.
+    result = publish(imported, "USER/opus-mt-tiny", output=tmp_path / "hub", dry_run=True, log=lambda *_: None)
+    assert result["report"]["class"] == "VaswaniForConditionalGeneration" and result["url"] is None
+    assert {"source.spm", "target.spm", "vocab.json"} <= set(result["report"]["files"])
+    model, tokenizer = load_for_inference(str(imported), device="cpu", attn_implementation="eager")
+    text, _, notes = translate_for_demo(model, tokenizer, "The <b>house</b> is small.", terms="Haus", markup=True,
+                                        max_len_b=10)  # fmt: skip
+    assert "Haus" in text and text.count("<b>") == text.count("</b>") == 1 and "Haus ✓ met" in notes

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from vaswani_mt.hub.card import TAGS
+from vaswani_mt.hub.card import IMPORTED_TAG, TAGS
 from vaswani_mt.model.generation_vaswani import PAPER_SEARCH
 from vaswani_mt.system.messages import error_line
 
@@ -78,30 +78,38 @@ def _check_marian_folder(source: str, folder: Path) -> None:
         raise ModelImportError(f"{source} has no {', '.join(missing)}: the import needs the checkpoint's tokenizer")
 
 
-def _source_card(folder: Path) -> tuple[str | None, str]:
-    """(the license, the citation) that the source's card states, where it has a card."""
+def _source_card(folder: Path) -> tuple[dict, str]:
+    """(the metadata, the BibTeX citation) that the source's card states, where it has a card."""
     path = folder / "README.md"
     if not path.is_file():
-        return None, ""
+        return {}, ""
     card = ModelCard(path.read_text(encoding="utf-8"))
-    license_ = card.data.to_dict().get("license")
-    text = card.text
-    start = text.find("@")
+    text, start = card.text, card.text.find("@")
     citation = ""
-    if "bibtex" in text.lower() and start >= 0:
-        citation = text[start : text.find("```", start)].strip() if "```" in text[start:] else ""
-    return (license_ if isinstance(license_, str) else None), citation
+    if "bibtex" in text.lower() and start >= 0 and "```" in text[start:]:
+        citation = text[start : text.find("```", start)].strip()
+    return card.data.to_dict(), citation
 
 
-def import_card(source: str, folder: Path, config, generation_config) -> str:
-    """The imported folder's README.md: what it is, where it came from, its license and citation, how to use it."""
-    license_, citation = _source_card(folder)
+# The card's widget examples where the source's card has none and the source language is English.
+_ENGLISH_EXAMPLES = ["The house is small.", "How are you today?"]
+
+
+def import_card(source: str, folder: Path, config, generation_config, tokenizer) -> str:
+    """The imported folder's README.md: what it is, where it came from, its license and citation, its languages (the
+    tokenizer's) and widget examples, how to use it."""
+    metadata, citation = _source_card(folder)
+    license_ = metadata.get("license") if isinstance(metadata.get("license"), str) else None
     opus = source.startswith("Helsinki-NLP/")  # OPUS-MT's own repositories (a card, where there is one, says more)
     license_ = license_ or (OPUS_MT_LICENSE if opus else "other")
     citation = citation or (OPUS_MT_CITATION if opus else "")
     base = source if len(Path(source).parts) == 2 and not Path(source).expanduser().exists() else None
+    languages = [getattr(tokenizer, "source_lang", None), getattr(tokenizer, "target_lang", None)]
+    english = [{"text": text} for text in _ENGLISH_EXAMPLES] if languages[0] in ("en", "eng") else None
+    widget = metadata.get("widget") or english
     data = ModelCardData(license=license_, library_name="transformers", pipeline_tag="translation",
-                         tags=[*TAGS, "opus-mt", "marian"], base_model=base)  # fmt: skip
+                         language=languages if all(languages) else None, widget=widget,
+                         tags=[*TAGS, IMPORTED_TAG, "opus-mt", "marian"], base_model=base)  # fmt: skip
     beams, alpha = generation_config.num_beams, generation_config.length_penalty
     unstated = "" if license_ != "other" else ": the source states none here; check it before you publish"
     cite = f"\n## Citation\n\nCite the source model:\n\n```bibtex\n{citation}\n```\n" if citation else ""
@@ -153,7 +161,7 @@ def import_model(source: str, output: str | os.PathLike) -> Path:
     with written_whole(output) as staging:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        card = import_card(str(source), folder, model.config, model.generation_config)
+        card = import_card(str(source), folder, model.config, model.generation_config, tokenizer)
         (Path(staging) / "README.md").write_text(card, encoding="utf-8")
     return Path(output)
 
