@@ -20,6 +20,8 @@ from vaswani_mt.hub.importing import ModelImportError, import_model
 from vaswani_mt.inference.loading import load_for_inference
 from vaswani_mt.model.pipeline_vaswani import encode_source
 
+pytestmark = pytest.mark.transformers_internals  # MarianMTModel and MarianTokenizer: their code, their versions
+
 BATCH = 64
 
 
