@@ -218,10 +218,16 @@ def read_phrases(path: str) -> list[str]:
 
 def report_controls(report: ControlReport, lines: int) -> None:
     """One summary line on stderr for the lines whose controls were not all honoured (each was named already);
-    exits with status 1 where a line was not translated."""
+    exits with status 1 where a line was not translated or its markup could not be put back."""
     if report.unmet:
         print(f"warning: {len(report.unmet)} of {lines} lines miss a constraint (first: line {min(report.unmet)})",
               file=sys.stderr)  # fmt: skip
+    if report.unrestored:
+        first = min(report.unrestored)
+        print(f"error: {len(report.unrestored)} of {lines} lines written as their source: their markup could not be "
+              f"put back (first: line {first}: {report.unrestored[first]})", file=sys.stderr)  # fmt: skip
+        if not report.failed:
+            sys.exit(1)
     if report.failed:
         sys.exit(f"error: {len(report.failed)} of {lines} lines not translated: bad constraints or target prefixes "
                  f"(first: line {min(report.failed)}: {report.failed[min(report.failed)]})")  # fmt: skip

@@ -5,7 +5,8 @@ A line is read as XML or HTML text with inline elements (docs/markup.md):
 1. Taken out of the text: tags (`<b>`, `<a href="...">`, `<span ...>`; void tags: self-closing `<br/>`, and HTML's
    `<br>`, `<img ...>`, `<hr>`, `<wbr>`, `<input ...>` written without the slash), comments (`<!-- ... -->`) and
    CDATA sections, placeholders (`{0}`, `{name}`, `{{name}}`, `%s`, `%d`, `%1$s`) and the format strings' literals
-   `%%`, `{{`, `}}`. Entities become their characters; space entities (`&nbsp;`, `&#160;`, `&thinsp;`, ...) become
+   `%%`, `{{`, `}}`; a word of placeholders and literals with punctuation only (`"%s.%s"`, `'%s'`, `(%d)`) is one
+   point, as written. Entities become their characters; space entities (`&nbsp;`, `&#160;`, `&thinsp;`, ...) become
    spaces. A void tag, comment or CDATA section separates the words around it. What is left, the plain text, is
    translated with hard word alignments (alignments.py; words are whitespace-separated). A `<` that starts no tag
    and a `&` that starts no entity are text.
@@ -21,7 +22,7 @@ A line is read as XML or HTML text with inline elements (docs/markup.md):
    the source, where source and target have as many); one written against the word before it (`100%%`) follows that
    word's first target word, one against the word after it (`{{x`) goes before that word's first target word; else
    a placeholder goes before the first target word of the source word after it, any other point after the first
-   target word of the source word before it. Each comes out exactly once, written as in the source, with the spaces
+   target word of the source word before (or holding) it. Each comes out exactly once, written as in the source, with the spaces
    the source had around it.
 4. A space entity between two words goes back, as written, in place of the space before the first target word of
    the word after it (at the edge of the line it is a point).
@@ -226,14 +227,62 @@ class _Reader:
         return between
 
 
+@dataclass
+class _Glued:
+    """Placeholders and literals glued into one word with nothing but punctuation (`"%s.%s"`, `'%.250s'`, `(%d)`):
+    one point, its text as written (the model never sees the bare punctuation)."""
+
+    start: int
+    end: int
+    text: str
+
+    def span(self) -> tuple[int, int]:
+        return self.start, self.end
+
+    def group(self, _: int = 0) -> str:
+        return self.text
+
+
+def _tokens(line: str) -> list:
+    """`_TOKEN`'s matches of `line`, with each word of placeholders, literals and punctuation only as one `_Glued`."""
+    words = {word.span(): [] for word in _WORD.finditer(line)}
+    tokens: list = []
+    for match in _TOKEN.finditer(line):
+        word = next(((a, b) for a, b in words if a <= match.start() and match.end() <= b), None)
+        if word is None:  # a token with spaces in it (a tag's attributes, a comment)
+            tokens.append(match)
+            continue
+        if not words[word]:
+            tokens.append(word)  # where the word's tokens go
+        words[word].append(match)
+    glued: list = []
+    for token in tokens:
+        if not isinstance(token, tuple):
+            glued.append(token)
+            continue
+        (start, end), inside = token, words[token]
+        rest = "".join(line[a:b] for a, b in zip([start] + [m.end() for m in inside],
+                                                 [m.start() for m in inside] + [end], strict=True))  # fmt: skip
+        if (all(m["placeholder"] or m["literal"] for m in inside) and (rest or len(inside) > 1)
+                and not any(c.isalnum() or c in "<&" for c in rest)):  # fmt: skip
+            glued.append(_Glued(start, end, line[start:end]))
+        else:
+            glued += inside
+    return glued
+
+
 def parse_markup(line: str) -> MarkupPlan:
     """`line` taken apart (the module's docstring); a broken line's plan says why and translates the line whole."""
     reader = _Reader(line)
     position = 0
-    for match in _TOKEN.finditer(line):
-        reader.add_text(line[position : match.start()])
-        position = match.end()
-        if broken := reader.read(match):
+    for match in _tokens(line):
+        start, end = match.span()
+        reader.add_text(line[position:start])
+        position = end
+        if isinstance(match, _Glued):
+            reader.marked = True
+            reader.add_point(match, True)
+        elif broken := reader.read(match):
             return MarkupPlan(line, line, broken=broken)
     reader.add_text(line[position:])
     if reader.stack:
@@ -329,9 +378,9 @@ class _Alignment:
         return linked[0] if linked else None
 
     def after_word(self, at: int) -> int:
-        """After the first target word of the source word that ends before character `at` (or of the nearest linked
-        one); 0 where there is none."""
-        before = self.words_before(at)
+        """After the first target word of the source word that ends before character `at`, or holds it (or of the
+        nearest linked one); 0 where there is none."""
+        before = [k for k, (a, b) in enumerate(self.spans) if a < at]
         t = self.first_target(before[-1]) if before else None
         return 0 if t is None else t + 1
 
@@ -378,10 +427,12 @@ def _after_punctuation(item: _Point, alignment: _Alignment, low: int, high: int)
     text, spans = alignment.text, alignment.spans
     if item.before or not item.at or text[item.at - 1] not in _PUNCTUATION:
         return None
+    if not any(b == item.at for a, b in spans):  # the mark is inside a word (`a.%s.b`), not at its end
+        return None
     mark = text[item.at - 1]
     count = sum(text[b - 1] == mark for a, b in spans if b <= item.at)
     ending = [t for t, word in enumerate(alignment.words) if word.endswith(mark)]
-    if len(ending) != sum(text[b - 1] == mark for a, b in spans) or count > len(ending):
+    if len(ending) != sum(text[b - 1] == mark for a, b in spans) or not 0 < count <= len(ending):
         return None
     place = ending[count - 1] + 1
     return place if low <= place <= high + 1 else None
@@ -407,6 +458,8 @@ def _point_place(item: _Point, alignment: _Alignment, low: int, high: int) -> in
 def _spaced(item: _Point, place: int, alignment: _Alignment) -> _Point:
     """`item`, with a space where the source glued it to a word whose translation starts or ends otherwise."""
     text, spans, words = alignment.text, alignment.spans, alignment.words
+    if any(a < item.at < b for a, b in spans):  # inside a word (`file%sname`): after its translation, spaced
+        item = dataclasses.replace(item, after=True)
     after = [a for a, b in spans if a >= item.at] if not item.after else []
     before = [b for a, b in spans if b <= item.at] if not item.before else []
     if after and place < len(words) and words[place][:1] != text[after[0]]:

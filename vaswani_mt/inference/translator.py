@@ -125,7 +125,7 @@ class Translator:
             while chunk := next_chunk(lines, size, ready):
                 if controls is not None:
                     chunk = _read_controls(chunk, controls, tabbed, terms, prefixes, done + 1)
-                outputs = self._chunk(chunk, done + 1, controls, bar, resume.done)
+                outputs = self._chunk(chunk, done + 1, controls, bar, resume.done, report)
                 for k, output in enumerate(outputs):
                     try:
                         yield output
@@ -139,8 +139,9 @@ class Translator:
             warn_no_tabs(done - first_line + 1)
 
     def _chunk(self, sentences: list[str], first_line: int, controls: LineControls | None, bar,
-               stored: Mapping[int, object]) -> list:  # fmt: skip
-        """The final outputs of one chunk, its lines numbered from `first_line`; those `stored` has are its own."""
+               stored: Mapping[int, object], report: ControlReport | None = None) -> list:  # fmt: skip
+        """The final outputs of one chunk, its lines numbered from `first_line`; those `stored` has are its own;
+        `report` gets the lines whose markup could not be put back."""
         plans = take_out_markup(sentences, first_line) if self.options.markup else None
         texts = [plan.text for plan in plans] if plans is not None else sentences
         nbest = self.options.nbest
@@ -174,24 +175,37 @@ class Translator:
                     bar.update(len(rows))
         except TranslationInterrupted as stop:
             lead = next((i for i in range(len(texts)) if i not in finished), len(texts))
-            final = [kept[i] if i in kept else self._final(texts, plans, results, i) for i in range(len(texts))]
+            final = [kept[i] if i in kept else self._final(texts, plans, results, i, (first_line, report))
+                     for i in range(len(texts))]  # fmt: skip
             stop.done = final[:lead]
             stop.later = {first_line + i: final[i] for i in sorted(finished) if i > lead}
             raise
         if bar is not None:
             bar.update(len(blank))
-        return [kept[i] if i in kept else self._final(texts, plans, results, i) for i in range(len(texts))]
+        return [kept[i] if i in kept else self._final(texts, plans, results, i, (first_line, report))
+                for i in range(len(texts))]  # fmt: skip
 
-    def _final(self, texts: list[str], plans, results: list, i: int):
+    def _final(self, texts: list[str], plans, results: list, i: int, where: tuple = (1, None)):
         """Line i's output after the stages: an empty aligned translation for a blank or refused line, then the
-        markup put back."""
+        markup put back; where that fails, the line is its source, reported by number (`where`: the chunk's first
+        line and the `ControlReport`, or None) in one line: one line's failure is that line's."""
         result, kind = results[i], self._search.alignments
         if kind is not None:
             if isinstance(result, str) and not isinstance(result, AlignedTranslation):
                 result = empty_aligned(texts[i], kind)
             elif isinstance(result, list) and not isinstance(result[0].text, AlignedTranslation):
                 result = [h._replace(text=empty_aligned(texts[i], kind)) for h in result]
-        return restore(plans[i], result) if plans is not None else result
+        if plans is None:
+            return result
+        try:
+            return restore(plans[i], result)
+        except Exception as error:  # any bug in putting one line's markup back stays that line's
+            first_line, report = where
+            reason = f"{type(error).__name__}: {error}"
+            logger.error("line %d: markup not put back (%s): written as its source", first_line + i, reason)
+            if report is not None:
+                report.unrestored[first_line + i] = reason
+            return plans[i].line
 
     def _batches(self, texts: list[str], todo: list[int], encoded: dict, first_line: int) -> list[list[int]]:
         """The lines `todo` in batches: by `max_tokens`, or longest first `batch_size` at a time, so that a batch
