@@ -310,9 +310,10 @@ def main(argv: list[str] | None = None) -> None:
         "model, else mean (measured best by benchmarks/alignments.py)",
     )  # fmt: skip
     parser.add_argument(
-        "--markup", choices=("xml",), default=None,
-        help="inline tags (<b>, <a href=...>, <br/>), entities and placeholders ({0}, %%s) carried through by word "
-        "alignment (docs/markup.md); a line with broken markup is translated as plain text, with a warning",
+        "--markup", choices=("xml", "directives"), default=None,
+        help="xml: inline tags (<b>, <a href=...>, <br/>), entities and format directives ({0}, %%s, %%.250s, "
+        "%%(name)s) carried through by word alignment (docs/markup.md); a line with broken markup is translated as "
+        "plain text, with a warning; directives: the format directives only (no tags or entities)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.batch_size is None and args.max_tokens is None:

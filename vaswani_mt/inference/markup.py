@@ -4,7 +4,8 @@ A line is read as XML or HTML text with inline elements (docs/markup.md):
 
 1. Taken out of the text: tags (`<b>`, `<a href="...">`, `<span ...>`; void tags: self-closing `<br/>`, and HTML's
    `<br>`, `<img ...>`, `<hr>`, `<wbr>`, `<input ...>` written without the slash), comments (`<!-- ... -->`) and
-   CDATA sections, placeholders (`{0}`, `{name}`, `{{name}}`, `%s`, `%d`, `%1$s`) and the format strings' literals
+   CDATA sections, placeholders (format directives by their grammars, directives.py: `%s`, `%.250s`, `%1$lu`,
+   `%(name)s`, `{0}`, `{name!r:>10}`, `{{name}}`, and with a gettext flag Qt's `%1`, shell's `$VAR`) and literals
    `%%`, `{{`, `}}`; a word of placeholders and literals with punctuation only (`"%s.%s"`, `'%s'`, `(%d)`) is one
    point, as written. Entities become their characters; space entities (`&nbsp;`, `&#160;`, `&thinsp;`, ...) become
    spaces. A void tag, comment or CDATA section separates the words around it. What is left, the plain text, is
@@ -22,8 +23,8 @@ A line is read as XML or HTML text with inline elements (docs/markup.md):
    the source, where source and target have as many); one written against the word before it (`100%%`) follows that
    word's first target word, one against the word after it (`{{x`) goes before that word's first target word; else
    a placeholder goes before the first target word of the source word after it, any other point after the first
-   target word of the source word before (or holding) it. Each comes out exactly once, written as in the source, with the spaces
-   the source had around it.
+   target word of the source word before (or holding) it. Each comes out exactly once, written as in the source,
+   with the spaces the source had around it; directives without a number (`%s`, `{}`) in their source order.
 4. A space entity between two words goes back, as written, in place of the space before the first target word of
    the word after it (at the edge of the line it is a point).
 5. The output is the target words joined by spaces, `&`, `<` and `>` escaped, with the markup put back: well-formed
@@ -39,6 +40,7 @@ affected.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
 import logging
 import re
@@ -47,6 +49,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from vaswani_mt.inference.directives import PLAIN, Glued, directives, escape_word, glue, in_order, patterns
+
 if TYPE_CHECKING:  # annotations only: taking markup out and checking it needs no torch
     import torch
 
@@ -54,14 +58,23 @@ logger = logging.getLogger(__name__)
 
 _NAME = r"[A-Za-z_][\w:.-]*"
 _ATTRIBUTES = r"""(?:\s+[^\s<>"'/=]+(?:\s*=\s*(?:"[^"<]*"|'[^'<]*'|[^\s"'<>=`]+))?)*"""
-_TOKEN = re.compile(
-    r"(?P<comment><!--.*?-->|<!\[CDATA\[.*?\]\]>)"
-    rf"|(?P<tag><(?P<close>/?)(?P<name>{_NAME})(?P<attrs>{_ATTRIBUTES})\s*(?P<empty>/?)>)"
-    r"|(?P<entity>&(?:#\d+|#[xX][0-9a-fA-F]+|[A-Za-z][A-Za-z0-9]*);)"
-    r"|(?P<literal>%%|\{\{(?!\s*[\w.]+\s*\}\})|\}\})"
-    r"|(?P<placeholder>\{\{\s*[\w.]+\s*\}\}|\{[A-Za-z0-9_]*\}|%(?:\d+\$)?[sdif])"
-    r"|(?P<stray>[<&])"
-)
+
+
+@functools.lru_cache(maxsize=64)
+def _token(formats: frozenset[str] = PLAIN, xml: bool = True) -> re.Pattern:
+    """The tokens of a line: tags, comments, entities and stray `<`, `&` (with `xml`), the literals and directives of
+    `formats` (directives.py)."""
+    directive, literal = patterns(formats)
+    markup = (r"(?P<comment><!--.*?-->|<!\[CDATA\[.*?\]\]>)"
+              rf"|(?P<tag><(?P<close>/?)(?P<name>{_NAME})(?P<attrs>{_ATTRIBUTES})\s*(?P<empty>/?)>)"
+              r"|(?P<entity>&(?:#\d+|#[xX][0-9a-fA-F]+|[A-Za-z][A-Za-z0-9]*);)")  # fmt: skip
+    if not xml:
+        markup = "(?P<comment>(?!))|(?P<tag>(?!)(?P<close>)(?P<name>)(?P<attrs>)(?P<empty>))|(?P<entity>(?!))"
+    stray = "[<&]" if xml else "(?!)"
+    return re.compile(f"{markup}|(?P<literal>{literal})|(?P<placeholder>{directive})|(?P<stray>{stray})")
+
+
+_TOKEN = _token()
 _VOID = {"br", "img", "hr", "wbr", "input"}  # HTML elements without content, written without `/>`
 _XML_ENTITIES = {"amp", "lt", "gt", "quot", "apos"}
 _PUNCTUATION = ".,;:!?"
@@ -119,6 +132,8 @@ class MarkupPlan:
     joints: list[_Joint] = field(default_factory=list)
     html: bool = False
     strays: list[str] = field(default_factory=list)
+    formats: frozenset[str] = PLAIN
+    xml: bool = True
 
 
 @dataclass
@@ -227,59 +242,17 @@ class _Reader:
         return between
 
 
-@dataclass
-class _Glued:
-    """Placeholders and literals glued into one word with nothing but punctuation (`"%s.%s"`, `'%.250s'`, `(%d)`):
-    one point, its text as written (the model never sees the bare punctuation)."""
-
-    start: int
-    end: int
-    text: str
-
-    def span(self) -> tuple[int, int]:
-        return self.start, self.end
-
-    def group(self, _: int = 0) -> str:
-        return self.text
-
-
-def _tokens(line: str) -> list:
-    """`_TOKEN`'s matches of `line`, with each word of placeholders, literals and punctuation only as one `_Glued`."""
-    words = {word.span(): [] for word in _WORD.finditer(line)}
-    tokens: list = []
-    for match in _TOKEN.finditer(line):
-        word = next(((a, b) for a, b in words if a <= match.start() and match.end() <= b), None)
-        if word is None:  # a token with spaces in it (a tag's attributes, a comment)
-            tokens.append(match)
-            continue
-        if not words[word]:
-            tokens.append(word)  # where the word's tokens go
-        words[word].append(match)
-    glued: list = []
-    for token in tokens:
-        if not isinstance(token, tuple):
-            glued.append(token)
-            continue
-        (start, end), inside = token, words[token]
-        rest = "".join(line[a:b] for a, b in zip([start] + [m.end() for m in inside],
-                                                 [m.start() for m in inside] + [end], strict=True))  # fmt: skip
-        if (all(m["placeholder"] or m["literal"] for m in inside) and (rest or len(inside) > 1)
-                and not any(c.isalnum() or c in "<&" for c in rest)):  # fmt: skip
-            glued.append(_Glued(start, end, line[start:end]))
-        else:
-            glued += inside
-    return glued
-
-
-def parse_markup(line: str) -> MarkupPlan:
-    """`line` taken apart (the module's docstring); a broken line's plan says why and translates the line whole."""
-    reader = _Reader(line)
+def parse_markup(line: str, formats: frozenset[str] = PLAIN, xml: bool = True) -> MarkupPlan:
+    """`line` taken apart (the module's docstring); a broken line's plan says why and translates the line whole.
+    `formats`: the format directives it may hold (directives.py); `xml=False`: directives only, no tags or entities
+    (a gettext entry without `--markup xml`)."""
+    reader = _Reader(line, marked=formats != PLAIN)  # a gettext flag: what the model writes is escaped
     position = 0
-    for match in _tokens(line):
+    for match in glue(line, _token(formats, xml).finditer(line)):
         start, end = match.span()
         reader.add_text(line[position:start])
         position = end
-        if isinstance(match, _Glued):
+        if isinstance(match, Glued):
             reader.marked = True
             reader.add_point(match, True)
         elif broken := reader.read(match):
@@ -295,13 +268,16 @@ def parse_markup(line: str) -> MarkupPlan:
             item.edge = "end"
     between = reader.joints_between_words(text)
     points = [item for _, item in sorted(zip(reader.order, reader.points, strict=True), key=lambda pair: pair[0])]
-    return MarkupPlan(line, text, reader.pairs, points, None, reader.marked, between, reader.html, reader.strays)
+    return MarkupPlan(line, text, reader.pairs, points, None, reader.marked, between, reader.html, reader.strays,
+                      formats, xml)  # fmt: skip
 
 
-def take_out_markup(lines: Sequence[str], first_line: int = 1) -> list[MarkupPlan]:
-    """`parse_markup` of each line, a warning naming each broken one, and each stray `<` or `&` of a line with markup
-    (lines numbered from `first_line`)."""
-    plans = [parse_markup(line) for line in lines]
+def take_out_markup(lines: Sequence[str], first_line: int = 1, formats: Sequence | None = None,
+                    xml: bool = True) -> list[MarkupPlan]:  # fmt: skip
+    """`parse_markup` of each line (with its `formats`, a frozenset per line, None: `PLAIN`), a warning naming each
+    broken one, and each stray `<` or `&` of a line with markup (lines numbered from `first_line`)."""
+    formats = formats if formats is not None else [PLAIN] * len(lines)
+    plans = [parse_markup(line, kinds or PLAIN, xml) for line, kinds in zip(lines, formats, strict=True)]
     for number, plan in enumerate(plans, first_line):
         if plan.broken:
             logger.warning("line %d: broken markup (%s): translated as plain text", number, plan.broken)
@@ -482,6 +458,13 @@ def _placed_children(plan: MarkupPlan, alignment: _Alignment, span: dict) -> dic
             if pair.parent == item.parent and first < place <= last:
                 place = last + 1
         children.setdefault(item.parent, []).append((place, 2 if item.edge == "end" else 0, item))  # the end: last
+    for placed in children.values():  # directives without a number take their arguments in order: they keep it
+        ordered = [j for j, (_, _, item) in enumerate(placed) if isinstance(item, _Point)
+                   and in_order(item.text, plan.formats)]  # fmt: skip
+        slots = sorted(ordered, key=lambda j: (placed[j][0], placed[j][1], j))
+        items = [placed[j][2] for j in ordered]  # in source order
+        for j, item in zip(slots, items, strict=True):
+            placed[j] = (placed[j][0], placed[j][1], item)
     return children
 
 
@@ -507,7 +490,25 @@ def restore(plan: MarkupPlan, translation) -> str:
     alignment = _Alignment.of(plan.text, translation)
     span = _pair_spans(plan, alignment)
     children = _placed_children(plan, alignment, span)
-    return _render(plan, alignment.words, span, children, _placed_joints(plan, alignment))
+    output = _render(plan, alignment.words, span, children, _placed_joints(plan, alignment))
+    if sorted(directives(output, plan.formats, False)) != sorted(directives(plan.line, plan.formats, False)):
+        words = [_escaped(plan, word) for word in alignment.words]
+        raise UnplacedDirectives(" ".join([*words, *(item.text for item in plan.points)]) if not plan.pairs else None)
+    return output
+
+
+class UnplacedDirectives(ValueError):
+    """A line whose format directives could not all be placed: `output`, its translation with every point at the
+    end, in source order (None where it has tag pairs: it is written as its source)."""
+
+    def __init__(self, output: str | None):
+        super().__init__("format directives could not all be placed")
+        self.output = output
+
+
+def _escaped(plan: MarkupPlan, word: str) -> str:
+    """A target word as written: `&`, `<`, `>` escaped (XML), what would read as a directive made literal."""
+    return escape_word(html.escape(word, quote=False) if plan.xml else word, plan.formats)
 
 
 def _render(plan: MarkupPlan, words: list[str], span: dict, children: dict, joints: dict[int, str]) -> str:
@@ -518,7 +519,7 @@ def _render(plan: MarkupPlan, words: list[str], span: dict, children: dict, join
 
     def emit_words(start: int, stop: int) -> None:
         for k in range(start, stop):
-            pieces.append(("word", html.escape(words[k], quote=False), k))
+            pieces.append(("word", _escaped(plan, words[k]), k))
 
     def render(node: int | None) -> None:
         first, last = span[node]
@@ -604,6 +605,7 @@ def well_formed(text: str, html: bool = False) -> bool:
 
 __all__ = [
     "MarkupPlan",
+    "UnplacedDirectives",
     "comments",
     "parse_markup",
     "placeholders",

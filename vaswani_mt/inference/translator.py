@@ -22,7 +22,7 @@ from vaswani_mt.inference.alignments import AlignedTranslation, empty_aligned
 from vaswani_mt.inference.backends import Backend, Batch, TorchBackend
 from vaswani_mt.inference.batching import token_budget_batches
 from vaswani_mt.inference.controls import ControlReport, LineControls, block_kwargs, split_constrained_line
-from vaswani_mt.inference.markup import restore, take_out_markup
+from vaswani_mt.inference.markup import UnplacedDirectives, restore, take_out_markup
 from vaswani_mt.inference.options import Hypothesis, TranslationOptions
 from vaswani_mt.model.pipeline_vaswani import encode_source
 from vaswani_mt.system.signals import TranslationInterrupted
@@ -75,6 +75,7 @@ class Translator:
     back) or, with `nbest`, a list of `Hypothesis`. Per-line controls come with the lines: `terms` (a list of terms
     per line; without it, with `options.constraints`, each line is fairseq's `source<TAB>term<TAB>...`) and
     `prefixes` (a target prefix per line, "" for none), read along with them; `report` gets what the controls did.
+    With `markup`, a line that is a `directives.Formatted` has its own format directives (a gettext entry's flags).
     """
 
     def __init__(self, model, tokenizer=None, options: TranslationOptions | None = None, **fields):
@@ -142,7 +143,10 @@ class Translator:
                stored: Mapping[int, object], report: ControlReport | None = None) -> list:  # fmt: skip
         """The final outputs of one chunk, its lines numbered from `first_line`; those `stored` has are its own;
         `report` gets the lines whose markup could not be put back."""
-        plans = take_out_markup(sentences, first_line) if self.options.markup else None
+        plans = None
+        if self.options.markup:
+            formats = [getattr(line, "formats", None) for line in sentences]  # a `Formatted` line's own
+            plans = take_out_markup(sentences, first_line, formats, xml=self.options.markup == "xml")
         texts = [plan.text for plan in plans] if plans is not None else sentences
         nbest = self.options.nbest
         results: list = [""] * len(texts) if nbest is None else [[Hypothesis("", 0.0, 0.0)] * nbest for _ in texts]
@@ -199,13 +203,20 @@ class Translator:
             return result
         try:
             return restore(plans[i], result)
-        except Exception as error:  # any bug in putting one line's markup back stays that line's
-            first_line, report = where
-            reason = f"{type(error).__name__}: {error}"
-            logger.error("line %d: markup not put back (%s): written as its source", first_line + i, reason)
-            if report is not None:
-                report.unrestored[first_line + i] = reason
-            return plans[i].line
+        except UnplacedDirectives as unplaced:
+            if unplaced.output is not None:
+                logger.warning("line %d: format directives could not all be placed: put at the end, in source order",
+                               where[0] + i)  # fmt: skip
+                return unplaced.output
+            error: Exception = unplaced
+        except Exception as failed:  # any bug in putting one line's markup back stays that line's
+            error = failed
+        first_line, report = where
+        reason = f"{type(error).__name__}: {error}"
+        logger.error("line %d: markup not put back (%s): written as its source", first_line + i, reason)
+        if report is not None:
+            report.unrestored[first_line + i] = reason
+        return plans[i].line
 
     def _batches(self, texts: list[str], todo: list[int], encoded: dict, first_line: int) -> list[list[int]]:
         """The lines `todo` in batches: by `max_tokens`, or longest first `batch_size` at a time, so that a batch
