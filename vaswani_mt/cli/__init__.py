@@ -111,3 +111,98 @@ def check_compute_type(args: argparse.Namespace) -> None:
         resolve_compute_type(args.compute_type)
     except ValueError as error:
         sys.exit(f"error: --compute_type: {error}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# translate.py's gettext catalogs (`--input app.pot --output de.po`, inference/catalogs.py): its options and its run.
+
+CATALOG_SUFFIXES = (".po", ".pot")
+
+
+def add_catalog_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--format", choices=("text", "po"), default=None,
+        help="the input's format: text (one sentence per line) or po, a gettext catalog (.po or .pot) translated "
+        "entry by entry into a .po, its format directives kept and the machine translations marked fuzzy (default: "
+        "po for an --input ending in .po or .pot, else text)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--language", default=None, metavar="LL",
+        help="a catalog's target language, for its Language and Plural-Forms headers (default: the catalog's "
+        "Language, else the model card's target language)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--retranslate", action="store_true",
+        help="a catalog's fuzzy entries are translated again too (default: only the empty ones; reviewed ones are "
+        "always kept)",
+    )  # fmt: skip
+
+
+def catalog_format(args: argparse.Namespace) -> str:
+    """ "po" or "text": --format, else by --input's extension."""
+    if args.format:
+        return args.format
+    return "po" if args.input and Path(args.input).suffix.lower() in CATALOG_SUFFIXES else "text"
+
+
+def catalog_arguments(args: argparse.Namespace) -> None:
+    """A catalog's arguments checked before anything loads (one line, `error: ...`), and --markup set: a catalog's
+    format directives are always kept (`directives`, or `xml` where given)."""
+    if not args.input:
+        sys.exit("error: --format po reads a catalog file: give --input (a .pot or .po)")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        sys.exit("error: a gettext catalog is translated by one process: run it without accelerate launch")
+    refused = [name for name in ("constraints", "target_prefix_file", "nbest", "alignments") if getattr(args, name)]
+    if refused:
+        sys.exit(f"error: --{refused[0]} does not go with a gettext catalog (--format po)")
+    args.markup = args.markup or "directives"
+
+
+def _card_language(model: str) -> list[str]:
+    """The model card's target language (`language: [source, target]` in the folder's README.md), if any."""
+    from vaswani_mt.hub.card import split_card
+
+    try:
+        metadata, _ = split_card((Path(model) / "README.md").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    languages = metadata.get("language") if isinstance(metadata, dict) else None
+    return [str(languages[1])] if isinstance(languages, list) and len(languages) == 2 else []
+
+
+def translate_catalog_file(args: argparse.Namespace, options) -> None:
+    """Translates the catalog --input into --output (or standard output); what cannot be done is one line, `error:
+    ...`. The output appears whole once every entry is done (OUTPUT.partial until then); a stop by a signal writes
+    nothing and says so."""
+    from vaswani_mt.cli.translate import load_translator, report_controls
+    from vaswani_mt.inference.catalogs import catalog_language, read_catalog, translate_catalog
+    from vaswani_mt.inference.controls import ControlReport
+    from vaswani_mt.system.signals import TranslationInterrupted, interruptible
+
+    try:
+        catalog = read_catalog(args.input)
+        language = catalog_language(catalog, args.language, _card_language(args.model[0]))
+    except ValueError as error:
+        sys.exit(f"error: {error}")
+    with interruptible():
+        translator = load_translator(args, options)
+    report = ControlReport()
+    try:
+        run = translate_catalog(translator, catalog, language, retranslate=args.retranslate, report=report,
+                                progress=True)  # fmt: skip
+    except TranslationInterrupted as stop:
+        print(f"interrupted: nothing written to {args.output or '<stdout>'}; run the same command again",
+              file=sys.stderr)  # fmt: skip
+        sys.exit(128 + stop.signum)
+    except ValueError as error:
+        sys.exit(f"error: {error}")
+    if args.output:
+        partial = f"{args.output}.partial"
+        catalog.save(partial)
+        os.replace(partial, args.output)
+    else:
+        sys.stdout.write(str(catalog))
+        sys.stdout.flush()
+    print(f"{args.output or '<stdout>'}: {run.filled} entries translated (fuzzy), {run.kept} kept, "
+          f"{len(run.failed)} left empty", file=sys.stderr)  # fmt: skip
+    report_controls(report, run.lines)

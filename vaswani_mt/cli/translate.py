@@ -25,6 +25,7 @@ python scripts/translate.py --model outputs/run --input text.en --nbest 4 > text
 python scripts/translate.py --model outputs/run --input mono.de --sampling --seed 1 > mono.bt.en
 python scripts/translate.py --model outputs/run --input text.en --max_tokens 1200 > text.de
 printf 'The house is small.\\tGebäude\\n' | python scripts/translate.py --model outputs/run --constraints unordered
+python scripts/translate.py --model outputs/run --input app.pot --output de.po   # gettext: fuzzy entries
 """
 
 from __future__ import annotations
@@ -36,7 +37,16 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
-from vaswani_mt.cli import add_compute_type, check_compute_type, saved_search, start_command
+from vaswani_mt.cli import (
+    add_catalog_options,
+    add_compute_type,
+    catalog_arguments,
+    catalog_format,
+    check_compute_type,
+    saved_search,
+    start_command,
+    translate_catalog_file,
+)
 from vaswani_mt.model.constraints_vaswani import ORDERS  # loaded with vaswani_mt itself
 
 if TYPE_CHECKING:
@@ -269,7 +279,9 @@ def main(argv: list[str] | None = None) -> None:
         "CTranslate2 export (vaswani-mt-export --format ctranslate2), searched by CTranslate2 and ranked as ours "
         "(docs/export.md)",
     )
-    parser.add_argument("--input", help="text file, one sentence per line (default: standard input)")
+    parser.add_argument("--input", help="text file, one sentence per line (default: standard input); or a gettext "
+                        "catalog, .pot or .po (--format)")  # fmt: skip
+    add_catalog_options(parser)
     parser.add_argument(
         "--first_line", type=int, default=1, metavar="N",
         help="the number of the input's first line (default 1): a rerun from line N of a stopped run gives n-best "
@@ -318,8 +330,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.batch_size is None and args.max_tokens is None:
         args.batch_size = 32
+    if catalog_format(args) == "po":
+        catalog_arguments(args)
     options = starting_options(args)
     from vaswani_mt.system.signals import TranslationInterrupted, stopping_on_signals
+
+    if catalog_format(args) == "po":
+        with stopping_on_signals():
+            translate_catalog_file(args, options)
+        return
 
     written = 0
     try:

@@ -247,6 +247,8 @@ def parse_markup(line: str, formats: frozenset[str] = PLAIN, xml: bool = True) -
     `formats`: the format directives it may hold (directives.py); `xml=False`: directives only, no tags or entities
     (a gettext entry without `--markup xml`)."""
     reader = _Reader(line, marked=formats != PLAIN)  # a gettext flag: what the model writes is escaped
+    if formats != PLAIN:  # a gettext entry is XML only where it has tags, comments or entities
+        xml = xml and any(m["tag"] or m["comment"] or m["entity"] for m in _token(frozenset()).finditer(line))
     position = 0
     for match in glue(line, _token(formats, xml).finditer(line)):
         start, end = match.span()
@@ -603,15 +605,5 @@ def well_formed(text: str, html: bool = False) -> bool:
     return True
 
 
-__all__ = [
-    "MarkupPlan",
-    "UnplacedDirectives",
-    "comments",
-    "parse_markup",
-    "placeholders",
-    "restore",
-    "restore_markup",
-    "tags",
-    "take_out_markup",
-    "well_formed",
-]
+__all__ = ["MarkupPlan", "UnplacedDirectives", "comments", "parse_markup", "placeholders", "restore", "restore_markup",
+           "tags", "take_out_markup", "well_formed"]  # fmt: skip

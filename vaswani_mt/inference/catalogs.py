@@ -1,0 +1,169 @@
+"""Gettext catalogs translated as localizers have them: a .pot (or a .po) in, a .po out (`translate.py --input
+app.pot --output de.po`, docs/markup.md). Read and written with polib, entry by entry, so that what a translation
+does not touch comes back as it was: msgctxt, translator and extracted comments, references, flags, previous
+msgids, obsolete entries, the order.
+
+- Each empty msgstr is filled (with `retranslate`, each fuzzy one too); a msgstr already there is kept.
+- Each msgid is translated with its format directives kept exactly (directives.py, by the entry's flags: `c-format`,
+  `python-format`, `python-brace-format`, `qt-format`, `sh-format`; without one, by the plain grammars); a msgid of
+  several lines line by line, each line's leading and trailing spaces kept, so that msgfmt's checks of `\\n` hold.
+- `msgid_plural`: msgstr[0] is the msgid's translation, every other form the plural's, as many as the target
+  language's `Plural-Forms` has (the header is set for it: `Language`, `Plural-Forms`, UTF-8).
+- Machine translations are marked `fuzzy`, gettext's flag for text no one has reviewed yet.
+- An entry whose directives or markup could not be put back is left empty (and reported, `ControlReport.unrestored`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from vaswani_mt.inference.controls import ControlReport
+from vaswani_mt.inference.directives import Formatted, formats_of
+
+logger = logging.getLogger(__name__)
+
+# GNU gettext's Plural-Forms by language (the gettext manual, "Plural forms"; CLDR agrees on these).
+_PLURALS = {
+    "nplurals=1; plural=0;": "ja ko zh vi th id ms lo km my",
+    "nplurals=2; plural=(n != 1);": "en de nl sv da no nb nn fo is es it pt bg el fi et hu he eo ca gl eu af sq tr "
+    "az ka hi bn ta te ur fa sw",
+    "nplurals=2; plural=(n > 1);": "fr oc pt_BR",
+    "nplurals=3; plural=(n%10==1 && n%100!=11 ? 0 : n%10>=2 && n%10<=4 && (n%100<10 || n%100>=20) ? 1 : 2);": "ru uk "
+    "be sr hr bs",
+    "nplurals=3; plural=(n==1 ? 0 : n%10>=2 && n%10<=4 && (n%100<10 || n%100>=20) ? 1 : 2);": "pl",
+    "nplurals=3; plural=((n==1) ? 0 : (n>=2 && n<=4) ? 1 : 2);": "cs sk",
+    "nplurals=3; plural=(n%10==1 && n%100!=11 ? 0 : n%10>=2 && (n%100<10 || n%100>=20) ? 1 : 2);": "lt",
+    "nplurals=3; plural=(n%10==1 && n%100!=11 ? 0 : n != 0 ? 1 : 2);": "lv",
+    "nplurals=3; plural=(n==1 ? 0 : (n==0 || (n%100 > 0 && n%100 < 20)) ? 1 : 2);": "ro",
+    "nplurals=4; plural=(n%100==1 ? 0 : n%100==2 ? 1 : n%100==3 || n%100==4 ? 2 : 3);": "sl",
+}
+PLURAL_FORMS = {language: forms for forms, languages in _PLURALS.items() for language in languages.split()}
+_NPLURALS = re.compile(r"nplurals\s*=\s*(\d+)")
+
+
+def plural_forms(language: str, header: str | None = None) -> str:
+    """The `Plural-Forms` header of `language` (`pt_BR`, `de_AT` and `de` alike): the catalog's own (`header`) where
+    it has a real one, else gettext's; ValueError, one line, for a language this table lacks."""
+    if header and _NPLURALS.search(header):
+        return header
+    for key in (language, language.split("_")[0].split("-")[0]):
+        if key in PLURAL_FORMS:
+            return PLURAL_FORMS[key]
+    raise ValueError(f"no Plural-Forms known for language {language!r}: give the catalog a 'Plural-Forms:' header")
+
+
+def nplurals(forms: str) -> int:
+    return int(_NPLURALS.search(forms).group(1))
+
+
+@dataclass
+class CatalogRun:
+    """What `translate_catalog` did: the entries `filled`, those `kept` (translated already), those `failed` (left
+    empty: their markup or directives could not be put back), the lines translated."""
+
+    filled: int = 0
+    kept: int = 0
+    failed: list[str] = field(default_factory=list)
+    lines: int = 0
+
+
+def _todo(entry, retranslate: bool) -> bool:
+    if entry.obsolete or not entry.msgid:
+        return False
+    empty = not any(entry.msgstr_plural.values()) if entry.msgid_plural else not entry.msgstr
+    return empty or (retranslate and entry.fuzzy)
+
+
+def _pieces(text: str) -> list[tuple[str, str, str]]:
+    """A msgid as (leading space, text, trailing space) per line."""
+    pieces = []
+    for line in text.split("\n"):
+        core = line.strip()
+        lead = line[: len(line) - len(line.lstrip())]
+        pieces.append((lead, core, line[len(lead) + len(core) :]))
+    return pieces
+
+
+def translate_catalog(translator, catalog, language: str, *, retranslate: bool = False,
+                      report: ControlReport | None = None, progress: bool = False) -> CatalogRun:  # fmt: skip
+    """Fills `catalog` (a `polib.POFile`) in place with `translator`'s translations (the module's docstring), for
+    target `language`. The translator's `markup` must be set ("directives", or "xml" for entries with tags)."""
+    header = catalog.metadata
+    forms = plural_forms(language, header.get("Plural-Forms"))
+    count, run = nplurals(forms), CatalogRun()
+    todo = [entry for entry in catalog if _todo(entry, retranslate)]
+    run.kept = sum(1 for entry in catalog if entry.msgid and not entry.obsolete) - len(todo)
+    lines, places = [], []  # places: (entry, which text, piece), which: None for msgid, "plural" for msgid_plural
+    for entry in todo:
+        formats = formats_of(entry.flags)
+        for which, text in ((None, entry.msgid), ("plural", entry.msgid_plural)):
+            if which == "plural" and not entry.msgid_plural:
+                continue
+            for lead, core, trail in _pieces(text):  # an empty line (a msgid's end "\n") is not translated
+                places.append((entry, which, lead, trail, len(lines) if core else None))
+                lines += [Formatted(core, formats)] if core else []
+    report = report if report is not None else ControlReport()
+    before = set(report.unrestored)
+    outputs = translator.translate(lines, report=report, progress=progress) if lines else []
+    failed = {id(entry) for entry, _, _, _, k in places if k is not None and k + 1 in set(report.unrestored) - before}
+    texts: dict[tuple[int, str | None], list[str]] = {}
+    for entry, which, lead, trail, k in places:
+        texts.setdefault((id(entry), which), []).append(lead + ("" if k is None else str(outputs[k])) + trail)
+    for entry in todo:
+        if id(entry) in failed:
+            run.failed.append(entry.msgid)
+            continue
+        singular = "\n".join(texts[(id(entry), None)])
+        if entry.msgid_plural:
+            plural = "\n".join(texts[(id(entry), "plural")])
+            entry.msgstr_plural = {k: singular if k == 0 and count > 1 else plural for k in range(count)}
+        else:
+            entry.msgstr = singular
+        if "fuzzy" not in entry.flags:
+            entry.flags.append("fuzzy")
+        run.filled += 1
+    run.lines = len(lines)
+    _set_header(catalog, language, forms)
+    return run
+
+
+def _set_header(catalog, language: str, forms: str) -> None:
+    """The header for the target language: Language, Plural-Forms, UTF-8, the revision date; a template's `fuzzy`
+    header flag dropped (msgfmt would ignore the header, charset and all)."""
+    metadata = catalog.metadata
+    metadata["Language"] = language
+    metadata["Plural-Forms"] = forms
+    metadata["Content-Type"] = "text/plain; charset=UTF-8"
+    metadata["Content-Transfer-Encoding"] = "8bit"
+    metadata["PO-Revision-Date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M+0000")
+    metadata.setdefault("MIME-Version", "1.0")
+    metadata["X-Generator"] = "vaswani_mt (machine translation: every entry it filled is fuzzy)"
+    catalog.metadata_is_fuzzy = False
+    catalog.encoding = "utf-8"
+
+
+def read_catalog(path: str):
+    """The catalog at `path` (a .po or .pot), read by polib; ValueError, one line, where it cannot be."""
+    import polib
+
+    try:
+        return polib.pofile(path, wrapwidth=78)
+    except (OSError, ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"cannot read the gettext catalog {path}: {error}") from error
+
+
+def catalog_language(catalog, given: str | None, fallback: Sequence[str] = ()) -> str:
+    """The target language: `given` (--language), else the catalog's `Language` header, else the first of `fallback`
+    (the model card's); ValueError, one line, where none is known."""
+    for language in (given, catalog.metadata.get("Language"), *fallback):
+        if language and language.strip() and language.strip() != "LANGUAGE":
+            return language.strip()
+    raise ValueError("the target language of the catalog is unknown: give --language (e.g. --language de)")
+
+
+__all__ = ["PLURAL_FORMS", "CatalogRun", "catalog_language", "nplurals", "plural_forms", "read_catalog",
+           "translate_catalog"]  # fmt: skip
