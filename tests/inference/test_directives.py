@@ -145,3 +145,10 @@ def test_a_formatted_line_is_read_by_its_own_formats(fitted):
     (output,) = translate(model, tokenizer, [Formatted(line, C_FORMAT)], markup="directives")
     assert directives(output, C_FORMAT, False) == ["% d"]
     assert "%" not in output.replace("% d", "", 1).replace("%%", "")  # any other `%` the model wrote is doubled
+
+
+def test_a_term_with_any_directive_is_no_typo(tokenizer):
+    from vaswani_mt.model.pipeline_vaswani import unusual_pieces
+
+    for directive in ("%.250s", "%(name)s", "%04X", "{name!r:>10}", "%<PRIu64>", "%lu"):
+        assert unusual_pieces(tokenizer, directive) is None, directive
