@@ -191,3 +191,41 @@ def test_a_catalog_refuses_what_it_cannot_take(fitted_folder, tmp_path, monkeypa
     assert code == "error: --nbest does not go with a gettext catalog (--format po)"
     _, code = run_catalog(fitted_folder, source, tmp_path / "x.po", monkeypatch, "--language", "xx")
     assert "no Plural-Forms known for language 'xx'" in code and not (tmp_path / "x.po").exists()
+
+
+def test_a_stopped_catalog_keeps_the_finished_entries_and_the_same_command_continues(fitted_folder, tmp_path,
+                                                                                    monkeypatch, capsys):  # fmt: skip
+    import signal
+
+    from vaswani_mt.cli import translate as command
+
+    load, calls = command.load_translator, []
+
+    def load_and_signal_at_batch_3(args, options):
+        translator = load(args, options)
+        generate = translator.backend.model.generate
+
+        def generate_and_signal(*a, **k):
+            calls.append(1)
+            if len(calls) == 3:
+                signal.raise_signal(signal.SIGTERM)
+            return generate(*a, **k)
+
+        monkeypatch.setattr(translator.backend.model, "generate", generate_and_signal)
+        return translator
+
+    source, target = tmp_path / "app.pot", tmp_path / "de.po"
+    source.write_text(HEADER + ENTRIES, encoding="utf-8")
+    extra = ("--language", "de", "--chunk_size", "1", "--num_beams", "1")
+    monkeypatch.setattr(command, "load_translator", load_and_signal_at_batch_3)
+    _, code = run_catalog(fitted_folder, source, target, monkeypatch, *extra)
+    assert code == 128 + signal.SIGTERM and not target.exists()
+    partial = polib.pofile(f"{target}.partial")
+    assert [bool(e.msgstr) for e in partial][:3] == [True, True, False] and len(partial.translated_entries()) == 0
+    assert "interrupted: 2 entries written to" in capsys.readouterr().err
+    monkeypatch.setattr(command, "load_translator", load)
+    _, code = run_catalog(fitted_folder, source, target, monkeypatch, *extra)
+    assert code is None and "continuing" in capsys.readouterr().err and not Path(f"{target}.partial").exists()
+    catalog = polib.pofile(str(target))
+    assert [e.msgstr for e in catalog][:2] == [e.msgstr for e in partial][:2] and not catalog.untranslated_entries()
+    check_with_msgfmt(target)

@@ -172,32 +172,38 @@ def _card_language(model: str) -> list[str]:
 
 def translate_catalog_file(args: argparse.Namespace, options) -> None:
     """Translates the catalog --input into --output (or standard output); what cannot be done is one line, `error:
-    ...`. The output appears whole once every entry is done (OUTPUT.partial until then); a stop by a signal writes
-    nothing and says so."""
+    ...`. The output appears whole once every entry is done (OUTPUT.partial until then). A stop by a signal leaves
+    the entries finished in OUTPUT.partial, and the same command continues from there (only empty msgstrs are
+    filled); to standard output it writes nothing."""
     from vaswani_mt.cli.translate import load_translator, report_controls
     from vaswani_mt.inference.catalogs import catalog_language, read_catalog, translate_catalog
     from vaswani_mt.inference.controls import ControlReport
     from vaswani_mt.system.signals import TranslationInterrupted, interruptible
 
+    partial = f"{args.output}.partial" if args.output else None
     try:
-        catalog = read_catalog(args.input)
+        catalog = _continued(read_catalog(args.input), partial, read_catalog)
         language = catalog_language(catalog, args.language, _card_language(args.model[0]))
     except ValueError as error:
         sys.exit(f"error: {error}")
-    with interruptible():
-        translator = load_translator(args, options)
     report = ControlReport()
     try:
+        with interruptible():
+            translator = load_translator(args, options)
         run = translate_catalog(translator, catalog, language, retranslate=args.retranslate, report=report,
                                 progress=True)  # fmt: skip
     except TranslationInterrupted as stop:
-        print(f"interrupted: nothing written to {args.output or '<stdout>'}; run the same command again",
-              file=sys.stderr)  # fmt: skip
+        run = getattr(stop, "run", None)
+        if partial and run is not None:
+            catalog.save(partial)
+            print(f"interrupted: {run.filled} entries written to {partial}; run the same command again to continue",
+                  file=sys.stderr)  # fmt: skip
+        else:
+            print(f"interrupted: nothing written to {args.output or '<stdout>'}", file=sys.stderr)
         sys.exit(128 + stop.signum)
     except ValueError as error:
         sys.exit(f"error: {error}")
-    if args.output:
-        partial = f"{args.output}.partial"
+    if partial:
         catalog.save(partial)
         os.replace(partial, args.output)
     else:
@@ -206,3 +212,20 @@ def translate_catalog_file(args: argparse.Namespace, options) -> None:
     print(f"{args.output or '<stdout>'}: {run.filled} entries translated (fuzzy), {run.kept} kept, "
           f"{len(run.failed)} left empty", file=sys.stderr)  # fmt: skip
     report_controls(report, run.lines)
+
+
+def _continued(catalog, partial: str | None, read):
+    """The catalog to fill: `partial`, a stopped run's output, where it holds the same entries as `catalog` (the
+    input), else `catalog`."""
+    if not partial or not os.path.isfile(partial):
+        return catalog
+    kept = read(partial)
+
+    def keys(entries) -> list:
+        return [(e.msgctxt, e.msgid, e.msgid_plural) for e in entries if not e.obsolete]
+
+    if keys(kept) != keys(catalog):
+        print(f"warning: {partial} holds other entries than the input: started over", file=sys.stderr)
+        return catalog
+    print(f"continuing {partial}", file=sys.stderr)
+    return kept

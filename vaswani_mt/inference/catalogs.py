@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from vaswani_mt.inference.controls import ControlReport
 from vaswani_mt.inference.directives import Formatted, formats_of
+from vaswani_mt.system.signals import TranslationInterrupted, interruptible
 
 logger = logging.getLogger(__name__)
 
@@ -106,14 +107,59 @@ def translate_catalog(translator, catalog, language: str, *, retranslate: bool =
             for lead, core, trail in _pieces(text):  # an empty line (a msgid's end "\n") is not translated
                 places.append((entry, which, lead, trail, len(lines) if core else None))
                 lines += [Formatted(core, formats)] if core else []
+    run.lines = len(lines)
     report = report if report is not None else ControlReport()
     before = set(report.unrestored)
-    outputs = translator.translate(lines, report=report, progress=progress) if lines else []
-    failed = {id(entry) for entry, _, _, _, k in places if k is not None and k + 1 in set(report.unrestored) - before}
+    outputs: list = []
+    try:
+        _translate(translator, lines, outputs, report, progress)
+    except TranslationInterrupted as stop:  # the entries whose lines are all done are filled: a rerun continues
+        _fill(run, todo, places, outputs + list(stop.done), set(report.unrestored) - before, count)
+        _set_header(catalog, language, forms)
+        stop.run = run
+        raise
+    _fill(run, todo, places, outputs, set(report.unrestored) - before, count)
+    _set_header(catalog, language, forms)
+    return run
+
+
+def _translate(translator, lines: list, outputs: list, report: ControlReport, progress: bool) -> None:
+    """The translations of `lines` appended to `outputs` as they come; a stop (SIGINT, SIGTERM) raises
+    `TranslationInterrupted` with `done`, the finished lines after them, up to the first unfinished one."""
+    stream = translator.translate_iterable(lines, report=report, progress=progress)
+    try:
+        while True:
+            with interruptible():
+                output = next(stream, _END)
+            if output is _END:
+                return
+            outputs.append(output)
+    except TranslationInterrupted as stop:
+        if stream.gi_frame is not None:  # stopped between lines: the translator gives the rest of its chunk
+            try:
+                stream.throw(stop)
+            except TranslationInterrupted:
+                pass
+        raise
+
+
+_END = object()
+
+
+def _fill(run: CatalogRun, todo: list, places: list, outputs: list, failed_lines: set[int], count: int) -> None:
+    """Each entry of `todo` whose lines are all among `outputs` filled and marked fuzzy, but those with a line that
+    `failed_lines` has (numbered from 1): those stay empty."""
     texts: dict[tuple[int, str | None], list[str]] = {}
+    missing, failed = set(), set()
     for entry, which, lead, trail, k in places:
+        if k is not None and k >= len(outputs):
+            missing.add(id(entry))
+            continue
+        failed |= {id(entry)} if k is not None and k + 1 in failed_lines else set()
         texts.setdefault((id(entry), which), []).append(lead + ("" if k is None else str(outputs[k])) + trail)
     for entry in todo:
+        if id(entry) in missing:
+            continue
         if id(entry) in failed:
             run.failed.append(entry.msgid)
             continue
@@ -126,9 +172,6 @@ def translate_catalog(translator, catalog, language: str, *, retranslate: bool =
         if "fuzzy" not in entry.flags:
             entry.flags.append("fuzzy")
         run.filled += 1
-    run.lines = len(lines)
-    _set_header(catalog, language, forms)
-    return run
 
 
 def _set_header(catalog, language: str, forms: str) -> None:
