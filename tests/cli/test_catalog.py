@@ -229,3 +229,24 @@ def test_a_stopped_catalog_keeps_the_finished_entries_and_the_same_command_conti
     catalog = polib.pofile(str(target))
     assert [e.msgstr for e in catalog][:2] == [e.msgstr for e in partial][:2] and not catalog.untranslated_entries()
     check_with_msgfmt(target)
+
+
+def test_a_glossary_forces_its_terms_into_the_entries_that_have_them(fitted_folder, tmp_path, monkeypatch, capsys):
+    source, target, glossary = tmp_path / "app.pot", tmp_path / "de.po", tmp_path / "terms.tsv"
+    source.write_text(HEADER + ENTRIES, encoding="utf-8")
+    glossary.write_text("# source<TAB>target\nfile\tDatei\nnew messages\tein Buch\n", encoding="utf-8")
+    _, code = run_catalog(fitted_folder, source, target, monkeypatch, "--language", "de", "--glossary", str(glossary))
+    assert code is None
+    catalog = polib.pofile(str(target))
+    for entry in catalog:
+        formats = formats_of(entry.flags)
+        forms = [entry.msgstr] if not entry.msgid_plural else list(entry.msgstr_plural.values())
+        for form in forms:
+            assert sorted(directives(form, formats, False)) == sorted(directives(entry.msgid, formats, False))
+        if "file" in entry.msgid.split():  # "files" is another word: the plural has no term
+            assert "Datei" in forms[0], forms
+    # the term is forced into the text the model translates; a directive may land between its words (as for text)
+    assert {"ein", "Buch"} <= set(catalog.find("Hello %(name)s, you have %(count)d new messages (%s)").msgstr.split())
+    check_with_msgfmt(target)
+    _, code = run_catalog(fitted_folder, source, target, monkeypatch, "--constraints", "unordered")
+    assert code.startswith("error: a gettext catalog's terms come from --glossary")

@@ -132,6 +132,12 @@ def add_catalog_options(parser: argparse.ArgumentParser) -> None:
         "Language, else the model card's target language)",
     )  # fmt: skip
     parser.add_argument(
+        "--glossary", default=None, metavar="F",
+        help="a catalog's terms: F's lines are 'source term<TAB>target term'; each msgid line that has a source "
+        "term (a whole word or phrase, any case) gets its target term as a constraint (--constraints, default "
+        "unordered)",
+    )  # fmt: skip
+    parser.add_argument(
         "--retranslate", action="store_true",
         help="a catalog's fuzzy entries are translated again too (default: only the empty ones; reviewed ones are "
         "always kept)",
@@ -152,9 +158,13 @@ def catalog_arguments(args: argparse.Namespace) -> None:
         sys.exit("error: --format po reads a catalog file: give --input (a .pot or .po)")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         sys.exit("error: a gettext catalog is translated by one process: run it without accelerate launch")
-    refused = [name for name in ("constraints", "target_prefix_file", "nbest", "alignments") if getattr(args, name)]
+    refused = [name for name in ("target_prefix_file", "nbest", "alignments") if getattr(args, name)]
     if refused:
         sys.exit(f"error: --{refused[0]} does not go with a gettext catalog (--format po)")
+    if args.constraints and not args.glossary:
+        sys.exit("error: a gettext catalog's terms come from --glossary (its msgids have no tabs): give --glossary F")
+    if args.glossary:
+        args.constraints = args.constraints or "unordered"
     args.markup = args.markup or "directives"
 
 
@@ -176,7 +186,7 @@ def translate_catalog_file(args: argparse.Namespace, options) -> None:
     the entries finished in OUTPUT.partial, and the same command continues from there (only empty msgstrs are
     filled); to standard output it writes nothing."""
     from vaswani_mt.cli.translate import load_translator, report_controls
-    from vaswani_mt.inference.catalogs import catalog_language, read_catalog, translate_catalog
+    from vaswani_mt.inference.catalogs import catalog_language, read_catalog, read_glossary, translate_catalog
     from vaswani_mt.inference.controls import ControlReport
     from vaswani_mt.system.signals import TranslationInterrupted, interruptible
 
@@ -184,6 +194,7 @@ def translate_catalog_file(args: argparse.Namespace, options) -> None:
     try:
         catalog = _continued(read_catalog(args.input), partial, read_catalog)
         language = catalog_language(catalog, args.language, _card_language(args.model[0]))
+        glossary = read_glossary(args.glossary) if args.glossary else ()
     except ValueError as error:
         sys.exit(f"error: {error}")
     report = ControlReport()
@@ -191,7 +202,7 @@ def translate_catalog_file(args: argparse.Namespace, options) -> None:
         with interruptible():
             translator = load_translator(args, options)
         run = translate_catalog(translator, catalog, language, retranslate=args.retranslate, report=report,
-                                progress=True)  # fmt: skip
+                                progress=True, glossary=glossary)  # fmt: skip
     except TranslationInterrupted as stop:
         run = getattr(stop, "run", None)
         if partial and run is not None:

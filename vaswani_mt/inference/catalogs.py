@@ -90,9 +90,12 @@ def _pieces(text: str) -> list[tuple[str, str, str]]:
 
 
 def translate_catalog(translator, catalog, language: str, *, retranslate: bool = False,
-                      report: ControlReport | None = None, progress: bool = False) -> CatalogRun:  # fmt: skip
+                      report: ControlReport | None = None, progress: bool = False,
+                      glossary: Sequence[tuple[str, str]] = ()) -> CatalogRun:  # fmt: skip
     """Fills `catalog` (a `polib.POFile`) in place with `translator`'s translations (the module's docstring), for
-    target `language`. The translator's `markup` must be set ("directives", or "xml" for entries with tags)."""
+    target `language`. The translator's `markup` must be set ("directives", or "xml" for entries with tags).
+    `glossary`: (source term, target term) pairs; each line that has a source term (a whole word or phrase, any case)
+    gets its target term as a constraint (docs/constraints.md), as a tabbed line of `--constraints` would."""
     header = catalog.metadata
     forms = plural_forms(language, header.get("Plural-Forms"))
     count, run = nplurals(forms), CatalogRun()
@@ -111,8 +114,9 @@ def translate_catalog(translator, catalog, language: str, *, retranslate: bool =
     report = report if report is not None else ControlReport()
     before = set(report.unrestored)
     outputs: list = []
+    terms = [glossary_terms(line, glossary) for line in lines] if glossary else None
     try:
-        _translate(translator, lines, outputs, report, progress)
+        _translate(translator, lines, outputs, report, progress, terms)
     except TranslationInterrupted as stop:  # the entries whose lines are all done are filled: a rerun continues
         _fill(run, todo, places, outputs + list(stop.done), set(report.unrestored) - before, count)
         _set_header(catalog, language, forms)
@@ -123,10 +127,36 @@ def translate_catalog(translator, catalog, language: str, *, retranslate: bool =
     return run
 
 
-def _translate(translator, lines: list, outputs: list, report: ControlReport, progress: bool) -> None:
-    """The translations of `lines` appended to `outputs` as they come; a stop (SIGINT, SIGTERM) raises
-    `TranslationInterrupted` with `done`, the finished lines after them, up to the first unfinished one."""
-    stream = translator.translate_iterable(lines, report=report, progress=progress)
+def glossary_terms(line: str, glossary: Sequence[tuple[str, str]]) -> list[str]:
+    """The target terms of the `glossary` entries whose source term `line` has (a whole word or phrase, any case)."""
+    return [target for source, target in glossary
+            if re.search(rf"(?<!\w){re.escape(source)}(?!\w)", line, re.IGNORECASE)]  # fmt: skip
+
+
+def read_glossary(path: str) -> list[tuple[str, str]]:
+    """`source term<TAB>target term` per line of a UTF-8 file (blank lines and `#` comments skipped); ValueError,
+    one line, naming the first line that is not."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            rows = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"cannot read the glossary {path}: {error}") from error
+    pairs = []
+    for number, row in enumerate(rows, 1):
+        if not row.strip() or row.startswith("#"):
+            continue
+        parts = [part.strip() for part in row.split("\t")]
+        if len(parts) != 2 or not all(parts):
+            raise ValueError(f"{path}:{number}: a glossary line is 'source term<TAB>target term', got {row!r}")
+        pairs.append((parts[0], parts[1]))
+    return pairs
+
+
+def _translate(translator, lines: list, outputs: list, report: ControlReport, progress: bool, terms) -> None:
+    """The translations of `lines` (with their `terms`, or None) appended to `outputs` as they come; a stop (SIGINT,
+    SIGTERM) raises `TranslationInterrupted` with `done`, the finished lines after them, up to the first unfinished
+    one."""
+    stream = translator.translate_iterable(lines, terms=terms, report=report, progress=progress)
     try:
         while True:
             with interruptible():
@@ -155,7 +185,8 @@ def _fill(run: CatalogRun, todo: list, places: list, outputs: list, failed_lines
         if k is not None and k >= len(outputs):
             missing.add(id(entry))
             continue
-        failed |= {id(entry)} if k is not None and k + 1 in failed_lines else set()
+        # a line reported as failed (markup not put back, or refused by its terms: empty) leaves its entry empty
+        failed |= {id(entry)} if k is not None and (k + 1 in failed_lines or not str(outputs[k])) else set()
         texts.setdefault((id(entry), which), []).append(lead + ("" if k is None else str(outputs[k])) + trail)
     for entry in todo:
         if id(entry) in missing:
@@ -208,5 +239,5 @@ def catalog_language(catalog, given: str | None, fallback: Sequence[str] = ()) -
     raise ValueError("the target language of the catalog is unknown: give --language (e.g. --language de)")
 
 
-__all__ = ["PLURAL_FORMS", "CatalogRun", "catalog_language", "nplurals", "plural_forms", "read_catalog",
-           "translate_catalog"]  # fmt: skip
+__all__ = ["PLURAL_FORMS", "CatalogRun", "catalog_language", "glossary_terms", "nplurals", "plural_forms",
+           "read_catalog", "read_glossary", "translate_catalog"]  # fmt: skip
