@@ -152,3 +152,15 @@ def test_a_term_with_any_directive_is_no_typo(tokenizer):
 
     for directive in ("%.250s", "%(name)s", "%04X", "{name!r:>10}", "%<PRIu64>", "%lu"):
         assert unusual_pieces(tokenizer, directive) is None, directive
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_catalog_line_is_xml_only_where_it_has_tags_comments_or_entities(fitted):
+    from vaswani_mt.inference.markup import tags
+
+    model, tokenizer = fitted
+    lines = [Formatted("Tom & Jerry see %s", PLAIN), Formatted("Open <b>%s</b> now", C_FORMAT), "Tom & Jerry see %s"]
+    plain, tagged, text = translate(model, tokenizer, lines, markup="xml")
+    assert "&amp;" not in plain and directives(plain) == ["%s"]
+    assert tags(tagged) == ["<b>", "</b>"] and directives(tagged, C_FORMAT) == ["%s"]
+    assert "&amp;" in text or "&" not in text  # a text line with markup is XML, as before

@@ -242,13 +242,13 @@ class _Reader:
         return between
 
 
-def parse_markup(line: str, formats: frozenset[str] = PLAIN, xml: bool = True) -> MarkupPlan:
+def parse_markup(line: str, formats: frozenset[str] = PLAIN, xml: bool | str = True) -> MarkupPlan:
     """`line` taken apart (the module's docstring); a broken line's plan says why and translates the line whole.
     `formats`: the format directives it may hold (directives.py); `xml=False`: directives only, no tags or entities
-    (a gettext entry without `--markup xml`)."""
+    (a gettext entry without `--markup xml`); "tagged": XML only where it has tags, comments or entities."""
     reader = _Reader(line, marked=formats != PLAIN)  # a gettext flag: what the model writes is escaped
-    if formats != PLAIN:  # a gettext entry is XML only where it has tags, comments or entities
-        xml = xml and any(m["tag"] or m["comment"] or m["entity"] for m in _token(frozenset()).finditer(line))
+    if xml == "tagged":
+        xml = any(m["tag"] or m["comment"] or m["entity"] for m in _token(frozenset()).finditer(line))
     position = 0
     for match in glue(line, _token(formats, xml).finditer(line)):
         start, end = match.span()
@@ -276,10 +276,12 @@ def parse_markup(line: str, formats: frozenset[str] = PLAIN, xml: bool = True) -
 
 def take_out_markup(lines: Sequence[str], first_line: int = 1, formats: Sequence | None = None,
                     xml: bool = True) -> list[MarkupPlan]:  # fmt: skip
-    """`parse_markup` of each line (with its `formats`, a frozenset per line, None: `PLAIN`), a warning naming each
-    broken one, and each stray `<` or `&` of a line with markup (lines numbered from `first_line`)."""
-    formats = formats if formats is not None else [PLAIN] * len(lines)
-    plans = [parse_markup(line, kinds or PLAIN, xml) for line, kinds in zip(lines, formats, strict=True)]
+    """`parse_markup` of each line (with its `formats`, a frozenset per line, None: `PLAIN`, text), a warning naming
+    each broken one, and each stray `<` or `&` of a line with markup (lines numbered from `first_line`). A line with
+    formats of its own (a gettext entry) is XML only where it has tags, comments or entities."""
+    formats = formats if formats is not None else [None] * len(lines)
+    plans = [parse_markup(line, kinds or PLAIN, xml and ("tagged" if kinds is not None else True))
+             for line, kinds in zip(lines, formats, strict=True)]  # fmt: skip
     for number, plan in enumerate(plans, first_line):
         if plan.broken:
             logger.warning("line %d: broken markup (%s): translated as plain text", number, plan.broken)
