@@ -250,3 +250,10 @@ def test_a_glossary_forces_its_terms_into_the_entries_that_have_them(fitted_fold
     check_with_msgfmt(target)
     _, code = run_catalog(fitted_folder, source, target, monkeypatch, "--constraints", "unordered")
     assert code.startswith("error: a gettext catalog's terms come from --glossary")
+
+
+def test_without_language_the_model_cards_target_language_is_the_catalogs(fitted_folder, tmp_path, monkeypatch):
+    source, target = tmp_path / "app.pot", tmp_path / "de.po"
+    source.write_text(HEADER + ENTRIES, encoding="utf-8")  # "Language: " left empty, as xgettext writes it
+    _, code = run_catalog(fitted_folder, source, target, monkeypatch)
+    assert code is None and polib.pofile(str(target)).metadata["Language"] == "de"  # the card's `language: [en, de]`
