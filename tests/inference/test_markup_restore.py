@@ -94,3 +94,22 @@ def test_the_command_writes_every_line_then_exits_1_naming_the_line(fitted_folde
     err = capsys.readouterr().err
     assert "error: 1 of 5 lines written as their source: their markup could not be put back (first: line 2: " \
            "IndexError: list index out of range)" in err  # fmt: skip
+
+
+def test_a_line_whose_directives_cannot_be_placed_is_written_with_them_at_the_end_and_named(fitted, monkeypatch,
+                                                                                            caplog):  # fmt: skip
+    import vaswani_mt.inference.translator as translator
+    from vaswani_mt.inference.markup import UnplacedDirectives
+
+    def unplaced(plan, translation):
+        if "%u" in plan.line:
+            raise UnplacedDirectives(f"{translation} %u %s")
+        return restore(plan, translation)
+
+    monkeypatch.setattr(translator, "restore", unplaced)
+    model, tokenizer = fitted
+    report = ControlReport()
+    with caplog.at_level("WARNING", logger="vaswani_mt.inference.translator"):
+        outputs = translate(model, tokenizer, [ENGLISH[0], "Copied %u of %s"], markup="xml", report=report)
+    assert outputs[1].endswith(" %u %s") and report.unrestored == {}  # written, named, not a failure
+    assert "line 2: format directives could not all be placed: put at the end, in source order" in caplog.text
