@@ -222,7 +222,10 @@ def _set_header(catalog, language: str, forms: str) -> None:
 
 def read_catalog(path: str):
     """The catalog at `path` (a .po or .pot), read by polib; ValueError, one line, where it cannot be."""
-    import polib
+    try:
+        import polib
+    except ImportError as error:
+        raise ValueError('a gettext catalog needs polib: pip install polib (or pip install -e ".[gettext]")') from error
 
     try:
         return polib.pofile(path, wrapwidth=78)
