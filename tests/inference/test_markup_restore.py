@@ -113,3 +113,12 @@ def test_a_line_whose_directives_cannot_be_placed_is_written_with_them_at_the_en
         outputs = translate(model, tokenizer, [ENGLISH[0], "Copied %u of %s"], markup="xml", report=report)
     assert outputs[1].endswith(" %u %s") and report.unrestored == {}  # written, named, not a failure
     assert "line 2: format directives could not all be placed: put at the end, in source order" in caplog.text
+
+
+def test_a_point_never_goes_between_the_words_of_a_forced_term():
+    plan = parse_markup("You have new %s messages")
+    words = "Du hast neue Nachrichten".split()
+    translation = AlignedTranslation(" ".join(words), plan.text.split(), words, links=[(k, k) for k in range(4)])
+    assert restore(plan, translation) == "Du hast neue %s Nachrichten"  # before the word after it
+    plan.terms = ["neue Nachrichten"]  # forced: the point goes after the term
+    assert restore(plan, translation) == "Du hast neue Nachrichten %s"

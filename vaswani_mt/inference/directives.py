@@ -112,6 +112,15 @@ def in_order(text: str, formats: frozenset[str] = PLAIN) -> bool:
     return False
 
 
+class UnplacedDirectives(ValueError):
+    """A line whose format directives could not all be placed: `output`, its translation with every point at the
+    end, in source order (None where it has tag pairs: it is written as its source)."""
+
+    def __init__(self, output: str | None):
+        super().__init__("format directives could not all be placed")
+        self.output = output
+
+
 @dataclass
 class Glued:
     """Placeholders and literals glued into one word with nothing but punctuation (`"%s.%s"`, `'%.250s'`, `(%d)`):
@@ -172,5 +181,5 @@ def escape_word(word: str, formats: frozenset[str] = PLAIN) -> str:
     return word
 
 
-__all__ = ["FORMATS", "PLAIN", "Formatted", "Glued", "directives", "escape_word", "formats_of", "glue", "in_order",
-           "patterns"]  # fmt: skip
+__all__ = ["FORMATS", "PLAIN", "Formatted", "Glued", "UnplacedDirectives", "directives", "escape_word", "formats_of",
+           "glue", "in_order", "patterns"]  # fmt: skip

@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from vaswani_mt.inference.directives import PLAIN, Glued, directives, escape_word, glue, in_order, patterns
+from vaswani_mt.inference.directives import PLAIN, UnplacedDirectives, directives, escape_word, glue, in_order, patterns
 
 if TYPE_CHECKING:  # annotations only: taking markup out and checking it needs no torch
     import torch
@@ -134,6 +134,7 @@ class MarkupPlan:
     strays: list[str] = field(default_factory=list)
     formats: frozenset[str] = PLAIN
     xml: bool = True
+    terms: list[str] = field(default_factory=list)  # forced into its translation: no point goes between their words
 
 
 @dataclass
@@ -254,7 +255,7 @@ def parse_markup(line: str, formats: frozenset[str] = PLAIN, xml: bool | str = T
         start, end = match.span()
         reader.add_text(line[position:start])
         position = end
-        if isinstance(match, Glued):
+        if not isinstance(match, re.Match):  # a `Glued` word: one point
             reader.marked = True
             reader.add_point(match, True)
         elif broken := reader.read(match):
@@ -461,6 +462,7 @@ def _placed_children(plan: MarkupPlan, alignment: _Alignment, span: dict) -> dic
             first, last = span[index]
             if pair.parent == item.parent and first < place <= last:
                 place = last + 1
+        place = _past_terms(place, alignment.words, plan.terms, span[item.parent][1] + 1)
         children.setdefault(item.parent, []).append((place, 2 if item.edge == "end" else 0, item))  # the end: last
     for placed in children.values():  # directives without a number take their arguments in order: they keep it
         ordered = [j for j, (_, _, item) in enumerate(placed) if isinstance(item, _Point)
@@ -470,6 +472,15 @@ def _placed_children(plan: MarkupPlan, alignment: _Alignment, span: dict) -> dic
         for j, item in zip(slots, items, strict=True):
             placed[j] = (placed[j][0], placed[j][1], item)
     return children
+
+
+def _past_terms(place: int, words: list[str], terms: Sequence[str], end: int) -> int:
+    """`place`, or the end of a forced term whose words it would split (where that is at most `end`)."""
+    for term in map(str.split, terms):
+        for start in range(max(0, place - len(term) + 1), place):
+            if words[start : start + len(term)] == term and place < start + len(term) <= end:
+                return start + len(term)
+    return place
 
 
 def _placed_joints(plan: MarkupPlan, alignment: _Alignment) -> dict[int, str]:
@@ -499,15 +510,6 @@ def restore(plan: MarkupPlan, translation) -> str:
         words = [_escaped(plan, word) for word in alignment.words]
         raise UnplacedDirectives(" ".join([*words, *(item.text for item in plan.points)]) if not plan.pairs else None)
     return output
-
-
-class UnplacedDirectives(ValueError):
-    """A line whose format directives could not all be placed: `output`, its translation with every point at the
-    end, in source order (None where it has tag pairs: it is written as its source)."""
-
-    def __init__(self, output: str | None):
-        super().__init__("format directives could not all be placed")
-        self.output = output
 
 
 def _escaped(plan: MarkupPlan, word: str) -> str:

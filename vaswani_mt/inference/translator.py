@@ -147,6 +147,8 @@ class Translator:
         if self.options.markup:
             formats = [getattr(line, "formats", None) for line in sentences]  # a `Formatted` line's own
             plans = take_out_markup(sentences, first_line, formats, xml=self.options.markup == "xml")
+            for plan, terms in zip(plans, (controls.terms or []) if controls is not None else [], strict=False):
+                plan.terms = list(terms)  # forced into the text: the markup put back never splits them
         texts = [plan.text for plan in plans] if plans is not None else sentences
         nbest = self.options.nbest
         results: list = [""] * len(texts) if nbest is None else [[Hypothesis("", 0.0, 0.0)] * nbest for _ in texts]
