@@ -80,7 +80,7 @@ def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, length_p
     translator's markup stage, `markup.restore`).
     """
     from vaswani_mt.app.attention_plots import aligned_attentions, heatmap_figure, link_boxes
-    from vaswani_mt.inference.markup import parse_markup, restore
+    from vaswani_mt.inference.markup import UnplacedDirectives, parse_markup, restore
     from vaswani_mt.inference.translator import Translator
 
     notes = []
@@ -119,8 +119,18 @@ def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, length_p
     index = int(layer) - 1 if 1 <= int(layer) <= num_layers else num_layers - 1
     figure = heatmap_figure(attentions, "cross", layer=index, boxes=link_boxes(aligned))
     figure.set_dpi(min(figure.get_dpi(), DEMO_MAX_FIGURE_PIXELS / max(figure.get_size_inches())))
+    output = str(aligned)
+    if plan is not None:
+        try:
+            output = restore(plan, aligned)
+        except UnplacedDirectives as unplaced:
+            output = unplaced.output or plan.line
+            notes.append("markup: the format directives could not all be placed: put at the end")
+        except Exception as error:  # one text's failure is that text's: the demo goes on
+            output = plan.line
+            notes.append(f"markup: not put back ({type(error).__name__}: {error}): the source is shown")
     notes = "\n".join(f"- {note}" for note in [*notes, *attentions.notes])
-    return (str(aligned) if plan is None else restore(plan, aligned)), figure, notes
+    return output, figure, notes
 
 
 @contextlib.contextmanager

@@ -111,3 +111,132 @@ def check_compute_type(args: argparse.Namespace) -> None:
         resolve_compute_type(args.compute_type)
     except ValueError as error:
         sys.exit(f"error: --compute_type: {error}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# translate.py's gettext catalogs (`--input app.pot --output de.po`, inference/catalogs.py): its options and its run.
+
+CATALOG_SUFFIXES = (".po", ".pot")
+
+
+def add_catalog_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--format", choices=("text", "po"), default=None,
+        help="the input's format: text (one sentence per line) or po, a gettext catalog (.po or .pot) translated "
+        "entry by entry into a .po, its format directives kept and the machine translations marked fuzzy (default: "
+        "po for an --input ending in .po or .pot, else text)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--language", default=None, metavar="LL",
+        help="a catalog's target language, for its Language and Plural-Forms headers (default: the catalog's "
+        "Language, else the model card's target language)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--glossary", default=None, metavar="F",
+        help="a catalog's terms: F's lines are 'source term<TAB>target term'; each msgid line that has a source "
+        "term (a whole word or phrase, any case) gets its target term as a constraint (--constraints, default "
+        "unordered)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--retranslate", action="store_true",
+        help="a catalog's fuzzy entries are translated again too (default: only the empty ones; reviewed ones are "
+        "always kept)",
+    )  # fmt: skip
+
+
+def catalog_format(args: argparse.Namespace) -> str:
+    """ "po" or "text": --format, else by --input's extension."""
+    if args.format:
+        return args.format
+    return "po" if args.input and Path(args.input).suffix.lower() in CATALOG_SUFFIXES else "text"
+
+
+def catalog_arguments(args: argparse.Namespace) -> None:
+    """A catalog's arguments checked before anything loads (one line, `error: ...`), and --markup set: a catalog's
+    format directives are always kept (`directives`, or `xml` where given)."""
+    if not args.input:
+        sys.exit("error: --format po reads a catalog file: give --input (a .pot or .po)")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        sys.exit("error: a gettext catalog is translated by one process: run it without accelerate launch")
+    refused = [name for name in ("target_prefix_file", "nbest", "alignments") if getattr(args, name)]
+    if refused:
+        sys.exit(f"error: --{refused[0]} does not go with a gettext catalog (--format po)")
+    if args.constraints and not args.glossary:
+        sys.exit("error: a gettext catalog's terms come from --glossary (its msgids have no tabs): give --glossary F")
+    if args.glossary:
+        args.constraints = args.constraints or "unordered"
+    args.markup = args.markup or "directives"
+
+
+def _card_language(model: str) -> list[str]:
+    """The model card's target language (`language: [source, target]` in the folder's README.md), if any."""
+    from vaswani_mt.hub.card import split_card
+
+    try:
+        metadata, _ = split_card((Path(model) / "README.md").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    languages = metadata.get("language") if isinstance(metadata, dict) else None
+    return [str(languages[1])] if isinstance(languages, list) and len(languages) == 2 else []
+
+
+def translate_catalog_file(args: argparse.Namespace, options) -> None:
+    """Translates the catalog --input into --output (or standard output); what cannot be done is one line, `error:
+    ...`. The output appears whole once every entry is done (OUTPUT.partial until then). A stop by a signal leaves
+    the entries finished in OUTPUT.partial, and the same command continues from there (only empty msgstrs are
+    filled); to standard output it writes nothing."""
+    from vaswani_mt.cli.translate import load_translator, report_controls
+    from vaswani_mt.inference.catalogs import catalog_language, read_catalog, read_glossary, translate_catalog
+    from vaswani_mt.inference.controls import ControlReport
+    from vaswani_mt.system.signals import TranslationInterrupted, interruptible
+
+    partial = f"{args.output}.partial" if args.output else None
+    try:
+        catalog = _continued(read_catalog(args.input), partial, read_catalog)
+        language = catalog_language(catalog, args.language, _card_language(args.model[0]))
+        glossary = read_glossary(args.glossary) if args.glossary else ()
+    except ValueError as error:
+        sys.exit(f"error: {error}")
+    report = ControlReport()
+    try:
+        with interruptible():
+            translator = load_translator(args, options)
+        run = translate_catalog(translator, catalog, language, retranslate=args.retranslate, report=report,
+                                progress=True, glossary=glossary)  # fmt: skip
+    except TranslationInterrupted as stop:
+        run = getattr(stop, "run", None)
+        if partial and run is not None:
+            catalog.save(partial)
+            print(f"interrupted: {run.filled} entries written to {partial}; run the same command again to continue",
+                  file=sys.stderr)  # fmt: skip
+        else:
+            print(f"interrupted: nothing written to {args.output or '<stdout>'}", file=sys.stderr)
+        sys.exit(128 + stop.signum)
+    except ValueError as error:
+        sys.exit(f"error: {error}")
+    if partial:
+        catalog.save(partial)
+        os.replace(partial, args.output)
+    else:
+        sys.stdout.write(str(catalog))
+        sys.stdout.flush()
+    print(f"{args.output or '<stdout>'}: {run.filled} entries translated (fuzzy), {run.kept} kept, "
+          f"{len(run.failed)} left empty", file=sys.stderr)  # fmt: skip
+    report_controls(report, run.lines)
+
+
+def _continued(catalog, partial: str | None, read):
+    """The catalog to fill: `partial`, a stopped run's output, where it holds the same entries as `catalog` (the
+    input), else `catalog`."""
+    if not partial or not os.path.isfile(partial):
+        return catalog
+    kept = read(partial)
+
+    def keys(entries) -> list:
+        return [(e.msgctxt, e.msgid, e.msgid_plural) for e in entries if not e.obsolete]
+
+    if keys(kept) != keys(catalog):
+        print(f"warning: {partial} holds other entries than the input: started over", file=sys.stderr)
+        return catalog
+    print(f"continuing {partial}", file=sys.stderr)
+    return kept

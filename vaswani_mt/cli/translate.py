@@ -25,6 +25,7 @@ python scripts/translate.py --model outputs/run --input text.en --nbest 4 > text
 python scripts/translate.py --model outputs/run --input mono.de --sampling --seed 1 > mono.bt.en
 python scripts/translate.py --model outputs/run --input text.en --max_tokens 1200 > text.de
 printf 'The house is small.\\tGebäude\\n' | python scripts/translate.py --model outputs/run --constraints unordered
+python scripts/translate.py --model outputs/run --input app.pot --output de.po   # gettext: fuzzy entries
 """
 
 from __future__ import annotations
@@ -36,7 +37,16 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
-from vaswani_mt.cli import add_compute_type, check_compute_type, saved_search, start_command
+from vaswani_mt.cli import (
+    add_catalog_options,
+    add_compute_type,
+    catalog_arguments,
+    catalog_format,
+    check_compute_type,
+    saved_search,
+    start_command,
+    translate_catalog_file,
+)
 from vaswani_mt.model.constraints_vaswani import ORDERS  # loaded with vaswani_mt itself
 
 if TYPE_CHECKING:
@@ -218,10 +228,16 @@ def read_phrases(path: str) -> list[str]:
 
 def report_controls(report: ControlReport, lines: int) -> None:
     """One summary line on stderr for the lines whose controls were not all honoured (each was named already);
-    exits with status 1 where a line was not translated."""
+    exits with status 1 where a line was not translated or its markup could not be put back."""
     if report.unmet:
         print(f"warning: {len(report.unmet)} of {lines} lines miss a constraint (first: line {min(report.unmet)})",
               file=sys.stderr)  # fmt: skip
+    if report.unrestored:
+        first = min(report.unrestored)
+        print(f"error: {len(report.unrestored)} of {lines} lines written as their source: their markup could not be "
+              f"put back (first: line {first}: {report.unrestored[first]})", file=sys.stderr)  # fmt: skip
+        if not report.failed:
+            sys.exit(1)
     if report.failed:
         sys.exit(f"error: {len(report.failed)} of {lines} lines not translated: bad constraints or target prefixes "
                  f"(first: line {min(report.failed)}: {report.failed[min(report.failed)]})")  # fmt: skip
@@ -263,7 +279,9 @@ def main(argv: list[str] | None = None) -> None:
         "CTranslate2 export (vaswani-mt-export --format ctranslate2), searched by CTranslate2 and ranked as ours "
         "(docs/export.md)",
     )
-    parser.add_argument("--input", help="text file, one sentence per line (default: standard input)")
+    parser.add_argument("--input", help="text file, one sentence per line (default: standard input); or a gettext "
+                        "catalog, .pot or .po (--format)")  # fmt: skip
+    add_catalog_options(parser)
     parser.add_argument(
         "--first_line", type=int, default=1, metavar="N",
         help="the number of the input's first line (default 1): a rerun from line N of a stopped run gives n-best "
@@ -304,15 +322,23 @@ def main(argv: list[str] | None = None) -> None:
         "model, else mean (measured best by benchmarks/alignments.py)",
     )  # fmt: skip
     parser.add_argument(
-        "--markup", choices=("xml",), default=None,
-        help="inline tags (<b>, <a href=...>, <br/>), entities and placeholders ({0}, %%s) carried through by word "
-        "alignment (docs/markup.md); a line with broken markup is translated as plain text, with a warning",
+        "--markup", choices=("xml", "directives"), default=None,
+        help="xml: inline tags (<b>, <a href=...>, <br/>), entities and format directives ({0}, %%s, %%.250s, "
+        "%%(name)s) carried through by word alignment (docs/markup.md); a line with broken markup is translated as "
+        "plain text, with a warning; directives: the format directives only (no tags or entities)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.batch_size is None and args.max_tokens is None:
         args.batch_size = 32
+    if catalog_format(args) == "po":
+        catalog_arguments(args)
     options = starting_options(args)
     from vaswani_mt.system.signals import TranslationInterrupted, stopping_on_signals
+
+    if catalog_format(args) == "po":
+        with stopping_on_signals():
+            translate_catalog_file(args, options)
+        return
 
     written = 0
     try:

@@ -25,10 +25,12 @@ logger = logging.getLogger(__name__)
 @dataclass
 class ControlReport:
     """What happened to the controls, by input line (from 1): `unmet` the terms a translation could not contain
-    within the length limit; `failed` why a line was not translated (its translation is empty)."""
+    within the length limit; `failed` why a line was not translated (its translation is empty); `unrestored` why a
+    line's markup or format directives could not be put back (it is written as its source)."""
 
     unmet: dict[int, list[str]] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
+    unrestored: dict[int, str] = field(default_factory=dict)
 
 
 def split_constrained_line(line: str) -> tuple[str, list[str]]:

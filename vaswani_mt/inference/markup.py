@@ -4,8 +4,10 @@ A line is read as XML or HTML text with inline elements (docs/markup.md):
 
 1. Taken out of the text: tags (`<b>`, `<a href="...">`, `<span ...>`; void tags: self-closing `<br/>`, and HTML's
    `<br>`, `<img ...>`, `<hr>`, `<wbr>`, `<input ...>` written without the slash), comments (`<!-- ... -->`) and
-   CDATA sections, placeholders (`{0}`, `{name}`, `{{name}}`, `%s`, `%d`, `%1$s`) and the format strings' literals
-   `%%`, `{{`, `}}`. Entities become their characters; space entities (`&nbsp;`, `&#160;`, `&thinsp;`, ...) become
+   CDATA sections, placeholders (format directives by their grammars, directives.py: `%s`, `%.250s`, `%1$lu`,
+   `%(name)s`, `{0}`, `{name!r:>10}`, `{{name}}`, and with a gettext flag Qt's `%1`, shell's `$VAR`) and literals
+   `%%`, `{{`, `}}`; a word of placeholders and literals with punctuation only (`"%s.%s"`, `'%s'`, `(%d)`) is one
+   point, as written. Entities become their characters; space entities (`&nbsp;`, `&#160;`, `&thinsp;`, ...) become
    spaces. A void tag, comment or CDATA section separates the words around it. What is left, the plain text, is
    translated with hard word alignments (alignments.py; words are whitespace-separated). A `<` that starts no tag
    and a `&` that starts no entity are text.
@@ -21,8 +23,8 @@ A line is read as XML or HTML text with inline elements (docs/markup.md):
    the source, where source and target have as many); one written against the word before it (`100%%`) follows that
    word's first target word, one against the word after it (`{{x`) goes before that word's first target word; else
    a placeholder goes before the first target word of the source word after it, any other point after the first
-   target word of the source word before it. Each comes out exactly once, written as in the source, with the spaces
-   the source had around it.
+   target word of the source word before (or holding) it. Each comes out exactly once, written as in the source,
+   with the spaces the source had around it; directives without a number (`%s`, `{}`) in their source order.
 4. A space entity between two words goes back, as written, in place of the space before the first target word of
    the word after it (at the edge of the line it is a point).
 5. The output is the target words joined by spaces, `&`, `<` and `>` escaped, with the markup put back: well-formed
@@ -38,6 +40,7 @@ affected.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
 import logging
 import re
@@ -46,6 +49,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from vaswani_mt.inference.directives import PLAIN, UnplacedDirectives, directives, escape_word, glue, in_order, patterns
+
 if TYPE_CHECKING:  # annotations only: taking markup out and checking it needs no torch
     import torch
 
@@ -53,14 +58,23 @@ logger = logging.getLogger(__name__)
 
 _NAME = r"[A-Za-z_][\w:.-]*"
 _ATTRIBUTES = r"""(?:\s+[^\s<>"'/=]+(?:\s*=\s*(?:"[^"<]*"|'[^'<]*'|[^\s"'<>=`]+))?)*"""
-_TOKEN = re.compile(
-    r"(?P<comment><!--.*?-->|<!\[CDATA\[.*?\]\]>)"
-    rf"|(?P<tag><(?P<close>/?)(?P<name>{_NAME})(?P<attrs>{_ATTRIBUTES})\s*(?P<empty>/?)>)"
-    r"|(?P<entity>&(?:#\d+|#[xX][0-9a-fA-F]+|[A-Za-z][A-Za-z0-9]*);)"
-    r"|(?P<literal>%%|\{\{(?!\s*[\w.]+\s*\}\})|\}\})"
-    r"|(?P<placeholder>\{\{\s*[\w.]+\s*\}\}|\{[A-Za-z0-9_]*\}|%(?:\d+\$)?[sdif])"
-    r"|(?P<stray>[<&])"
-)
+
+
+@functools.lru_cache(maxsize=64)
+def _token(formats: frozenset[str] = PLAIN, xml: bool = True) -> re.Pattern:
+    """The tokens of a line: tags, comments, entities and stray `<`, `&` (with `xml`), the literals and directives of
+    `formats` (directives.py)."""
+    directive, literal = patterns(formats)
+    markup = (r"(?P<comment><!--.*?-->|<!\[CDATA\[.*?\]\]>)"
+              rf"|(?P<tag><(?P<close>/?)(?P<name>{_NAME})(?P<attrs>{_ATTRIBUTES})\s*(?P<empty>/?)>)"
+              r"|(?P<entity>&(?:#\d+|#[xX][0-9a-fA-F]+|[A-Za-z][A-Za-z0-9]*);)")  # fmt: skip
+    if not xml:
+        markup = "(?P<comment>(?!))|(?P<tag>(?!)(?P<close>)(?P<name>)(?P<attrs>)(?P<empty>))|(?P<entity>(?!))"
+    stray = "[<&]" if xml else "(?!)"
+    return re.compile(f"{markup}|(?P<literal>{literal})|(?P<placeholder>{directive})|(?P<stray>{stray})")
+
+
+_TOKEN = _token()
 _VOID = {"br", "img", "hr", "wbr", "input"}  # HTML elements without content, written without `/>`
 _XML_ENTITIES = {"amp", "lt", "gt", "quot", "apos"}
 _PUNCTUATION = ".,;:!?"
@@ -118,6 +132,9 @@ class MarkupPlan:
     joints: list[_Joint] = field(default_factory=list)
     html: bool = False
     strays: list[str] = field(default_factory=list)
+    formats: frozenset[str] = PLAIN
+    xml: bool = True
+    terms: list[str] = field(default_factory=list)  # forced into its translation: no point goes between their words
 
 
 @dataclass
@@ -226,14 +243,22 @@ class _Reader:
         return between
 
 
-def parse_markup(line: str) -> MarkupPlan:
-    """`line` taken apart (the module's docstring); a broken line's plan says why and translates the line whole."""
-    reader = _Reader(line)
+def parse_markup(line: str, formats: frozenset[str] = PLAIN, xml: bool | str = True) -> MarkupPlan:
+    """`line` taken apart (the module's docstring); a broken line's plan says why and translates the line whole.
+    `formats`: the format directives it may hold (directives.py); `xml=False`: directives only, no tags or entities
+    (a gettext entry without `--markup xml`); "tagged": XML only where it has tags, comments or entities."""
+    reader = _Reader(line, marked=formats != PLAIN)  # a gettext flag: what the model writes is escaped
+    if xml == "tagged":
+        xml = any(m["tag"] or m["comment"] or m["entity"] for m in _token(frozenset()).finditer(line))
     position = 0
-    for match in _TOKEN.finditer(line):
-        reader.add_text(line[position : match.start()])
-        position = match.end()
-        if broken := reader.read(match):
+    for match in glue(line, _token(formats, xml).finditer(line)):
+        start, end = match.span()
+        reader.add_text(line[position:start])
+        position = end
+        if not isinstance(match, re.Match):  # a `Glued` word: one point
+            reader.marked = True
+            reader.add_point(match, True)
+        elif broken := reader.read(match):
             return MarkupPlan(line, line, broken=broken)
     reader.add_text(line[position:])
     if reader.stack:
@@ -246,13 +271,18 @@ def parse_markup(line: str) -> MarkupPlan:
             item.edge = "end"
     between = reader.joints_between_words(text)
     points = [item for _, item in sorted(zip(reader.order, reader.points, strict=True), key=lambda pair: pair[0])]
-    return MarkupPlan(line, text, reader.pairs, points, None, reader.marked, between, reader.html, reader.strays)
+    return MarkupPlan(line, text, reader.pairs, points, None, reader.marked, between, reader.html, reader.strays,
+                      formats, xml)  # fmt: skip
 
 
-def take_out_markup(lines: Sequence[str], first_line: int = 1) -> list[MarkupPlan]:
-    """`parse_markup` of each line, a warning naming each broken one, and each stray `<` or `&` of a line with markup
-    (lines numbered from `first_line`)."""
-    plans = [parse_markup(line) for line in lines]
+def take_out_markup(lines: Sequence[str], first_line: int = 1, formats: Sequence | None = None,
+                    xml: bool = True) -> list[MarkupPlan]:  # fmt: skip
+    """`parse_markup` of each line (with its `formats`, a frozenset per line, None: `PLAIN`, text), a warning naming
+    each broken one, and each stray `<` or `&` of a line with markup (lines numbered from `first_line`). A line with
+    formats of its own (a gettext entry) is XML only where it has tags, comments or entities."""
+    formats = formats if formats is not None else [None] * len(lines)
+    plans = [parse_markup(line, kinds or PLAIN, xml and ("tagged" if kinds is not None else True))
+             for line, kinds in zip(lines, formats, strict=True)]  # fmt: skip
     for number, plan in enumerate(plans, first_line):
         if plan.broken:
             logger.warning("line %d: broken markup (%s): translated as plain text", number, plan.broken)
@@ -329,9 +359,9 @@ class _Alignment:
         return linked[0] if linked else None
 
     def after_word(self, at: int) -> int:
-        """After the first target word of the source word that ends before character `at` (or of the nearest linked
-        one); 0 where there is none."""
-        before = self.words_before(at)
+        """After the first target word of the source word that ends before character `at`, or holds it (or of the
+        nearest linked one); 0 where there is none."""
+        before = [k for k, (a, b) in enumerate(self.spans) if a < at]
         t = self.first_target(before[-1]) if before else None
         return 0 if t is None else t + 1
 
@@ -378,10 +408,12 @@ def _after_punctuation(item: _Point, alignment: _Alignment, low: int, high: int)
     text, spans = alignment.text, alignment.spans
     if item.before or not item.at or text[item.at - 1] not in _PUNCTUATION:
         return None
+    if not any(b == item.at for a, b in spans):  # the mark is inside a word (`a.%s.b`), not at its end
+        return None
     mark = text[item.at - 1]
     count = sum(text[b - 1] == mark for a, b in spans if b <= item.at)
     ending = [t for t, word in enumerate(alignment.words) if word.endswith(mark)]
-    if len(ending) != sum(text[b - 1] == mark for a, b in spans) or count > len(ending):
+    if len(ending) != sum(text[b - 1] == mark for a, b in spans) or not 0 < count <= len(ending):
         return None
     place = ending[count - 1] + 1
     return place if low <= place <= high + 1 else None
@@ -407,6 +439,8 @@ def _point_place(item: _Point, alignment: _Alignment, low: int, high: int) -> in
 def _spaced(item: _Point, place: int, alignment: _Alignment) -> _Point:
     """`item`, with a space where the source glued it to a word whose translation starts or ends otherwise."""
     text, spans, words = alignment.text, alignment.spans, alignment.words
+    if any(a < item.at < b for a, b in spans):  # inside a word (`file%sname`): after its translation, spaced
+        item = dataclasses.replace(item, after=True)
     after = [a for a, b in spans if a >= item.at] if not item.after else []
     before = [b for a, b in spans if b <= item.at] if not item.before else []
     if after and place < len(words) and words[place][:1] != text[after[0]]:
@@ -428,8 +462,25 @@ def _placed_children(plan: MarkupPlan, alignment: _Alignment, span: dict) -> dic
             first, last = span[index]
             if pair.parent == item.parent and first < place <= last:
                 place = last + 1
+        place = _past_terms(place, alignment.words, plan.terms, span[item.parent][1] + 1)
         children.setdefault(item.parent, []).append((place, 2 if item.edge == "end" else 0, item))  # the end: last
+    for placed in children.values():  # directives without a number take their arguments in order: they keep it
+        ordered = [j for j, (_, _, item) in enumerate(placed) if isinstance(item, _Point)
+                   and in_order(item.text, plan.formats)]  # fmt: skip
+        slots = sorted(ordered, key=lambda j: (placed[j][0], placed[j][1], j))
+        items = [placed[j][2] for j in ordered]  # in source order
+        for j, item in zip(slots, items, strict=True):
+            placed[j] = (placed[j][0], placed[j][1], item)
     return children
+
+
+def _past_terms(place: int, words: list[str], terms: Sequence[str], end: int) -> int:
+    """`place`, or the end of a forced term whose words it would split (where that is at most `end`)."""
+    for term in map(str.split, terms):
+        for start in range(max(0, place - len(term) + 1), place):
+            if words[start : start + len(term)] == term and place < start + len(term) <= end:
+                return start + len(term)
+    return place
 
 
 def _placed_joints(plan: MarkupPlan, alignment: _Alignment) -> dict[int, str]:
@@ -454,7 +505,16 @@ def restore(plan: MarkupPlan, translation) -> str:
     alignment = _Alignment.of(plan.text, translation)
     span = _pair_spans(plan, alignment)
     children = _placed_children(plan, alignment, span)
-    return _render(plan, alignment.words, span, children, _placed_joints(plan, alignment))
+    output = _render(plan, alignment.words, span, children, _placed_joints(plan, alignment))
+    if sorted(directives(output, plan.formats, False)) != sorted(directives(plan.line, plan.formats, False)):
+        words = [_escaped(plan, word) for word in alignment.words]
+        raise UnplacedDirectives(" ".join([*words, *(item.text for item in plan.points)]) if not plan.pairs else None)
+    return output
+
+
+def _escaped(plan: MarkupPlan, word: str) -> str:
+    """A target word as written: `&`, `<`, `>` escaped (XML), what would read as a directive made literal."""
+    return escape_word(html.escape(word, quote=False) if plan.xml else word, plan.formats)
 
 
 def _render(plan: MarkupPlan, words: list[str], span: dict, children: dict, joints: dict[int, str]) -> str:
@@ -465,7 +525,7 @@ def _render(plan: MarkupPlan, words: list[str], span: dict, children: dict, join
 
     def emit_words(start: int, stop: int) -> None:
         for k in range(start, stop):
-            pieces.append(("word", html.escape(words[k], quote=False), k))
+            pieces.append(("word", _escaped(plan, words[k]), k))
 
     def render(node: int | None) -> None:
         first, last = span[node]
@@ -549,14 +609,5 @@ def well_formed(text: str, html: bool = False) -> bool:
     return True
 
 
-__all__ = [
-    "MarkupPlan",
-    "comments",
-    "parse_markup",
-    "placeholders",
-    "restore",
-    "restore_markup",
-    "tags",
-    "take_out_markup",
-    "well_formed",
-]
+__all__ = ["MarkupPlan", "UnplacedDirectives", "comments", "parse_markup", "placeholders", "restore", "restore_markup",
+           "tags", "take_out_markup", "well_formed"]  # fmt: skip

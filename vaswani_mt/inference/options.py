@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from vaswani_mt.model.constraints_vaswani import ORDERS
 
 ALIGNMENT_KINDS = ("hard", "soft")
-MARKUP_FORMATS = ("xml",)  # markup.py reads them
+MARKUP_FORMATS = ("xml", "directives")  # markup.py reads them; directives: format directives only, no tags
 COMPUTE_TYPES = ("float32", "bfloat16", "int8", "auto")
 # The fields that are `generate()` keywords of the model's search, passed on only when given.
 SEARCH_FIELDS = ("num_beams", "length_penalty", "early_stopping", "constrained_length_penalty", "max_len_a",
@@ -80,7 +80,7 @@ class TranslationOptions:
     the translator's `terms`); `block`, phrases no translation contains; `disable_unk`: no `<unk>`.
 
     Outputs: `nbest` (lists of `Hypothesis`), `alignments` ("hard" or "soft", with `alignment_method`), `markup`
-    ("xml": tags carried through).
+    ("xml": tags, entities and format directives carried through; "directives": format directives only).
 
     Batching: `batch_size` rows (None: the token budget alone), `max_tokens` (fairseq's token budget), `chunk_size`
     lines read at a time (None: 16 batches, or 1024 lines with `max_tokens`), `max_source_tokens` (longer sources are

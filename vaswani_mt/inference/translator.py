@@ -22,7 +22,7 @@ from vaswani_mt.inference.alignments import AlignedTranslation, empty_aligned
 from vaswani_mt.inference.backends import Backend, Batch, TorchBackend
 from vaswani_mt.inference.batching import token_budget_batches
 from vaswani_mt.inference.controls import ControlReport, LineControls, block_kwargs, split_constrained_line
-from vaswani_mt.inference.markup import restore, take_out_markup
+from vaswani_mt.inference.markup import UnplacedDirectives, restore, take_out_markup
 from vaswani_mt.inference.options import Hypothesis, TranslationOptions
 from vaswani_mt.model.pipeline_vaswani import encode_source
 from vaswani_mt.system.signals import TranslationInterrupted
@@ -75,6 +75,7 @@ class Translator:
     back) or, with `nbest`, a list of `Hypothesis`. Per-line controls come with the lines: `terms` (a list of terms
     per line; without it, with `options.constraints`, each line is fairseq's `source<TAB>term<TAB>...`) and
     `prefixes` (a target prefix per line, "" for none), read along with them; `report` gets what the controls did.
+    With `markup`, a line that is a `directives.Formatted` has its own format directives (a gettext entry's flags).
     """
 
     def __init__(self, model, tokenizer=None, options: TranslationOptions | None = None, **fields):
@@ -126,7 +127,7 @@ class Translator:
             while chunk := next_chunk(lines, size, ready):
                 if controls is not None:
                     chunk = _read_controls(chunk, controls, tabbed, terms, prefixes, done + 1)
-                outputs = self._chunk(chunk, done + 1, controls, bar, resume.done)
+                outputs = self._chunk(chunk, done + 1, controls, bar, resume.done, report)
                 for k, output in enumerate(outputs):
                     try:
                         yield output
@@ -140,9 +141,15 @@ class Translator:
             warn_no_tabs(done - first_line + 1)
 
     def _chunk(self, sentences: list[str], first_line: int, controls: LineControls | None, bar,
-               stored: Mapping[int, object]) -> list:  # fmt: skip
-        """The final outputs of one chunk, its lines numbered from `first_line`; those `stored` has are its own."""
-        plans = take_out_markup(sentences, first_line) if self.options.markup else None
+               stored: Mapping[int, object], report: ControlReport | None = None) -> list:  # fmt: skip
+        """The final outputs of one chunk, its lines numbered from `first_line`; those `stored` has are its own;
+        `report` gets the lines whose markup could not be put back."""
+        plans = None
+        if self.options.markup:
+            formats = [getattr(line, "formats", None) for line in sentences]  # a `Formatted` line's own
+            plans = take_out_markup(sentences, first_line, formats, xml=self.options.markup == "xml")
+            for plan, terms in zip(plans, (controls.terms or []) if controls is not None else [], strict=False):
+                plan.terms = list(terms)  # forced into the text: the markup put back never splits them
         texts = [plan.text for plan in plans] if plans is not None else sentences
         nbest = self.options.nbest
         results: list = [""] * len(texts) if nbest is None else [[Hypothesis("", 0.0, 0.0)] * nbest for _ in texts]
@@ -175,24 +182,44 @@ class Translator:
                     bar.update(len(rows))
         except TranslationInterrupted as stop:
             lead = next((i for i in range(len(texts)) if i not in finished), len(texts))
-            final = [kept[i] if i in kept else self._final(texts, plans, results, i) for i in range(len(texts))]
+            final = [kept[i] if i in kept else self._final(texts, plans, results, i, (first_line, report))
+                     for i in range(len(texts))]  # fmt: skip
             stop.done = final[:lead]
             stop.later = {first_line + i: final[i] for i in sorted(finished) if i > lead}
             raise
         if bar is not None:
             bar.update(len(blank))
-        return [kept[i] if i in kept else self._final(texts, plans, results, i) for i in range(len(texts))]
+        return [kept[i] if i in kept else self._final(texts, plans, results, i, (first_line, report))
+                for i in range(len(texts))]  # fmt: skip
 
-    def _final(self, texts: list[str], plans, results: list, i: int):
+    def _final(self, texts: list[str], plans, results: list, i: int, where: tuple = (1, None)):
         """Line i's output after the stages: an empty aligned translation for a blank or refused line, then the
-        markup put back."""
+        markup put back; where that fails, the line is its source, reported by number (`where`: the chunk's first
+        line and the `ControlReport`, or None) in one line: one line's failure is that line's."""
         result, kind = results[i], self._search.alignments
         if kind is not None:
             if isinstance(result, str) and not isinstance(result, AlignedTranslation):
                 result = empty_aligned(texts[i], kind)
             elif isinstance(result, list) and not isinstance(result[0].text, AlignedTranslation):
                 result = [h._replace(text=empty_aligned(texts[i], kind)) for h in result]
-        return restore(plans[i], result) if plans is not None else result
+        if plans is None:
+            return result
+        try:
+            return restore(plans[i], result)
+        except UnplacedDirectives as unplaced:
+            if unplaced.output is not None:
+                logger.warning("line %d: format directives could not all be placed: put at the end, in source order",
+                               where[0] + i)  # fmt: skip
+                return unplaced.output
+            error: Exception = unplaced
+        except Exception as failed:  # any bug in putting one line's markup back stays that line's
+            error = failed
+        first_line, report = where
+        reason = f"{type(error).__name__}: {error}"
+        logger.error("line %d: markup not put back (%s): written as its source", first_line + i, reason)
+        if report is not None:
+            report.unrestored[first_line + i] = reason
+        return plans[i].line
 
     def _batches(self, texts: list[str], todo: list[int], encoded: dict, first_line: int) -> list[list[int]]:
         """The lines `todo` in batches: by `max_tokens`, or longest first `batch_size` at a time, so that a batch

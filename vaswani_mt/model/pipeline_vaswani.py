@@ -46,7 +46,9 @@ def single_line(text: str) -> str:
     return _LINE_BREAKS.sub(" ", text).strip()
 
 
-_PLACEHOLDER = re.compile(r"\{[A-Za-z0-9_]*\}|%(?:\d+\$)?[sdif]")  # as markup's (inference/markup.py)
+# Format directives as inference/directives.py reads plain text (C's, Python's `%(name)s`, the brace forms), compact.
+_PLACEHOLDER = re.compile(r"\{[^{}\s]*\}|%(?:\([^()\s]*\)|[1-9]\d*\$)?[-+#0'I]*(?:\*|\d+)?(?:\.(?:\*|\d+)?)?"
+                          r"(?:hh|h|ll|l|L|q|j|z|Z|t)?(?:[diouxXeEfFgGaAcspnmr]|<PRI\w+>)")  # fmt: skip
 
 
 def unusual_pieces(tokenizer, term: str) -> str | None:
