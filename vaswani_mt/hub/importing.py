@@ -16,6 +16,7 @@ from pathlib import Path
 from huggingface_hub import ModelCard, ModelCardData
 
 from vaswani_mt.hub.card import IMPORTED_TAG, TAGS
+from vaswani_mt.inference.loading import ModelFolderError, local_folder
 from vaswani_mt.model.generation_vaswani import PAPER_SEARCH
 from vaswani_mt.system.messages import error_line
 
@@ -36,30 +37,18 @@ OPUS_MT_CITATION = """@InProceedings{TiedemannThottingal:EAMT2020,
 }"""
 
 
-class ModelImportError(ValueError):
+class ModelImportError(ModelFolderError):
     """A source that cannot be imported: the message names it and the problem in one line."""
 
 
 def _source_folder(source: str) -> Path:
     """`source` as a folder here: itself, or the Hub repository's files (weights: safetensors where it has them)."""
-    path = Path(source).expanduser()
-    if path.is_dir():
-        return path
-    if path.exists():
-        raise ModelImportError(f"{source} is a file, not a model folder")
-    if path.is_absolute() or source.startswith((".", "~")) or len(path.parts) != 2:
-        raise ModelImportError(f"{source}: no such folder (and not a Hub id of the form USER/NAME)")
-    from huggingface_hub import snapshot_download
-
     try:
-        folder = Path(snapshot_download(source, allow_patterns=_HUB_PATTERNS))
-        if not any(folder.glob("*.safetensors")):
-            folder = Path(snapshot_download(source, allow_patterns=[*_HUB_PATTERNS, _HUB_PICKLED_WEIGHTS]))
-    except Exception as error:  # offline, no such repository, refused: huggingface_hub's and the HTTP client's types
-        reason = error_line(error)
-        raise ModelImportError(
-            f"{source} is not a folder here, and downloading it from the Hub failed ({reason})"
-        ) from error
+        folder = local_folder(source, _HUB_PATTERNS)
+        if not Path(source).expanduser().is_dir() and not any(folder.glob("*.safetensors")):
+            folder = local_folder(source, [*_HUB_PATTERNS, _HUB_PICKLED_WEIGHTS])
+    except ModelFolderError as error:
+        raise ModelImportError(str(error)) from None
     return folder
 
 

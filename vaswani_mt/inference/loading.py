@@ -53,8 +53,9 @@ class ModelFolderError(ValueError):
     line. A `ValueError`, so that callers that report bad arguments report this one too."""
 
 
-def _local_folder(model: str) -> Path:
-    """`model` as a folder on this machine: the folder itself, or the Hub repository's files in the local cache."""
+def local_folder(model: str, patterns: list[str] = _HUB_PATTERNS) -> Path:
+    """`model` as a folder on this machine: the folder itself, or the Hub repository's files that match `patterns`
+    (ours: configs, tokenizer files, safetensors) in the local cache. ModelFolderError, one line, otherwise."""
     path = Path(model).expanduser()
     if path.is_dir():
         return path
@@ -65,7 +66,7 @@ def _local_folder(model: str) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(model, allow_patterns=_HUB_PATTERNS))
+        return Path(snapshot_download(model, allow_patterns=patterns))
     except Exception as error:  # offline, no such repository, refused: huggingface_hub's and the HTTP client's types
         raise ModelFolderError(
             f"{model} is not a folder here, and downloading it from the Hub failed ({error_line(error)})"
@@ -245,7 +246,7 @@ def check_model_folder(model: str) -> tuple[Path, VaswaniConfig]:
     """Checks that `model` (a folder or Hub id) holds a loadable vaswani_mt model without loading its weights;
     returns the folder on this machine and its config, or raises `ModelFolderError`. `load_for_inference` runs it
     (and then also loads the tokenizer, which it checks too)."""
-    folder = _local_folder(str(model))
+    folder = local_folder(str(model))
     config = _read_config(str(model), folder)
     _check_weights_match_config(str(model), folder, config)
     _check_generation_config(str(model), folder)
@@ -295,6 +296,7 @@ __all__ = [
     "check_model_folder",
     "is_ctranslate2_folder",
     "load_for_inference",
+    "local_folder",
     "tokenizer_files",
     "translation_pipeline",
 ]
