@@ -16,7 +16,7 @@ from vaswani_mt.inference.translate import TranslationInterrupted, translate, tr
 from vaswani_mt.inference.translator import Translator
 from vaswani_mt.system.signals import interruptible, stopping_on_signals
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "live_sigint")  # passes under nohup too (conftest)
 
 # The six sentences longest first: batches, which run longest first, then run in input order.
 LONGEST_FIRST = sorted(ENGLISH, key=len, reverse=True)
@@ -134,3 +134,13 @@ def test_handlers_are_left_alone_outside_the_main_thread_and_for_ignored_signals
             assert signal.getsignal(signal.SIGINT) is not before
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_the_signal_tests_pass_in_a_process_started_with_sigint_ignored():
+    """As under nohup or `cmd &`, which start a process with SIGINT ignored: the tests that send it (in this process
+    and to a child) make it live first (conftest's `live_sigint`)."""
+    chosen = "outside_an_interruptible_block or second_signal_ends"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", __file__, "-k",
+                           chosen], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # fmt: skip
+    assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout[-3000:]

@@ -194,7 +194,7 @@ def test_no_function_of_the_inference_layer_or_the_commands_takes_more_than_eigh
     assert too_many == []
 
 
-def test_ctrl_c_while_a_command_starts_ends_it_in_one_line(tmp_path):
+def test_ctrl_c_while_a_command_starts_ends_it_in_one_line(tmp_path, live_sigint):
     import subprocess
     import sys
     import time
