@@ -94,8 +94,9 @@ def test_a_shard_folder_of_another_run_is_refused_in_one_line(tmp_path, tokenize
     source = tmp_path / "in.en"
     source.write_text(_text(100))
     ShardedOutput(tmp_path / "out.de", {"options": 1}).plan(source, tokenizer, 32, 2)
-    with pytest.raises(ValueError, match=r"out\.de\.shards was written by a run with other options or input: rerun "
-                                         r"that command to continue it, or remove .+ to start again$"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"out\.de\.shards was written by a run with other options or input "
+                                         r"\(options\): rerun that command to continue it, or remove .+ to start "
+                                         r"again$"):  # fmt: skip
         ShardedOutput(tmp_path / "out.de", {"options": 2}).plan(source, tokenizer, 32, 2)
 
 
@@ -207,8 +208,8 @@ def test_a_killed_process_then_the_same_command_gives_the_uninterrupted_bytes(fi
     argv = _options(fitted_folder, source, output, "--nbest", "2")
     _kill_one_worker(argv, output, 0)
     refused = _launch([*argv[:-2], "--nbest", "1"])  # other options on the stopped run's folder
-    assert refused.returncode != 0 and (f"error: {output}.shards was written by a run with other options or input: "
-                                        "rerun that command to continue it") in refused.stderr  # fmt: skip
+    assert refused.returncode != 0 and (f"error: {output}.shards was written by a run with other options or input "
+                                        "(--nbest): rerun that command to continue it") in refused.stderr  # fmt: skip
 
 
 @pytest.mark.slow

@@ -104,8 +104,8 @@ def test_output_continues_where_an_interrupted_run_stopped_and_translates_no_fin
     assert message.startswith("interrupted at line ") and "rerun the same command to continue" in message
     assert not output.exists() and Path(f"{output}.partial").exists() and Path(f"{output}.resume").exists()
     assert _main(translate_cli, [*argv, "--num_beams", "3", "--output", str(output)]) == (
-        f"error: {output}.partial was written by a run with other options or input: rerun that command to continue "
-        f"it, or remove {output}.partial and {output}.resume to start again"
+        f"error: {output}.partial was written by a run with other options or input (--num_beams): rerun that command "
+        f"to continue it, or remove {output}.partial and {output}.resume to start again"
     )
     calls = []
     search = TorchBackend.search

@@ -33,7 +33,6 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
 from vaswani_mt.cli import add_compute_type, check_compute_type, saved_search, start_command
@@ -345,6 +344,11 @@ def _translate_input(args: argparse.Namespace, options: TranslationOptions) -> i
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return translate_shards(args, options)
     output = ResumableOutput(args.output, _run_identity(args, options), options.nbest or 1) if args.output else None
+    try:
+        if output is not None:
+            output.check()  # another run's files: refused before the model loads
+    except ValueError as error:
+        sys.exit(f"error: {error}")
     with interruptible():
         translator = load_translator(args, options)
     report = ControlReport()
@@ -510,14 +514,28 @@ def _end(peers, line: str | None, code: int):
 
 
 def _run_identity(args: argparse.Namespace, options: TranslationOptions) -> dict:
-    """What makes two runs of --output the same run: the options, the models and the input (path, size, time)."""
+    """What makes the output of a run, by name: every option; each file of each model its translations depend on
+    (weights, configs, tokenizer); the contents of --input and --target_prefix_file, not their names; --first_line.
+    A rerun of --output that differs in one is refused in one line that names it (`system.outputs.other_run`)."""
     import dataclasses
 
-    source = Path(args.input) if args.input else None
-    stat = source.stat() if source is not None and source.is_file() else None
-    return {"options": dataclasses.asdict(options), "model": args.model, "input": args.input,
-            "prefixes": args.target_prefix_file, "input_stat": None if stat is None else [stat.st_size,
-            stat.st_mtime_ns]}  # fmt: skip
+    from vaswani_mt.inference.loading import model_files
+    from vaswani_mt.system.outputs import file_digest
+
+    identity: dict = {f"--{name}": value for name, value in dataclasses.asdict(options).items()}
+    for number, model in enumerate(args.model, 1):
+        which = "the model's" if len(args.model) == 1 else f"model {number}'s"
+        try:
+            identity.update({f"{which} {path.name}": file_digest(path) for path in model_files(model)})
+        except (OSError, ValueError) as error:  # ModelFolderError among them
+            sys.exit(f"error: {error}")
+    for option, path in (("--input", args.input), ("--target_prefix_file", args.target_prefix_file)):
+        try:
+            identity[f"{option}'s contents"] = file_digest(path) if path and os.path.isfile(path) else path
+        except OSError:  # reported where the file is opened
+            identity[f"{option}'s contents"] = path
+    identity["--first_line"] = args.first_line
+    return identity
 
 
 if __name__ == "__main__":

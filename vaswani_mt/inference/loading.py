@@ -233,6 +233,19 @@ def check_ctranslate2_folder(model: str) -> Path:
     return folder
 
 
+# The files of a folder (ours or a CTranslate2 export) that make its translations, beside its *.safetensors.
+_TRANSLATING_FILES = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                      "special_tokens_map.json", _SAFETENSORS_INDEX, "model.bin"}  # fmt: skip
+
+
+def model_files(model: str | Path) -> list[Path]:
+    """The files of a model folder (or Hub id) that its translations depend on: weights, configs, tokenizer and
+    vocabularies; what a resumable run's key hashes (cli/translate.py)."""
+    folder = _local_folder(str(model))
+    return sorted(path for path in folder.iterdir() if path.is_file() and (
+        path.name in _TRANSLATING_FILES or path.suffix == ".safetensors" or "vocabulary" in path.name))  # fmt: skip
+
+
 def check_model_folder(model: str) -> tuple[Path, VaswaniConfig]:
     """Checks that `model` (a folder or Hub id) holds a loadable vaswani_mt model without loading its weights;
     returns the folder on this machine and its config, or raises `ModelFolderError`. `load_for_inference` runs it
@@ -286,5 +299,6 @@ __all__ = [
     "check_model_folder",
     "is_ctranslate2_folder",
     "load_for_inference",
+    "model_files",
     "translation_pipeline",
 ]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from vaswani_mt.inference.streams import MAX_LINE_BYTES
-from vaswani_mt.system.outputs import ResumableOutput, run_key
+from vaswani_mt.system.outputs import ResumableOutput, other_run, run_key, run_parts
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class ShardedOutput:
         self.output, self.folder = Path(output), Path(f"{output}.shards")
         self.manifest = self.folder / "manifest.json"
         self.identity, self.lines_per_input = identity, lines_per_input
-        self.key = run_key(identity)
+        self.key, self.parts = run_key(identity), run_parts(identity)
 
     def plan(self, source: str | os.PathLike, tokenizer, chunk: int, count: int) -> list[Shard]:
         """The shards of this run: those of the manifest a stopped run of it wrote, else `plan_shards`' (written to
@@ -87,7 +87,9 @@ class ShardedOutput:
         shards = plan_shards(source, tokenizer, chunk, count)
         self.folder.mkdir(parents=True, exist_ok=True)
         temporary = self.manifest.with_suffix(".tmp")
-        temporary.write_text(json.dumps({"key": self.key, "shards": [asdict(s) for s in shards]}), encoding="utf-8")
+        temporary.write_text(
+            json.dumps({"key": self.key, "parts": self.parts, "shards": [asdict(s) for s in shards]}), encoding="utf-8"
+        )
         os.replace(temporary, self.manifest)
         return shards
 
@@ -98,9 +100,9 @@ class ShardedOutput:
         except (OSError, ValueError) as error:
             raise ValueError(f"cannot read {self.manifest} ({error}): the output must be on a folder every process "
                              f"sees, or remove {self.folder} to start again") from None  # fmt: skip
-        if manifest.get("key") != self.key:
-            raise ValueError(f"{self.folder} was written by a run with other options or input: rerun that command to "
-                             f"continue it, or remove {self.folder} to start again")  # fmt: skip
+        error = other_run(self.folder, str(self.folder), manifest, self.key, self.parts)
+        if error is not None:
+            raise error
         return [Shard(**shard) for shard in manifest["shards"]]
 
     def part(self, shard: Shard) -> ResumableOutput:

@@ -21,13 +21,36 @@ def run_key(identity: dict) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def run_parts(identity: dict) -> dict[str, str]:
+    """The key of each named part of a run's identity, so that a rerun that differs can say in what."""
+    return {name: run_key({name: value}) for name, value in identity.items()}
+
+
+def other_run(what: os.PathLike, remove: str, stored: dict, key: str, parts: dict[str, str]) -> ValueError | None:
+    """None where the `stored` state (a `key` and its `parts`) of `what` is this run's; else the one-line error that
+    names the parts that differ (a state written before parts were kept: none named) and what to `remove`."""
+    if stored.get("key") == key:
+        return None
+    before = stored.get("parts") or {}
+    changed = sorted(name for name in {*before, *parts} if before.get(name) != parts.get(name)) if before else []
+    named = f" ({', '.join(changed)})" if changed else ""
+    return ValueError(f"{what} was written by a run with other options or input{named}: rerun that command to continue "
+                      f"it, or remove {remove} to start again")  # fmt: skip
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes (a model's weights, an input): what a run's key holds of it, not its name."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 class ResumableOutput:
     """The files of `output` for the run whose `identity` (any JSON-able description: options, models, input) is
     given; lines are counted from 1; each input line writes `lines_per_input` output lines (n-best: K)."""
 
     def __init__(self, output: str | os.PathLike, identity: dict, lines_per_input: int = 1):
         self.output, self.partial, self.state = Path(output), Path(f"{output}.partial"), Path(f"{output}.resume")
-        self.key = run_key(identity)
+        self.key, self.parts = run_key(identity), run_parts(identity)
         self.lines_per_input = lines_per_input
         self.kept: dict[int, str] = {}
 
@@ -37,17 +60,10 @@ class ResumableOutput:
         back to those chunks. The finished lines are kept only from a clean stop, which recorded every one: after a
         hard stop the chunk is translated again whole, so that its batches are the same. ValueError, one line,
         where the files are another run's, or `F.partial` has no `F.resume` that says what it holds."""
-        if not self.partial.exists():
+        state = self.check()
+        if state is None:
             self.state.unlink(missing_ok=True)
             return 0, {}
-        try:
-            state = json.loads(self.state.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            raise ValueError(f"{self.partial} exists without a readable {self.state.name}: remove {self.partial} to "
-                             "start again") from None  # fmt: skip
-        if state.get("key") != self.key:
-            raise ValueError(f"{self.partial} was written by a run with other options or input: rerun that command to "
-                             f"continue it, or remove {self.partial} and {self.state} to start again")  # fmt: skip
         with open(self.partial, "r+b") as f:
             data = f.read()
             lines = data.split(b"\n")[:-1]  # whole lines only: what a hard stop left after the last one is cut
@@ -62,17 +78,32 @@ class ResumableOutput:
             f.truncate(sum(len(x) + 1 for x in lines[: start * k]))
         return start, dict(self.kept)
 
+    def check(self) -> dict | None:
+        """The state of a stopped run of this command (None: there is none), before anything is loaded or written;
+        ValueError, one line, where the files are another run's (naming what differs) or say nothing."""
+        if not self.partial.exists():
+            return None
+        try:
+            state = json.loads(self.state.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise ValueError(f"{self.partial} exists without a readable {self.state.name}: remove {self.partial} to "
+                             "start again") from None  # fmt: skip
+        error = other_run(self.partial, f"{self.partial} and {self.state}", state, self.key, self.parts)
+        if error is not None:
+            raise error
+        return state
+
     def open(self):
         """`F.partial`, to append to. `F.resume` first says whose it is, and no more: what a hard stop leaves, so
         that its rerun translates the chunk it fell in again whole."""
-        self._record({"key": self.key})
+        self._record({})
         return open(self.partial, "ab")
 
     def stopped(self, written: int, later: dict[int, str]) -> str:
         """Records a clean stop (`written`: its lines in `F.partial`; `later`: the text of lines finished after them)
         and says so, in one line."""
         kept = {line: text for line, text in {**self.kept, **later}.items() if line > written}
-        self._record({"key": self.key, "written": written, "later": kept})
+        self._record({"written": written, "later": kept})
         more = f" and {len(kept)} finished lines after them in {self.state}" if kept else ""
         return (f"interrupted at line {written + 1}: {written} lines written to {self.partial}{more}; rerun the same "
                 f"command to continue (it writes {self.output} once every line is done)")  # fmt: skip
@@ -84,8 +115,8 @@ class ResumableOutput:
 
     def _record(self, state: dict) -> None:
         temporary = self.state.with_name(self.state.name + ".tmp")
-        temporary.write_text(json.dumps(state), encoding="utf-8")
+        temporary.write_text(json.dumps({"key": self.key, "parts": self.parts, **state}), encoding="utf-8")
         os.replace(temporary, self.state)
 
 
-__all__ = ["ResumableOutput", "run_key"]
+__all__ = ["ResumableOutput", "file_digest", "other_run", "run_key", "run_parts"]

@@ -1,0 +1,84 @@
+"""A resumed run (issue 61) is the run it continues, or is refused: its key is what makes the output (the model's
+weights, configs and tokenizer, every option, the input's and the prefix file's contents, --first_line), and a rerun
+that differs in one is refused in one line naming it, with nothing written."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import ENGLISH, stop_at_batch
+from safetensors.torch import load_file, save_file
+
+from vaswani_mt.cli import translate as translate_cli
+from vaswani_mt.inference.backends import TorchBackend
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _main(argv: list[str]):
+    try:
+        translate_cli.main(argv)
+    except SystemExit as exit:
+        return exit.code
+    return None
+
+
+@pytest.fixture
+def stopped(fitted_folder, tmp_path, monkeypatch, capsys):
+    """A copy of the fitted model, an input, the whole run's output, and the same command stopped in its 2nd chunk:
+    (argv without --output, the output, the whole run's text)."""
+    model = tmp_path / "model"
+    shutil.copytree(fitted_folder, model)
+    source = tmp_path / "in.en"
+    source.write_text("\n".join(ENGLISH * 2) + "\n")
+    argv = ["--model", str(model), "--input", str(source), "--batch_size", "2", "--chunk_size", "4",
+            "--num_beams", "2"]  # fmt: skip
+    assert _main([*argv, "--output", str(tmp_path / "whole.de")]) is None
+    with monkeypatch.context() as patch:
+        stop_at_batch(patch, TorchBackend, batch=4)  # the 2nd batch of the 2nd chunk
+        assert _main([*argv, "--output", str(tmp_path / "out.de")]) == 130
+    capsys.readouterr()
+    return argv, tmp_path / "out.de", (tmp_path / "whole.de").read_text()
+
+
+def _refused(argv: list[str], output: Path) -> str:
+    """The one line a rerun is refused with, checked to have written nothing."""
+    partial, state = Path(f"{output}.partial"), Path(f"{output}.resume")
+    before = partial.read_bytes(), state.read_bytes()
+    code = _main([*argv, "--output", str(output)])
+    assert isinstance(code, str) and "\n" not in code and not output.exists()
+    assert (partial.read_bytes(), state.read_bytes()) == before
+    return code
+
+
+def test_a_rerun_with_other_weights_is_refused_naming_them_and_the_same_one_continues(stopped):
+    argv, output, whole = stopped
+    weights_file = Path(argv[1]) / "model.safetensors"
+    saved = weights_file.read_bytes()
+    weights = load_file(weights_file)
+    save_file({name: tensor * 0.5 for name, tensor in weights.items()}, weights_file, metadata={"format": "pt"})
+    assert _refused(argv, output) == (
+        f"error: {output}.partial was written by a run with other options or input (the model's model.safetensors): "
+        f"rerun that command to continue it, or remove {output}.partial and {output}.resume to start again"
+    )
+    weights_file.write_bytes(saved)
+    assert _main([*argv, "--output", str(output)]) is None and output.read_text() == whole
+
+
+def test_a_rerun_with_another_input_prefix_file_or_first_line_is_refused_naming_it(stopped, tmp_path):
+    argv, output, _ = stopped
+    source = Path(argv[3])
+    text = source.read_text()
+    source.write_text(text.replace("apple", "appel"))  # the same size
+    assert "(--input's contents)" in _refused(argv, output)
+    source.write_text(text)
+    assert "(--first_line)" in _refused([*argv, "--first_line", "3"], output)
+    (tmp_path / "config.json").write_text((Path(argv[1]) / "config.json").read_text())
+    config = Path(argv[1]) / "config.json"
+    config.write_text(config.read_text().replace("\n", " \n", 1))  # the same model, another config.json
+    assert "(the model's config.json)" in _refused(argv, output)
+    config.write_text((tmp_path / "config.json").read_text())
+    prefixes = tmp_path / "prefixes.de"
+    prefixes.write_text("\n" * len(text.splitlines()))
+    assert "(--target_prefix_file's contents)" in _refused([*argv, "--target_prefix_file", str(prefixes)], output)
+    assert "(--nbest)" in _refused([*argv, "--nbest", "2"], output)
