@@ -82,3 +82,26 @@ def test_a_rerun_with_another_input_prefix_file_or_first_line_is_refused_naming_
     prefixes.write_text("\n" * len(text.splitlines()))
     assert "(--target_prefix_file's contents)" in _refused([*argv, "--target_prefix_file", str(prefixes)], output)
     assert "(--nbest)" in _refused([*argv, "--nbest", "2"], output)
+
+
+@pytest.mark.usefixtures("live_sigint")
+@pytest.mark.parametrize("output", [True, False], ids=["output", "stdout"])
+def test_a_stop_while_starting_or_loading_says_one_same_line(fitted_folder, tmp_path, monkeypatch, capsys, output):
+    import signal
+
+    source = tmp_path / "in.en"
+    source.write_text("The house is small.\n")
+    argv = ["--model", str(fitted_folder), "--input", str(source)] + (["--output", str(tmp_path / "o")] if output
+                                                                       else [])  # fmt: skip
+    with monkeypatch.context() as patch:  # Ctrl-C while loading the model
+        patch.setattr(translate_cli, "load_translator", lambda *_: signal.raise_signal(signal.SIGINT))
+        assert _main(argv) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "interrupted while starting: nothing done"
+
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(translate_cli, "check_compute_type", interrupted)  # while checking the options
+    assert _main(argv) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "interrupted while starting: nothing done"
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o.partial").exists()

@@ -35,6 +35,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
+import vaswani_mt
 from vaswani_mt.cli import add_compute_type, check_compute_type, saved_search, start_command
 from vaswani_mt.model.constraints_vaswani import ORDERS  # loaded with vaswani_mt itself
 
@@ -183,7 +184,7 @@ def starting_options(args: argparse.Namespace) -> TranslationOptions:
         options = decoding_options(args)
         start_command()
     except KeyboardInterrupt:
-        print("interrupted while starting: nothing translated", file=sys.stderr)
+        print(vaswani_mt.STOPPED_STARTING, file=sys.stderr)
         sys.exit(130)
     return options
 
@@ -313,15 +314,20 @@ def main(argv: list[str] | None = None) -> None:
     options = starting_options(args)
     from vaswani_mt.system.signals import TranslationInterrupted, stopping_on_signals
 
-    written = 0
+    written = None
     try:
         with stopping_on_signals():
             written = _translate_input(args, options)
     except TranslationInterrupted as stop:  # the lines translated are written; from the stream, it says how many
         if hasattr(stop, "line"):  # --output: where they are, and that the same command continues
             print(stop.line, file=sys.stderr)
-            sys.exit(128 + stop.signum)
-        exit_interrupted(stop, getattr(stop, "written", written), "<stdout>", args.first_line)
+        elif written is None and not hasattr(stop, "written"):  # loading: the same line as a stop while importing
+            print(vaswani_mt.STOPPED_STARTING, file=sys.stderr)
+        elif args.output:  # held to the end: every line is in --output
+            print(f"interrupted at the end: all {written} lines written to {args.output}", file=sys.stderr)
+        else:
+            exit_interrupted(stop, getattr(stop, "written", written), "<stdout>", args.first_line)
+        sys.exit(128 + stop.signum)
 
 
 class Part(NamedTuple):
@@ -391,6 +397,7 @@ def translate_part(args: argparse.Namespace, translator, output, report, part: P
     if prefix_stream is not None:
         skip_lines(prefix_stream, part.first + start)
         prefixes = read_text_lines(prefix_stream, args.target_prefix_file, first=resume.first_line)
+    count = None
     try:
         with stream, sink if output is not None else contextlib.nullcontext():  # standard output stays open
             count = translate_stream(translator, stream, sink, args.input or "<stdin>", prefixes=prefixes,
@@ -401,7 +408,8 @@ def translate_part(args: argparse.Namespace, translator, output, report, part: P
         if output is None:
             raise
         later = {line - first + 1: format_output(result, line - 1) for line, result in stop.later.items()}
-        stop.line = output.stopped(start + stop.written, later)
+        # No `written`: the stop came before the stream started (none) or after it ended (all: `count`).
+        stop.line = output.stopped(start + getattr(stop, "written", count or 0), later)
         raise
     except ValueError as error:  # the prefix file ended before the input
         sys.exit(f"error: {args.target_prefix_file}: {error}")
@@ -448,20 +456,22 @@ def translate_shards(args: argparse.Namespace, options: TranslationOptions) -> i
     sharded = ShardedOutput(args.output, _run_identity(args, options), options.nbest or 1)
     report, count = ControlReport(), 0
     peers.start(SHARDS_AGAIN)
-    try:
+    try:  # interruptible while it loads and waits; translating, a signal stops only where nothing is cut
         with interruptible():
             translator = load_translator(args, options)
             shards = _agreed_plan(peers, sharded, args.input, translator, world)
-            for shard in shards[rank::world]:
-                if not sharded.is_done(shard):
-                    count += translate_part(args, translator, sharded.part(shard), report,
-                                            Part(shard.first, shard.offset, shard.lines),
-                                            progress=os.environ.get("LOCAL_RANK", "0") == "0")  # fmt: skip
+        for shard in shards[rank::world]:
+            if not sharded.is_done(shard):
+                count += translate_part(args, translator, sharded.part(shard), report,
+                                        Part(shard.first, shard.offset, shard.lines),
+                                        progress=os.environ.get("LOCAL_RANK", "0") == "0")  # fmt: skip
+        with interruptible():
             peers.mark("translated")
             peers.wait_for("translated")
-            if rank == 0:
-                sharded.join(shards)
-                peers.mark("joined")
+        if rank == 0:
+            sharded.join(shards)
+            peers.mark("joined")
+        with interruptible():
             peers.wait_for("joined", [0])
     except TranslationInterrupted as stop:
         line = getattr(stop, "line", f"interrupted before translating: {SHARDS_AGAIN}")

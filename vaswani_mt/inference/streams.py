@@ -20,7 +20,7 @@ from typing import BinaryIO
 from vaswani_mt.inference.controls import ControlReport
 from vaswani_mt.inference.translate import format_output
 from vaswani_mt.inference.translator import Resume, Translator
-from vaswani_mt.system.signals import TranslationInterrupted, interruptible
+from vaswani_mt.system.signals import TranslationInterrupted, held, interruptible
 
 logger = logging.getLogger(__name__)
 
@@ -137,18 +137,21 @@ def translate_stream(translator: Translator, source: BinaryIO, sink: BinaryIO, n
     count = first_line - 1
     try:
         while True:
-            with interruptible():  # a stop while writing waits for the write's end
+            with interruptible():
                 output = next(outputs, _END)
             if output is _END:
                 return count - first_line + 1
-            count = _write(sink, [output], count)
+            with held():  # a stop waits until the line is written and counted, however deep the nesting
+                count = _write(sink, [output], count)
     except TranslationInterrupted as stop:
-        if outputs.gi_frame is not None:  # stopped between lines: the translator gives the rest of its chunk
+        if outputs.gi_frame is not None:  # stopped at a yield: the translator gives its chunk's outputs
             try:
                 outputs.throw(stop)
             except TranslationInterrupted:
                 pass
-        stop.written = _write(sink, stop.done, count) - first_line + 1
+        # `done` from line `first`: those past the lines written here (one yielded but not written, say) are written.
+        done = stop.done if stop.first is None else stop.done[max(0, count + 1 - stop.first) :]
+        stop.written = _write(sink, done, count) - first_line + 1
         raise
 
 

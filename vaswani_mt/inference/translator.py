@@ -126,12 +126,11 @@ class Translator:
                 if controls is not None:
                     chunk = _read_controls(chunk, controls, tabbed, terms, prefixes, done + 1)
                 outputs = self._chunk(chunk, done + 1, controls, bar, resume.done)
-                for k, output in enumerate(outputs):
-                    try:
-                        yield output
-                    except TranslationInterrupted as stop:  # thrown in by the reader: the rest of the chunk is done
-                        stop.done = outputs[k + 1 :]
-                        raise
+                try:
+                    yield from outputs
+                except TranslationInterrupted as stop:  # raised here, or thrown in by the reader: the chunk is done
+                    stop.done, stop.first = outputs, done + 1
+                    raise
                 done += len(chunk)
         if tabbed and not controls.tabbed and done >= first_line:
             from vaswani_mt.inference.controls import warn_no_tabs
@@ -175,7 +174,7 @@ class Translator:
         except TranslationInterrupted as stop:
             lead = next((i for i in range(len(texts)) if i not in finished), len(texts))
             final = [kept[i] if i in kept else self._final(texts, plans, results, i) for i in range(len(texts))]
-            stop.done = final[:lead]
+            stop.done, stop.first = final[:lead], first_line
             stop.later = {first_line + i: final[i] for i in sorted(finished) if i > lead}
             raise
         if bar is not None:
