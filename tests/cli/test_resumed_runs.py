@@ -105,3 +105,30 @@ def test_a_stop_while_starting_or_loading_says_one_same_line(fitted_folder, tmp_
     assert _main(argv) == 130
     assert capsys.readouterr().err.strip().splitlines()[-1] == "interrupted while starting: nothing done"
     assert not (tmp_path / "o").exists() and not (tmp_path / "o.partial").exists()
+
+
+@pytest.mark.parametrize("hard", [False, True], ids=["clean-stop", "hard-stop"])
+def test_a_kept_line_whose_controls_failed_is_reported_again_and_the_status_is_the_whole_runs(
+    fitted_folder, tmp_path, monkeypatch, caplog, hard
+):
+    import json
+
+    source, output = tmp_path / "in.en", tmp_path / "out.de"
+    source.write_text("\tHaus\n" + "".join(f"{line}\n" for line in ENGLISH * 2))  # line 1: a term, no source
+    argv = ["--model", str(fitted_folder), "--input", str(source), "--batch_size", "2", "--chunk_size", "4",
+            "--num_beams", "2", "--constraints", "unordered"]  # fmt: skip
+    failed = "error: 1 of 13 lines not translated: bad constraints or target prefixes (first: line 1: constraints or "
+    assert _main([*argv, "--output", str(tmp_path / "whole.de")]).startswith(failed)
+    with monkeypatch.context() as patch:
+        stop_at_batch(patch, TorchBackend, batch=4)  # in the 2nd chunk: line 1 is written, and kept
+        assert _main([*argv, "--output", str(output)]) == 130
+    state = Path(f"{output}.resume")
+    assert json.loads(state.read_text())["outcomes"] == {"1": {"failed": "constraints or a target prefix but no "
+                                                                         "source text"}}  # fmt: skip
+    if hard:  # what kill -9 leaves: the outcomes recorded before their lines were written, no clean stop's record
+        kept = {k: v for k, v in json.loads(state.read_text()).items() if k in ("key", "parts", "outcomes")}
+        state.write_text(json.dumps(kept))
+    caplog.clear()
+    assert _main([*argv, "--output", str(output)]).startswith(failed)
+    assert "line 1: constraints or a target prefix but no source text: not translated" in caplog.text
+    assert output.read_text() == (tmp_path / "whole.de").read_text()

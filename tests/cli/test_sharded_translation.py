@@ -252,3 +252,18 @@ def test_a_lost_machine_ends_the_other_with_one_line_naming_it(fitted_folder, lo
     result = _launch(argv)  # one machine, two processes: the same command continues both shards
     assert result.returncode == 0, result.stderr[-3000:]
     assert output.read_bytes() == whole
+
+
+def test_a_finished_shard_keeps_its_controls_outcomes_for_a_rerun_that_finds_it_done(tmp_path, tokenizer):
+    source = tmp_path / "in.en"
+    source.write_text(_text(100))
+    sharded = ShardedOutput(tmp_path / "out.de", {"options": 1})
+    shard = sharded.plan(source, tokenizer, 32, 2)[1]
+    part = sharded.part(shard)
+    part.resume()
+    with part.open() as f:
+        f.write(b"".join(b"x\n" for _ in range(shard.lines)))
+    part.record_outcomes({3: {"failed": "bad"}, 5: {"unmet": ["Haus"]}})
+    part.finished()
+    assert sharded.is_done(shard) and sharded.outcomes(shard) == {3: {"failed": "bad"}, 5: {"unmet": ["Haus"]}}
+    assert sharded.outcomes(sharded.shards()[0]) == {}

@@ -382,10 +382,12 @@ def translate_part(args: argparse.Namespace, translator, output, report, part: P
         except ValueError as error:
             sys.exit(f"error: {error}")
         resume = Resume(first + start, {first - 1 + line: FormattedOutput(text) for line, text in kept.items()})
+        for line, outcome in sorted(output.outcomes.items()):  # the kept lines' controls, reported as if done now
+            report.restore(first - 1 + line, outcome)
     try:
         stream = open(args.input, "rb") if args.input else sys.stdin.buffer
         prefix_stream = open(args.target_prefix_file, "rb") if args.target_prefix_file else None
-        sink = output.open() if output is not None else sys.stdout.buffer
+        sink = _Recorded(output, report, first - 1, start) if output is not None else sys.stdout.buffer
     except OSError as error:
         sys.exit(f"error: cannot open {error.filename}: {error.strerror or error}")
     if part.offset:
@@ -408,8 +410,9 @@ def translate_part(args: argparse.Namespace, translator, output, report, part: P
         if output is None:
             raise
         later = {line - first + 1: format_output(result, line - 1) for line, result in stop.later.items()}
+        outcomes = {line - first + 1: report.outcome(line) for line in stop.later if report.outcome(line)}
         # No `written`: the stop came before the stream started (none) or after it ended (all: `count`).
-        stop.line = output.stopped(start + getattr(stop, "written", count or 0), later)
+        stop.line = output.stopped(start + getattr(stop, "written", count or 0), later, outcomes)
         raise
     except ValueError as error:  # the prefix file ended before the input
         sys.exit(f"error: {args.target_prefix_file}: {error}")
@@ -419,6 +422,38 @@ def translate_part(args: argparse.Namespace, translator, output, report, part: P
     if output is not None:
         output.finished()
     return start + count
+
+
+class _Recorded:
+    """--output's `F.partial`, to append to, that records in `F.resume` what the controls did to each line (`report`,
+    lines numbered `offset` + output line) before the line is written: a rerun that keeps the line reports it again,
+    and its exit status is the whole run's. `lines`: the lines in `F.partial` already."""
+
+    def __init__(self, output, report, offset: int, lines: int):
+        self.file, self.output, self.report, self.offset, self.lines = output.open(), output, report, offset, lines
+        self.seen, self.pending = 0, []  # the report's size when last read; its lines not recorded yet
+
+    def write(self, data: bytes) -> int:
+        self.lines += data.count(b"\n") // self.output.lines_per_input
+        report, low, high = self.report, self.offset, self.offset + self.lines
+        if len(report.unmet) + len(report.failed) != self.seen:
+            self.seen = len(report.unmet) + len(report.failed)
+            self.pending = [line for line in {*report.unmet, *report.failed}
+                            if line > low and line - low not in self.output.outcomes]  # fmt: skip
+        due = {line - low: report.outcome(line) for line in self.pending if line <= high}
+        if due:
+            self.output.record_outcomes(due)
+            self.pending = [line for line in self.pending if line > high]
+        return self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.file.close()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -433,7 +468,7 @@ SHARDS_AGAIN = "every finished line is kept: run the same command again to conti
 
 def translate_shards(args: argparse.Namespace, options: TranslationOptions) -> int:
     """Translates this process's shards of --input and, in the first process, joins them into --output; returns
-    how many lines this process translated. Its end (an error, a stop, a lost peer) is one line and its status."""
+    how many lines its shards hold. Its end (an error, a stop, a lost peer) is one line and its status."""
     import torch
     from accelerate import PartialState
 
@@ -461,7 +496,11 @@ def translate_shards(args: argparse.Namespace, options: TranslationOptions) -> i
             translator = load_translator(args, options)
             shards = _agreed_plan(peers, sharded, args.input, translator, world)
         for shard in shards[rank::world]:
-            if not sharded.is_done(shard):
+            if sharded.is_done(shard):  # by a stopped run: what its controls did is reported as if done now
+                for line, outcome in sorted(sharded.outcomes(shard).items()):
+                    report.restore(args.first_line + shard.first - 1 + line, outcome)
+                count += shard.lines
+            else:
                 count += translate_part(args, translator, sharded.part(shard), report,
                                         Part(shard.first, shard.offset, shard.lines),
                                         progress=os.environ.get("LOCAL_RANK", "0") == "0")  # fmt: skip

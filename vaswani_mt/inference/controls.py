@@ -30,6 +30,34 @@ class ControlReport:
     unmet: dict[int, list[str]] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
 
+    def outcome(self, line: int) -> dict | None:
+        """Line `line`'s outcome as JSON (`restore` takes it back), None where its controls were honoured."""
+        if line in self.failed:
+            return {"failed": self.failed[line]}
+        return {"unmet": self.unmet[line]} if line in self.unmet else None
+
+    def restore(self, line: int, outcome: dict) -> None:
+        """A line kept from a stopped run: its outcome reported again, as when it was translated."""
+        if "failed" in outcome:
+            fail(self, line, outcome["failed"])
+        else:
+            warn_unmet(self, line, outcome["unmet"])
+
+
+def fail(report: ControlReport | None, line: int, message: str) -> None:
+    """Line `line` is not translated (its controls are bad): one error line, and the report's record."""
+    logger.error("line %d: %s: not translated", line, message)
+    if report is not None:
+        report.failed[line] = message
+
+
+def warn_unmet(report: ControlReport | None, line: int, missing: list[str]) -> None:
+    """Line `line`'s translation misses the terms `missing`: one warning line, and the report's record."""
+    logger.warning("line %d: %s not met within the length limit: the best translation is given without %s", line,
+                   ", ".join(repr(t) for t in missing), "it" if len(missing) == 1 else "them")  # fmt: skip
+    if report is not None:
+        report.unmet[line] = missing
+
 
 def split_constrained_line(line: str) -> tuple[str, list[str]]:
     """fairseq's constrained input: `source<TAB>term<TAB>term...` as (source, terms); a line without a tab has none."""
@@ -83,10 +111,7 @@ class LineControls:
         """Reports the empty lines (indices `blank`) that come with constraints or a prefix: no source to translate."""
         for i in blank:
             if (self.terms is not None and self.terms[i]) or (self.prefixes is not None and self.prefixes[i].strip()):
-                message = "constraints or a target prefix but no source text"
-                logger.error("line %d: %s", first_line + i, message)
-                if self.report is not None:
-                    self.report.failed[first_line + i] = message
+                fail(self.report, first_line + i, "constraints or a target prefix but no source text")
 
     def prepare(self, model, tokenizer, encoded: dict[int, list[int]], first_line: int, kwargs: dict) -> dict:
         """Token ids of each line's constraints and prefix, `{i: (forms, prefix_ids)}` for the lines in `encoded`
@@ -103,7 +128,7 @@ class LineControls:
             try:
                 prepared[i] = self._line(tokenizer, terms, prefix, self._room(model, len(encoded[i]), kwargs), banned)
             except ValueError as error:
-                self._fail(first_line + i, str(error))
+                fail(self.report, first_line + i, str(error))
                 del encoded[i]
                 continue
             for number, term in enumerate(terms, 1):
@@ -111,11 +136,6 @@ class LineControls:
                 if note is not None:
                     logger.warning("line %d: constraint %d: %s", first_line + i, number, note)
         return prepared
-
-    def _fail(self, line: int, message: str) -> None:
-        logger.error("line %d: %s: not translated", line, message)
-        if self.report is not None:
-            self.report.failed[line] = message
 
     @staticmethod
     def _line(tokenizer, terms: Sequence[str], prefix: str, room: int, banned: list[list[int]]) -> tuple[list, list]:
@@ -182,7 +202,8 @@ class LineControls:
         for i in chunk:
             text = results[i] if isinstance(results[i], str) else results[i][0].text
             if self.prefixes is not None and self.prefixes[i].strip() and not text:
-                self._fail(first_line + i, "no translation can start with its target prefix under these controls")
+                message = "no translation can start with its target prefix under these controls"
+                fail(self.report, first_line + i, message)
         if met is None or self.terms is None:
             return
         for row, i in enumerate(chunk):
@@ -190,12 +211,7 @@ class LineControls:
                 continue
             missing = [term for term, ok in zip(self.terms[i], met[row].tolist(), strict=False) if not ok]
             if missing:
-                logger.warning(
-                    "line %d: %s not met within the length limit: the best translation is given without %s",
-                    first_line + i, ", ".join(repr(t) for t in missing), "it" if len(missing) == 1 else "them",
-                )  # fmt: skip
-                if self.report is not None:
-                    self.report.unmet[first_line + i] = missing
+                warn_unmet(self.report, first_line + i, missing)
 
 
 def _banned_in(ids: Sequence[int], banned: list[list[int]]) -> list[int] | None:
@@ -207,4 +223,5 @@ def _banned_in(ids: Sequence[int], banned: list[list[int]]) -> list[int] | None:
     return None
 
 
-__all__ = ["ControlReport", "LineControls", "block_kwargs", "split_constrained_line", "warn_no_tabs"]
+__all__ = ["ControlReport", "LineControls", "block_kwargs", "fail", "split_constrained_line", "warn_no_tabs",
+           "warn_unmet"]  # fmt: skip

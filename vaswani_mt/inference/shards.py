@@ -106,8 +106,14 @@ class ShardedOutput:
         return [Shard(**shard) for shard in manifest["shards"]]
 
     def part(self, shard: Shard) -> ResumableOutput:
-        return ResumableOutput(self.folder / f"{shard.index:05d}", {**self.identity, "shard": asdict(shard)},
-                               self.lines_per_input)  # fmt: skip
+        return _ShardOutput(self.folder / f"{shard.index:05d}", {**self.identity, "shard": asdict(shard)},
+                            self.lines_per_input)  # fmt: skip
+
+    def outcomes(self, shard: Shard) -> dict[int, object]:
+        """What the controls did to the lines of a finished shard (by its line, from 1), for a rerun's report."""
+        path = self.folder / f"{shard.index:05d}.outcomes"
+        kept = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+        return {int(line): outcome for line, outcome in kept.items()}
 
     def is_done(self, shard: Shard) -> bool:
         return (self.folder / f"{shard.index:05d}").exists()
@@ -122,6 +128,17 @@ class ShardedOutput:
                     shutil.copyfileobj(part, sink, 1 << 20)
         os.replace(partial, self.output)
         shutil.rmtree(self.folder)
+
+
+class _ShardOutput(ResumableOutput):
+    """A shard's output, whose controls outcomes stay beside it once it is whole (`K.outcomes`): a rerun that finds
+    the shard done reports them, so that its exit status is the whole run's."""
+
+    def finished(self) -> None:
+        temporary = Path(f"{self.output}.outcomes.tmp")
+        temporary.write_text(json.dumps(self.outcomes), encoding="utf-8")
+        os.replace(temporary, f"{self.output}.outcomes")
+        super().finished()
 
 
 __all__ = ["Shard", "ShardedOutput", "plan_shards"]

@@ -53,6 +53,8 @@ class ResumableOutput:
         self.key, self.parts = run_key(identity), run_parts(identity)
         self.lines_per_input = lines_per_input
         self.kept: dict[int, str] = {}
+        # What the controls did to the lines kept or written (JSON, by line): a rerun that keeps one reports it again.
+        self.outcomes: dict[int, object] = {}
 
     def resume(self, chunk: int = 1) -> tuple[int, dict[int, str]]:
         """(the input lines to skip: the whole chunks of `chunk` lines a stopped run of this command wrote to
@@ -76,6 +78,8 @@ class ResumableOutput:
                              for line in range(start + 1, written + 1)}  # fmt: skip
                 self.kept.update({int(line): text for line, text in state["later"].items() if int(line) > written})
             f.truncate(sum(len(x) + 1 for x in lines[: start * k]))
+        self.outcomes = {int(line): outcome for line, outcome in state.get("outcomes", {}).items()
+                         if int(line) <= start or int(line) in self.kept}  # fmt: skip
         return start, dict(self.kept)
 
     def check(self) -> dict | None:
@@ -99,10 +103,16 @@ class ResumableOutput:
         self._record({})
         return open(self.partial, "ab")
 
-    def stopped(self, written: int, later: dict[int, str]) -> str:
-        """Records a clean stop (`written`: its lines in `F.partial`; `later`: the text of lines finished after them)
-        and says so, in one line."""
+    def record_outcomes(self, outcomes: dict[int, object]) -> None:
+        """Records what the controls did to lines (by line), before those lines are written."""
+        self.outcomes.update(outcomes)
+        self._record({})
+
+    def stopped(self, written: int, later: dict[int, str], outcomes: dict[int, object] | None = None) -> str:
+        """Records a clean stop (`written`: its lines in `F.partial`; `later`: the text of lines finished after them,
+        `outcomes` what the controls did to those) and says so, in one line."""
         kept = {line: text for line, text in {**self.kept, **later}.items() if line > written}
+        self.outcomes.update(outcomes or {})
         self._record({"written": written, "later": kept})
         more = f" and {len(kept)} finished lines after them in {self.state}" if kept else ""
         return (f"interrupted at line {written + 1}: {written} lines written to {self.partial}{more}; rerun the same "
@@ -115,7 +125,8 @@ class ResumableOutput:
 
     def _record(self, state: dict) -> None:
         temporary = self.state.with_name(self.state.name + ".tmp")
-        temporary.write_text(json.dumps({"key": self.key, "parts": self.parts, **state}), encoding="utf-8")
+        state = {"key": self.key, "parts": self.parts, "outcomes": self.outcomes, **state}
+        temporary.write_text(json.dumps(state), encoding="utf-8")
         os.replace(temporary, self.state)
 
 
