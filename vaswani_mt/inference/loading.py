@@ -280,18 +280,6 @@ def load_for_inference(model: str, device: str | None = None, attn_implementatio
     return apply_compute_type(loaded.to(device).eval(), compute_type), tokenizer
 
 
-def translation_pipeline(model: str, compute_type: str = "float32", device: str | None = None, **kwargs):
-    """The translation pipeline of a saved model (folder or Hub id), loaded by `load_for_inference` with its checks
-    and `compute_type`; `kwargs` go to the pipeline (`max_source_tokens`, `batch_size`, `alignments`, `markup`,
-    generate() keywords). It is `inference.pipeline.AligningTranslationPipeline`: transformers' `pipeline(
-    "translation", model=folder, trust_remote_code=True)` builds the payload's `TranslationPipeline`, the same without
-    alignments and markup, in float32."""
-    from vaswani_mt.inference.pipeline import AligningTranslationPipeline
-
-    loaded, tokenizer = load_for_inference(model, device=device, compute_type=compute_type)
-    return AligningTranslationPipeline(model=loaded, tokenizer=tokenizer, **kwargs)
-
-
 __all__ = [
     "PICKLE_SUFFIXES",
     "ModelFolderError",
@@ -300,5 +288,4 @@ __all__ = [
     "is_ctranslate2_folder",
     "load_for_inference",
     "model_files",
-    "translation_pipeline",
 ]
