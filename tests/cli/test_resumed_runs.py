@@ -132,3 +132,49 @@ def test_a_kept_line_whose_controls_failed_is_reported_again_and_the_status_is_t
     assert _main([*argv, "--output", str(output)]).startswith(failed)
     assert "line 1: constraints or a target prefix but no source text: not translated" in caplog.text
     assert output.read_text() == (tmp_path / "whole.de").read_text()
+
+
+def test_resume_reads_back_only_the_last_chunk_of_a_long_partial(tmp_path):
+    import tracemalloc
+
+    from vaswani_mt.system.outputs import ResumableOutput
+
+    output = ResumableOutput(tmp_path / "o", {"run": 1})
+    partial = tmp_path / "o.partial"
+    partial.write_bytes(b"x" * 99 + b"\n")
+    output.stopped(1, {})  # F.resume as a clean stop leaves it
+    partial.write_bytes((b"x" * 99 + b"\n") * 200_003 + b"cut")  # 20 MB, a line cut short at the end
+    output.stopped(200_003, {})
+    tracemalloc.start()
+    try:
+        start, kept = output.resume(chunk=4)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert start == 200_000 and kept == {line: "x" * 99 + "\n" for line in (200_001, 200_002, 200_003)}
+    assert partial.stat().st_size == 200_000 * 100 and peak < 4 << 20, peak
+
+
+def test_two_runs_never_write_one_output_at_once(tmp_path):
+    from vaswani_mt.system.outputs import ResumableOutput
+
+    first, second = ResumableOutput(tmp_path / "o", {"run": 1}), ResumableOutput(tmp_path / "o", {"run": 1})
+    assert first.resume() == (0, {})
+    with first.open() as f:
+        f.write(b"one\n")
+        for attempt in (second.resume, second.open):
+            with pytest.raises(ValueError, match=r"o\.partial is being written by another run: wait for it to end, or "
+                                                 r"stop it first$"):  # fmt: skip
+                attempt()
+    assert (tmp_path / "o.partial").read_bytes() == b"one\n"
+    assert second.resume() == (1, {})  # once the first has ended
+
+
+def test_a_bom_is_dropped_from_line_1_only_not_from_a_shard_or_resumed_runs_first_line():
+    import io
+
+    from vaswani_mt.inference.streams import read_text_lines
+
+    data = b"\xef\xbb\xbfa\n\xef\xbb\xbfb\n"
+    assert list(read_text_lines(io.BytesIO(data))) == ["a", "\ufeffb"]
+    assert list(read_text_lines(io.BytesIO(data[data.index(b"\n") + 1 :]), first=2)) == ["\ufeffb"]

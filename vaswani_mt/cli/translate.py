@@ -390,6 +390,8 @@ def translate_part(args: argparse.Namespace, translator, output, report, part: P
         sink = _Recorded(output, report, first - 1, start) if output is not None else sys.stdout.buffer
     except OSError as error:
         sys.exit(f"error: cannot open {error.filename}: {error.strerror or error}")
+    except ValueError as error:  # another run writes the output
+        sys.exit(f"error: {error}")
     if part.offset:
         stream.seek(part.offset)
     skip_lines(stream, start)  # the whole chunks a stopped run wrote

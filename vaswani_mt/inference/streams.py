@@ -57,7 +57,8 @@ MAX_LINE_BYTES = 1 << 20
 
 def read_text_lines(stream: BinaryIO, name: str = "<stdin>", max_line_bytes: int = MAX_LINE_BYTES,
                     first: int = 1) -> Iterator[str]:  # fmt: skip
-    """The lines of a byte stream as text, lazily, one per "\n" or "\r\n" (a leading UTF-8 BOM dropped; other
+    """The lines of a byte stream as text, lazily, one per "\n" or "\r\n" (a UTF-8 BOM dropped from line 1 only: a
+    shard or a resumed run that starts later reads U+FEFF there as the whole run does, as text; other
     Unicode line breaks are text). Never fails on content: bytes that are not UTF-8 become U+FFFD and a line longer
     than `max_line_bytes` is cut there, each with a warning naming `name` and the line (the first is line `first`)."""
     decoder = codecs.getincrementaldecoder("utf-8")
@@ -79,7 +80,7 @@ def read_text_lines(stream: BinaryIO, name: str = "<stdin>", max_line_bytes: int
             else:
                 cut = False  # exactly max_line_bytes at the end of the stream: nothing was left out
         line = line.removesuffix(b"\n").removesuffix(b"\r")
-        if number == first:
+        if number == 1:
             line = line.removeprefix(codecs.BOM_UTF8)
         try:
             # A cut line may end inside a character: the incomplete end is dropped, not replaced (final=False).

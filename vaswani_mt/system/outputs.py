@@ -10,6 +10,7 @@ its batches are the uninterrupted run's and so is every byte of the output.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -44,6 +45,25 @@ def file_digest(path: str | os.PathLike) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def _scan(f, step: int) -> tuple[int, list[int], int]:
+    """(the whole lines of a binary file, the byte every run of `step` lines starts at, the byte after the last whole
+    line), read a block at a time: memory stays flat whatever its size."""
+    lines, starts, end, position = 0, [0], 0, 0
+    while block := f.read(1 << 20):
+        count, at = block.count(b"\n"), -1
+        if count:
+            end = position + block.rindex(b"\n") + 1
+        while lines + count >= len(starts) * step:  # a run of `step` lines ends in this block
+            for _ in range(len(starts) * step - lines):
+                at = block.index(b"\n", at + 1)
+            count -= len(starts) * step - lines
+            lines = len(starts) * step
+            starts.append(position + at + 1)
+        lines += count
+        position += len(block)
+    return lines, starts, end
+
+
 class ResumableOutput:
     """The files of `output` for the run whose `identity` (any JSON-able description: options, models, input) is
     given; lines are counted from 1; each input line writes `lines_per_input` output lines (n-best: K)."""
@@ -66,18 +86,20 @@ class ResumableOutput:
         if state is None:
             self.state.unlink(missing_ok=True)
             return 0, {}
+        k = self.lines_per_input
         with open(self.partial, "r+b") as f:
-            data = f.read()
-            lines = data.split(b"\n")[:-1]  # whole lines only: what a hard stop left after the last one is cut
-            written = len(lines) // self.lines_per_input
+            self._locked(f)
+            lines, starts, end = _scan(f, chunk * k)  # whole lines only: what a hard stop left after them is cut
+            written = lines // k
             start = written // chunk * chunk
-            k = self.lines_per_input
+            f.seek(starts[written // chunk])  # read back the last chunk only, however long the file
+            tail = f.read(end - starts[written // chunk]).split(b"\n")
             self.kept = {}
             if "later" in state:  # a clean stop: every finished line is known
-                self.kept = {line: b"".join(x + b"\n" for x in lines[(line - 1) * k : line * k]).decode("utf-8")
-                             for line in range(start + 1, written + 1)}  # fmt: skip
+                self.kept = {start + i + 1: b"".join(x + b"\n" for x in tail[i * k : (i + 1) * k]).decode("utf-8")
+                             for i in range(written - start)}  # fmt: skip
                 self.kept.update({int(line): text for line, text in state["later"].items() if int(line) > written})
-            f.truncate(sum(len(x) + 1 for x in lines[: start * k]))
+            f.truncate(starts[written // chunk])
         self.outcomes = {int(line): outcome for line, outcome in state.get("outcomes", {}).items()
                          if int(line) <= start or int(line) in self.kept}  # fmt: skip
         return start, dict(self.kept)
@@ -98,10 +120,26 @@ class ResumableOutput:
         return state
 
     def open(self):
-        """`F.partial`, to append to. `F.resume` first says whose it is, and no more: what a hard stop leaves, so
-        that its rerun translates the chunk it fell in again whole."""
+        """`F.partial`, to append to, locked (ValueError, one line, where another run holds it). `F.resume` first says
+        whose it is, and no more: what a hard stop leaves, so that its rerun translates the chunk it fell in again
+        whole."""
+        f = open(self.partial, "ab")
+        try:
+            self._locked(f)
+        except ValueError:
+            f.close()
+            raise
         self._record({})
-        return open(self.partial, "ab")
+        return f
+
+    def _locked(self, f) -> None:
+        """An exclusive lock on `F.partial` (open as `f`) while this run holds it, or ValueError, one line: two runs
+        writing one output at once would mix their lines."""
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"{self.partial} is being written by another run: wait for it to end, or stop it "
+                             "first") from None  # fmt: skip
 
     def record_outcomes(self, outcomes: dict[int, object]) -> None:
         """Records what the controls did to lines (by line), before those lines are written."""
