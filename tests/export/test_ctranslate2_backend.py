@@ -81,3 +81,38 @@ def test_greedy_and_beam_translations_are_our_searchs(engine, folders):
     # "Das Mädchen hat einen Apfel gegessen." ends after 4 shorter ones; with patience 2 it is among the 8 kept.
     engine.patience = 2
     assert translate(engine, None, SOURCES, target_prefixes=prefixes, length_penalty=ALPHA) == ours
+
+
+def test_an_nbest_list_keeps_k_entries_when_a_prefix_forces_beams(engine):
+    """CTranslate2 scores the beams a target prefix forces beside the first -1e10: they are scored whole by
+    score_batch rather than dropped, so that every line has its K entries (issue 61)."""
+    from types import SimpleNamespace
+
+    from vaswani_mt.export.ctranslate2 import ctranslate2_nbest
+
+    class Forcing:  # the real translator, with every hypothesis but the first marked forced
+        def translate_batch(self, *args, **kwargs):
+            results = engine.translator.translate_batch(*args, **kwargs)
+            return [SimpleNamespace(hypotheses=r.hypotheses, scores=[r.scores[0]] + [-1e10] * (len(r.scores) - 1))
+                    for r in results]  # fmt: skip
+
+        def score_batch(self, *args, **kwargs):
+            return engine.translator.score_batch(*args, **kwargs)
+
+    sources = _sources(engine, SOURCES[:3])
+    ranked = ctranslate2_nbest(Forcing(), sources, engine.search_options, length_penalty=ALPHA)
+    assert [len(row) for row in ranked] == [engine.search_options["beam_size"]] * 3
+    expected = ctranslate2_nbest(engine.translator, sources, engine.search_options, length_penalty=ALPHA)
+    assert [[h[0] for h in row] for row in ranked] == [[h[0] for h in row] for row in expected]
+    assert [h[1] for row in ranked for h in row] == pytest.approx([h[1] for row in expected for h in row], abs=1e-4)
+
+
+def test_ctranslate2s_own_ranking_refuses_nbest_lists_before_anything_is_read(folders):
+    from vaswani_mt.export.ctranslate2 import CTranslate2Model
+    from vaswani_mt.inference.translator import Translator
+
+    own = CTranslate2Model(folders[1], ranking="ctranslate2", intra_threads=1)
+    with pytest.raises(ValueError, match=r"^nbest=2: .+ gives one translation per line \(CTranslate2's own ranking\): "
+                                         r"use ranking='paper', or nbest 1$"):  # fmt: skip
+        Translator(own, nbest=2)
+    assert len(Translator(own, nbest=1).translate(["The house is small."])[0]) == 1

@@ -27,7 +27,8 @@ _SEARCH_OPTIONS = {"num_beams": "beam_size", "length_penalty": "length_penalty"}
 _LENGTH_RULE = ("max_len_a", "max_len_b")
 # The paper's search in those names: what `ctranslate2_nbest` searches with where a folder saved none.
 _PAPER_SEARCH = {_SEARCH_OPTIONS.get(name, name): value for name, value in PAPER_SEARCH.items()}
-# CTranslate2 marks the beams a target prefix forces beside the first with a score of -1e10: not hypotheses.
+# CTranslate2 marks the beams a target prefix forces beside the first with a score of -1e10: `score_batch` scores
+# them, so that an n-best list still has its K entries, each with its true log-probability.
 _FORCED_BEAM = -1.0e9
 
 
@@ -129,7 +130,7 @@ def ctranslate2_nbest(
     for i, result in enumerate(results):
         row = []
         for tokens, score in zip(result.hypotheses, result.scores, strict=True):
-            if len(tokens) >= limits[i]:
+            if len(tokens) >= limits[i] or score <= _FORCED_BEAM:  # a beam a prefix forced is scored whole too
                 cut.append((i, len(row)))
             row.append([tokens, score * (len(tokens) + 1) ** lps[i] + prefix_log_probs[i]])
         found.append(row)
@@ -139,10 +140,9 @@ def ctranslate2_nbest(
         for (i, k), result in zip(cut, scored, strict=True):
             found[i][k][1] = sum(result.log_probs)
     ranked = []
-    for row in found:
-        real = [hypothesis for hypothesis in row if hypothesis[1] > _FORCED_BEAM] or row
+    for row in found:  # every row keeps its `num_hypotheses`: an n-best list has K entries
         scored_row = [(tokens, log_prob, log_prob / gnmt_length_penalty(len(tokens) + 1, alpha))
-                      for tokens, log_prob in real]  # fmt: skip
+                      for tokens, log_prob in row]  # fmt: skip
         ranked.append(sorted(scored_row, key=lambda hypothesis: hypothesis[2], reverse=True))
     return ranked
 
@@ -192,7 +192,8 @@ class CTranslate2Model:
         self.patience, self.ranking = patience, ranking
         limit = self.tokenizer.model_max_length
         self.max_source_tokens = limit if 0 < (limit or 0) < 10**9 else 1024
-        self.facts = BackendFacts(str(folder), self.generation_config.num_beams or 1, "ctranslate2")
+        self.facts = BackendFacts(str(folder), self.generation_config.num_beams or 1, "ctranslate2",
+                                  nbest_lists=ranking == "paper")  # fmt: skip
 
     def search(self, batch: Batch, options: TranslationOptions) -> tuple[list, None]:
         """The batch's translations (n-best lists with `options.nbest`) by CTranslate2, ranked by `ranking`."""

@@ -59,13 +59,14 @@ class Sampling:
 class BackendFacts(NamedTuple):
     """What `check` needs to know of a backend: its `name` (the folder, for messages), its search's beam
     (`num_beams`), its `engine` ("torch" or "ctranslate2"), the decoder depth of each member, and whether every
-    member has a supervised alignment head."""
+    member has a supervised alignment head, and whether its n-best lists have K entries (`nbest_lists`)."""
 
     name: str
     num_beams: int
     engine: str = "torch"
     depths: tuple[int, ...] = ()
     supervised: bool = False
+    nbest_lists: bool = True
 
 
 @dataclass(frozen=True)
@@ -210,6 +211,9 @@ class TranslationOptions:
         if self.nbest is not None and not self.sampling and self.nbest > beams:
             raise ValueError(f"nbest={self.nbest} is more than the beam size ({beams}): the search keeps {beams} "
                              "hypotheses")  # fmt: skip
+        if self.nbest is not None and self.nbest > 1 and not backend.nbest_lists:
+            raise ValueError(f"nbest={self.nbest}: {backend.name} gives one translation per line (CTranslate2's own "
+                             "ranking): use ranking='paper', or nbest 1")  # fmt: skip
         if backend.engine == "ctranslate2":
             self._check_ctranslate2()
             return
