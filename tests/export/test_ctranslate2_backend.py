@@ -116,3 +116,38 @@ def test_ctranslate2s_own_ranking_refuses_nbest_lists_before_anything_is_read(fo
                                          r"use ranking='paper', or nbest 1$"):  # fmt: skip
         Translator(own, nbest=2)
     assert len(Translator(own, nbest=1).translate(["The house is small."])[0]) == 1
+
+
+def test_a_ctranslate2_folder_runs_as_saved_unless_told_in_its_compute_types_on_this_gpu(folders, monkeypatch):
+    import argparse
+
+    import ctranslate2
+    import torch
+
+    from vaswani_mt.cli import check_compute_type
+    from vaswani_mt.inference import ctranslate2 as module
+    from vaswani_mt.inference.translator import Translator
+
+    seen = []
+
+    class Seen(module.CTranslate2Model):  # records its options, and runs on the CPU whatever they say
+        def __init__(self, folder, **options):
+            seen.append(options)
+            super().__init__(folder, **{k: v for k, v in options.items() if k not in ("device", "device_index")})
+
+    monkeypatch.setattr(module, "CTranslate2Model", Seen)
+    for given, passed in ((None, None), ("float32", "float32"), ("int8_float32", "int8_float32")):
+        Translator(str(folders[1]), threads=1, compute_type=given)
+        assert seen[-1].get("compute_type") == passed and "device" not in seen[-1]  # None: the type it was saved in
+        if given is not None:
+            check_compute_type(argparse.Namespace(compute_type=given, model=[str(folders[1])]))  # taken, no exit
+    with pytest.raises(SystemExit, match="unknown compute type 'fp8' for a CTranslate2 folder: use default, auto, "):
+        check_compute_type(argparse.Namespace(compute_type="fp8", model=[str(folders[1])]))
+    with pytest.raises(ValueError, match=r"^compute type 'int8_float32' is CTranslate2's: vaswani_mt's own models "
+                                         r"take float32, bfloat16, int8, auto$"):  # fmt: skip
+        Translator(str(folders[0]), compute_type="int8_float32")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 1)
+    Translator(str(folders[1]), threads=1)
+    assert seen[-1]["device"] == "cuda" and seen[-1]["device_index"] == 0

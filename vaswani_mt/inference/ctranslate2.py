@@ -231,9 +231,9 @@ def load_ctranslate2(model: str | Path, compute_type: str | None = None, models:
                      threads: int | None = None) -> CTranslate2Model:  # fmt: skip
     """A CTranslate2 export (`export_model(..., "ctranslate2", ...)`) as a `CTranslate2Model`, what the commands
     translate with when --model names one: `compute_type` is CTranslate2's ("float32", "int8", "bfloat16", "auto",
-    ...; None: the type it was saved in), `threads` its `intra_threads`. A folder that cannot serve raises
-    `ModelFolderError`, one line: a missing tokenizer.json, a bad generation_config.json, no `ctranslate2` package,
-    a compute type this machine lacks, an ensemble (`models` > 1)."""
+    ...; None: the type it was saved in), `threads` its `intra_threads`; on this process's GPU where there is one.
+    A folder that cannot serve raises `ModelFolderError`, one line: a missing tokenizer.json, a bad
+    generation_config.json, no `ctranslate2` package, a compute type this machine lacks, an ensemble (`models` > 1)."""
     from vaswani_mt.inference.loading import check_ctranslate2_folder
 
     if models > 1:
@@ -244,10 +244,12 @@ def load_ctranslate2(model: str | Path, compute_type: str | None = None, models:
     if threads is not None:
         options["intra_threads"] = threads
     try:
-        import ctranslate2  # noqa: F401
+        import ctranslate2
     except ImportError:
         raise ModelFolderError(f"{model} is a CTranslate2 export: translating with it needs the ctranslate2 package "
                                "(pip install 'vaswani-mt[ctranslate2]')") from None  # fmt: skip
+    if torch.cuda.is_available() and ctranslate2.get_cuda_device_count() > 0:  # this process's GPU (one per shard)
+        options.update(device="cuda", device_index=torch.cuda.current_device())
     try:
         return CTranslate2Model(folder, **options)
     except (RuntimeError, ValueError, OSError) as error:

@@ -19,7 +19,10 @@ from vaswani_mt.model.constraints_vaswani import ORDERS
 
 ALIGNMENT_KINDS = ("hard", "soft")
 MARKUP_FORMATS = ("xml",)  # markup.py reads them
-COMPUTE_TYPES = ("float32", "bfloat16", "int8", "auto")
+COMPUTE_TYPES = ("float32", "bfloat16", "int8", "auto")  # ours (inference/compute_types.py)
+# CTranslate2's, which its folders take (its `compute_type`): the weights' type and the one products run in.
+CTRANSLATE2_COMPUTE_TYPES = ("default", "auto", "float32", "float16", "bfloat16", "int8", "int8_float32",
+                             "int8_float16", "int8_bfloat16", "int16")  # fmt: skip
 # The fields that are `generate()` keywords of the model's search, passed on only when given.
 SEARCH_FIELDS = ("num_beams", "length_penalty", "early_stopping", "constrained_length_penalty", "max_len_a",
                  "max_len_b", "max_new_tokens")  # fmt: skip
@@ -85,8 +88,9 @@ class TranslationOptions:
 
     Batching: `batch_size` rows (None: the token budget alone), `max_tokens` (fairseq's token budget), `chunk_size`
     lines read at a time (None: 16 batches, or 1024 lines with `max_tokens`), `max_source_tokens` (longer sources are
-    cut, with a warning; None: the model's). Compute: `compute_type` (CTranslate2's names), `threads` (None: torch's
-    or CTranslate2's default). `generate_kwargs`: any other `generate()` keyword (CTranslate2: `translate_batch`'s).
+    cut, with a warning; None: the model's). Compute: `compute_type` (CTranslate2's names; None: as saved, unlike
+    "float32", which a CTranslate2 int8 export runs in), `threads` (None: torch's or CTranslate2's default).
+    `generate_kwargs`: any other `generate()` keyword (CTranslate2: `translate_batch`'s).
     """
 
     num_beams: int | None = None
@@ -112,7 +116,7 @@ class TranslationOptions:
     max_tokens: int | None = None
     chunk_size: int | None = None
     max_source_tokens: int | None = None
-    compute_type: str = "float32"
+    compute_type: str | None = None
     threads: int | None = None
     generate_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
@@ -159,8 +163,9 @@ class TranslationOptions:
                 raise ValueError(f"{name} must be at least 1, got {value}")
         if self.batch_size is None and self.max_tokens is None:
             raise ValueError("batch_size=None (no limit on rows) needs max_tokens")
-        if self.compute_type not in COMPUTE_TYPES:
-            raise ValueError(f"unknown compute type {self.compute_type!r}: use {', '.join(COMPUTE_TYPES)}")
+        if self.compute_type is not None and self.compute_type not in {*COMPUTE_TYPES, *CTRANSLATE2_COMPUTE_TYPES}:
+            raise ValueError(f"unknown compute type {self.compute_type!r}: use {', '.join(COMPUTE_TYPES)} (a "
+                             f"CTranslate2 folder: {', '.join(CTRANSLATE2_COMPUTE_TYPES)})")  # fmt: skip
         self._check_sampling()
         if self.constraints is not None and self.constraints not in ORDERS:
             raise ValueError(f"constraint order must be one of {', '.join(ORDERS)}, not {self.constraints!r}")
@@ -255,5 +260,5 @@ class TranslationOptions:
                 raise ValueError(f"{name} (--{name}) needs vaswani_mt's own model, not a CTranslate2 folder; {instead}")
 
 
-__all__ = ["ALIGNMENT_KINDS", "COMPUTE_TYPES", "MARKUP_FORMATS", "BackendFacts", "Hypothesis", "Sampling",
-           "TranslationOptions"]  # fmt: skip
+__all__ = ["ALIGNMENT_KINDS", "COMPUTE_TYPES", "CTRANSLATE2_COMPUTE_TYPES", "MARKUP_FORMATS", "BackendFacts",
+           "Hypothesis", "Sampling", "TranslationOptions"]  # fmt: skip

@@ -49,8 +49,7 @@ def load_backend(model, tokenizer=None, options: TranslationOptions | None = Non
     options = options or TranslationOptions()
     folders = [str(model)] if isinstance(model, (str, Path)) else list(model) if isinstance(model, list) else None
     if folders and is_ctranslate2_folder(folders[0]):
-        compute = None if options.compute_type == "float32" else options.compute_type
-        return load_ctranslate2(folders[0], compute, models=len(folders), threads=options.threads)
+        return load_ctranslate2(folders[0], options.compute_type, models=len(folders), threads=options.threads)
     if options.threads is not None:
         import torch
 
@@ -60,11 +59,11 @@ def load_backend(model, tokenizer=None, options: TranslationOptions | None = Non
     if folders:
         from vaswani_mt.inference.ensemble import load_ensemble
 
-        loaded, tokenizer = load_ensemble(folders, compute_type=options.compute_type)
+        loaded, tokenizer = load_ensemble(folders, compute_type=options.compute_type or "float32")
         return TorchBackend(loaded, tokenizer, name=" + ".join(folders))
     if tokenizer is None:
         raise ValueError("a model object needs its tokenizer: Translator(model, tokenizer, options)")
-    return TorchBackend(model, tokenizer, options.compute_type)
+    return TorchBackend(model, tokenizer, options.compute_type or "float32")
 
 
 class Translator:
