@@ -151,3 +151,17 @@ def test_a_ctranslate2_folder_runs_as_saved_unless_told_in_its_compute_types_on_
     monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 1)
     Translator(str(folders[1]), threads=1)
     assert seen[-1]["device"] == "cuda" and seen[-1]["device_index"] == 0
+
+
+def test_max_new_tokens_is_honoured_and_a_keyword_the_search_lacks_refused_before_any_input(folders, restore_threads):
+    from vaswani_mt.inference.translator import Translator
+
+    for tokens in (3, 7):  # greedy: the same translations as ours, cut at the same length
+        short = {"num_beams": 1, "max_new_tokens": tokens}
+        assert Translator(str(folders[1]), threads=1, **short).translate(SOURCES) == Translator(
+            str(folders[0]), **short).translate(SOURCES), short  # fmt: skip
+    beam = Translator(str(folders[1]), threads=1, num_beams=4, max_new_tokens=5)
+    assert all(len(beam.tokenizer(text_target=text)["input_ids"]) <= 6 for text in beam.translate(SOURCES))  # + </s>
+    with pytest.raises(ValueError, match=r"^do_sample: not an option of .+'s search, which takes .*beam_size, "):
+        Translator(str(folders[1]), threads=1, generate_kwargs={"do_sample": True})
+    assert Translator(str(folders[1]), threads=1, generate_kwargs={"repetition_penalty": 1.0}).translate(["Hi."])

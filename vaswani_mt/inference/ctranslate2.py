@@ -9,6 +9,7 @@ optional dependency (`pip install vaswani-mt[ctranslate2]`), imported when used.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -168,6 +169,14 @@ _CONSTRAINT_ONLY = ("constrained_length_penalty", "constraint_order", "early_sto
 RANKINGS = ("paper", "ctranslate2")
 
 
+def _keywords(ctranslate2) -> frozenset[str]:
+    """The keywords a CTranslate2 folder's search takes: translate_batch's (read from its signature, the first line
+    of its docstring), and generate()'s names it translates."""
+    signature = ctranslate2.Translator.translate_batch.__doc__.split("\n", 1)[0]
+    names = set(re.findall(r"(\w+): ", signature.split("*", 1)[-1]))
+    return frozenset(names | set(_GENERATE_NAMES) | set(_CONSTRAINT_ONLY) | {"max_new_tokens"})
+
+
 class CTranslate2Model:
     """A CTranslate2 export as a `Translator` backend: its `translator` (`ctranslate2.Translator`;
     `translator_options` such as device="cuda", compute_type="int8", intra_threads=2), its `tokenizer`, its `search`
@@ -193,11 +202,14 @@ class CTranslate2Model:
         limit = self.tokenizer.model_max_length
         self.max_source_tokens = limit if 0 < (limit or 0) < 10**9 else 1024
         self.facts = BackendFacts(str(folder), self.generation_config.num_beams or 1, "ctranslate2",
-                                  nbest_lists=ranking == "paper")  # fmt: skip
+                                  nbest_lists=ranking == "paper", keywords=_keywords(ctranslate2))  # fmt: skip
 
     def search(self, batch: Batch, options: TranslationOptions) -> tuple[list, None]:
         """The batch's translations (n-best lists with `options.nbest`) by CTranslate2, ranked by `ranking`."""
         kwargs = {name: value for name, value in batch.kwargs.items() if name not in _CONSTRAINT_ONLY}
+        if kwargs.get("max_new_tokens") is not None:  # the same count: tokens generated, </s> among them
+            kwargs["max_decoding_length"] = kwargs["max_new_tokens"]
+        kwargs.pop("max_new_tokens", None)
         tokens = self.tokenizer.convert_ids_to_tokens
         ours = {name: kwargs.pop(name) for name in list(kwargs) if name in _GENERATE_NAMES}
         search = {**self.search_options, **{_GENERATE_NAMES[k]: v for k, v in ours.items() if v is not None}}

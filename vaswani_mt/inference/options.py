@@ -62,7 +62,8 @@ class Sampling:
 class BackendFacts(NamedTuple):
     """What `check` needs to know of a backend: its `name` (the folder, for messages), its search's beam
     (`num_beams`), its `engine` ("torch" or "ctranslate2"), the decoder depth of each member, and whether every
-    member has a supervised alignment head, and whether its n-best lists have K entries (`nbest_lists`)."""
+    member has a supervised alignment head, whether its n-best lists have K entries (`nbest_lists`), and the
+    keywords its search takes (`keywords`; None: any of `generate()`'s)."""
 
     name: str
     num_beams: int
@@ -70,6 +71,7 @@ class BackendFacts(NamedTuple):
     depths: tuple[int, ...] = ()
     supervised: bool = False
     nbest_lists: bool = True
+    keywords: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -219,6 +221,10 @@ class TranslationOptions:
         if self.nbest is not None and self.nbest > 1 and not backend.nbest_lists:
             raise ValueError(f"nbest={self.nbest}: {backend.name} gives one translation per line (CTranslate2's own "
                              "ranking): use ranking='paper', or nbest 1")  # fmt: skip
+        unknown = sorted(set(self.generate_kwargs) - backend.keywords) if backend.keywords is not None else []
+        if unknown:  # refused here, before any input is read, rather than at the first batch
+            raise ValueError(f"{', '.join(unknown)}: not an option of {backend.name}'s search, which takes "
+                             f"{', '.join(sorted(backend.keywords))}")  # fmt: skip
         if backend.engine == "ctranslate2":
             self._check_ctranslate2()
             return
