@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from vaswani_mt.inference.options import TranslationOptions
     from vaswani_mt.system.signals import TranslationInterrupted
 
-SAMPLING_OPTIONS = ("topk", "topp", "temperature", "seed")
 # --early_stopping's words and the values transformers' `early_stopping` takes (beam_search_vaswani.can_improve).
 EARLY_STOPPING = {"never": "never", "true": True, "false": False}
 
@@ -146,11 +145,11 @@ def decoding_options(args: argparse.Namespace, **fields) -> TranslationOptions:
     against the search the first --model folder saved (`saved_search`: its beam, whether it is a CTranslate2
     export) before any model loads; a bad combination ends the program with one line, `error: ...`."""
     from vaswani_mt.inference.loading import is_ctranslate2_folder
-    from vaswani_mt.inference.options import BackendFacts, TranslationOptions
+    from vaswani_mt.inference.options import SAMPLING_FIELDS, BackendFacts, TranslationOptions
 
     names = ("num_beams", "length_penalty", "constrained_length_penalty", "max_tokens", "nbest", "constraints",
              "disable_unk", "batch_size", "chunk_size", "compute_type", "threads", "alignments", "alignment_method",
-             "markup", "sampling", *SAMPLING_OPTIONS)  # fmt: skip
+             "markup", "sampling", *SAMPLING_FIELDS)  # fmt: skip
     values = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
     values = {name: value for name, value in values.items() if value is not False}  # store_true flags not given
     if getattr(args, "early_stopping", None) is not None:
@@ -169,7 +168,7 @@ def decoding_options(args: argparse.Namespace, **fields) -> TranslationOptions:
             facts = BackendFacts(args.model[0], search.num_beams, "ctranslate2" if ctranslate2 else "torch")
             options.check(facts, prefixes=bool(args.target_prefix_file))
     except ValueError as error:
-        given = [f"--{name}" for name in SAMPLING_OPTIONS if getattr(args, name, None) is not None]
+        given = [f"--{name}" for name in SAMPLING_FIELDS if getattr(args, name, None) is not None]
         if given and not getattr(args, "sampling", False):
             sys.exit(f"error: {', '.join(given)} only go{'es' if len(given) == 1 else ''} with --sampling")
         sys.exit(f"error: {error}")

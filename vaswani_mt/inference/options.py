@@ -171,15 +171,19 @@ class TranslationOptions:
         self._check_sampling()
         if self.constraints is not None and self.constraints not in ORDERS:
             raise ValueError(f"constraint order must be one of {', '.join(ORDERS)}, not {self.constraints!r}")
+        self._need_beams(prefixes, self.beams_given)
+        self._check_outputs()
+        if backend is not None:
+            self._check_backend(backend, prefixes)
+
+    def _need_beams(self, prefixes: bool, beams: int | None) -> None:
+        """Constraints and target prefixes need beam search: the one check (`beams` None: not known yet)."""
         if self.constraints is not None or prefixes:
             what = "constraints" if self.constraints is not None else "target prefixes"
             if self.sampling:
                 raise ValueError(f"{what} need beam search, not sampling")
-            if self.beams_given is not None and self.beams_given <= 1:
+            if beams is not None and beams <= 1:
                 raise ValueError(f"{what} need beam search (num_beams > 1), not greedy search")
-        self._check_outputs()
-        if backend is not None:
-            self._check_backend(backend, prefixes)
 
     def _check_sampling(self) -> None:
         given = [name for name in SAMPLING_FIELDS if getattr(self, name) is not None]
@@ -212,9 +216,7 @@ class TranslationOptions:
 
     def _check_backend(self, backend: BackendFacts, prefixes: bool) -> None:
         beams = self.beams_given or backend.num_beams or 1
-        if (self.constraints is not None or prefixes) and beams <= 1:
-            what = "constraints" if self.constraints is not None else "target prefixes"
-            raise ValueError(f"{what} need beam search (num_beams > 1), not greedy search")
+        self._need_beams(prefixes, beams)
         if self.nbest is not None and not self.sampling and self.nbest > beams:
             raise ValueError(f"nbest={self.nbest} is more than the beam size ({beams}): the search keeps {beams} "
                              "hypotheses")  # fmt: skip
