@@ -178,3 +178,17 @@ def test_a_bom_is_dropped_from_line_1_only_not_from_a_shard_or_resumed_runs_firs
     data = b"\xef\xbb\xbfa\n\xef\xbb\xbfb\n"
     assert list(read_text_lines(io.BytesIO(data))) == ["a", "\ufeffb"]
     assert list(read_text_lines(io.BytesIO(data[data.index(b"\n") + 1 :]), first=2)) == ["\ufeffb"]
+
+
+@pytest.mark.usefixtures("live_sigint")
+def test_a_signal_after_the_last_line_is_written_says_the_output_is_whole(fitted_folder, tmp_path, monkeypatch,
+                                                                          capsys):  # fmt: skip
+    import signal
+
+    source, output = tmp_path / "in.en", tmp_path / "out.de"
+    source.write_text("".join(f"{line}\n" for line in ENGLISH))
+    monkeypatch.setattr(translate_cli, "report_controls", lambda *_: signal.raise_signal(signal.SIGTERM))  # held
+    assert _main(["--model", str(fitted_folder), "--input", str(source), "--output", str(output)]) == 143
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == f"interrupted at the end: all 6 lines written to {output}"
+    assert len(output.read_text().splitlines()) == 6 and not Path(f"{output}.partial").exists()
