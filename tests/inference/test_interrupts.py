@@ -161,11 +161,14 @@ class _Signalling:
     def flush(self):
         self.file.flush()
 
+    def close(self):
+        self.file.close()
+
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        self.file.close()
+        self.close()
 
 
 class _SignalAfterYield:
