@@ -140,6 +140,8 @@ class ResumableOutput:
         except BlockingIOError:
             raise ValueError(f"{self.partial} is being written by another run: wait for it to end, or stop it "
                              "first") from None  # fmt: skip
+        except OSError:  # a file system without locks (some network ones): written unlocked, as before
+            pass
 
     def record_outcomes(self, outcomes: dict[int, object]) -> None:
         """Records what the controls did to lines (by line), before those lines are written."""
