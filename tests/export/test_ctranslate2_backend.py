@@ -165,3 +165,23 @@ def test_max_new_tokens_is_honoured_and_a_keyword_the_search_lacks_refused_befor
     with pytest.raises(ValueError, match=r"^do_sample: not an option of .+'s search, which takes .*beam_size, "):
         Translator(str(folders[1]), threads=1, generate_kwargs={"do_sample": True})
     assert Translator(str(folders[1]), threads=1, generate_kwargs={"repetition_penalty": 1.0}).translate(["Hi."])
+
+
+LACKS = {
+    "sampling": ({"sampling": True}, "sampling (--sampling) needs vaswani_mt's own search"),
+    "early_stopping": ({"early_stopping": False}, "early_stopping=False (--early_stopping false) needs vaswani_mt's"),
+    "alignments": ({"alignments": "hard"}, "alignments (--alignments) need vaswani_mt's own model"),
+    "markup": ({"markup": "xml"}, "markup (--markup) needs vaswani_mt's own model (it aligns)"),
+    "constraints": ({"constraints": "unordered"}, "constraints (--constraints) need vaswani_mt's own search"),
+}
+
+
+@pytest.mark.parametrize(("fields", "start"), LACKS.values(), ids=LACKS)
+def test_what_a_ctranslate2_folder_lacks_is_refused_in_one_line_when_the_translator_is_made(folders, fields, start):
+    from vaswani_mt.inference.translator import Translator
+
+    with pytest.raises(ValueError) as error:
+        Translator(str(folders[1]), threads=1, **fields)
+    message = str(error.value)
+    assert message.startswith(start) and f"the CTranslate2 folder {folders[1]}" in message and "\n" not in message
+    assert message.endswith("; translate the vaswani_mt folder it came from")

@@ -145,7 +145,7 @@ def decoding_options(args: argparse.Namespace, **fields) -> TranslationOptions:
     against the search the first --model folder saved (`saved_search`: its beam, whether it is a CTranslate2
     export) before any model loads; a bad combination ends the program with one line, `error: ...`."""
     from vaswani_mt.inference.loading import is_ctranslate2_folder
-    from vaswani_mt.inference.options import SAMPLING_FIELDS, BackendFacts, TranslationOptions
+    from vaswani_mt.inference.options import OWN_SEARCH, SAMPLING_FIELDS, BackendFacts, TranslationOptions
 
     names = ("num_beams", "length_penalty", "constrained_length_penalty", "max_tokens", "nbest", "constraints",
              "disable_unk", "batch_size", "chunk_size", "compute_type", "threads", "alignments", "alignment_method",
@@ -165,7 +165,8 @@ def decoding_options(args: argparse.Namespace, **fields) -> TranslationOptions:
         options = TranslationOptions(**values, **fields)
         search = saved_search(args.model[0])
         if search is not None:
-            facts = BackendFacts(args.model[0], search.num_beams, "ctranslate2" if ctranslate2 else "torch")
+            name = f"the CTranslate2 folder {args.model[0]}" if ctranslate2 else args.model[0]
+            facts = BackendFacts(name, search.num_beams, tuple(OWN_SEARCH) if ctranslate2 else ())
             options.check(facts, prefixes=bool(args.target_prefix_file))
     except ValueError as error:
         given = [f"--{name}" for name in SAMPLING_FIELDS if getattr(args, name, None) is not None]

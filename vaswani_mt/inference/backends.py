@@ -101,7 +101,7 @@ class TorchBackend:
         members = list(model.members) if isinstance(model, VaswaniEnsemble) else [model]
         self.facts = BackendFacts(
             name or getattr(model, "name_or_path", None) or "the model", model.generation_config.num_beams or 1,
-            "torch", tuple(_decoder_layers(m.config) for m in members),
+            (), tuple(_decoder_layers(m.config) for m in members),
             all(supervised_head(m.config) for m in members),
         )  # fmt: skip
 

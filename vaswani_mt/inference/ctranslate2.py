@@ -17,7 +17,7 @@ import torch
 
 from vaswani_mt.inference.backends import Batch
 from vaswani_mt.inference.loading import ModelFolderError
-from vaswani_mt.inference.options import BackendFacts, Hypothesis, TranslationOptions
+from vaswani_mt.inference.options import OWN_SEARCH, BackendFacts, Hypothesis, TranslationOptions
 from vaswani_mt.model.beam_search_vaswani import gnmt_length_penalty
 from vaswani_mt.model.generation_vaswani import PAPER_SEARCH, sentence_limits
 from vaswani_mt.model.pipeline_vaswani import single_line
@@ -201,8 +201,9 @@ class CTranslate2Model:
         self.patience, self.ranking = patience, ranking
         limit = self.tokenizer.model_max_length
         self.max_source_tokens = limit if 0 < (limit or 0) < 10**9 else 1024
-        self.facts = BackendFacts(str(folder), self.generation_config.num_beams or 1, "ctranslate2",
-                                  nbest_lists=ranking == "paper", keywords=_keywords(ctranslate2))  # fmt: skip
+        self.facts = BackendFacts(f"the CTranslate2 folder {folder}", self.generation_config.num_beams or 1,
+                                  tuple(OWN_SEARCH), nbest_lists=ranking == "paper",
+                                  keywords=_keywords(ctranslate2))  # fmt: skip
 
     def search(self, batch: Batch, options: TranslationOptions) -> tuple[list, None]:
         """The batch's translations (n-best lists with `options.nbest`) by CTranslate2, ranked by `ranking`."""

@@ -59,15 +59,29 @@ class Sampling:
             raise ValueError(f"the temperature must be above 0, got {self.temperature}")
 
 
+# What only vaswani_mt's own search and model do: a backend states those it cannot (`BackendFacts.lacks`), and an
+# option that needs one is refused with this line when the Translator is made.
+OWN_SEARCH = {
+    "constraints": "constraints (--constraints) need vaswani_mt's own search: {name} takes target prefixes "
+                   "(--target_prefix_file), --block_file and --disable_unk only",
+    "sampling": "sampling (--sampling) needs vaswani_mt's own search (a seeded draw per line), not {name}",
+    "early_stopping": "early_stopping={value!r} (--early_stopping {flag}) needs vaswani_mt's own search: {name} stops "
+                      "a sentence once beam_size hypotheses have ended (true)",
+    "alignments": "alignments (--alignments) need vaswani_mt's own model, not {name}",
+    "alignment_method": "alignment_method (--alignment_method) needs vaswani_mt's own model, not {name}",
+    "markup": "markup (--markup) needs vaswani_mt's own model (it aligns), not {name}",
+}  # fmt: skip
+
+
 class BackendFacts(NamedTuple):
     """What `check` needs to know of a backend: its `name` (the folder, for messages), its search's beam
-    (`num_beams`), its `engine` ("torch" or "ctranslate2"), the decoder depth of each member, and whether every
-    member has a supervised alignment head, whether its n-best lists have K entries (`nbest_lists`), and the
-    keywords its search takes (`keywords`; None: any of `generate()`'s)."""
+    (`num_beams`), what of `OWN_SEARCH` it `lacks`, the decoder depth of each member, and whether every member has
+    a supervised alignment head, whether its n-best lists have K entries (`nbest_lists`), and the keywords its
+    search takes (`keywords`; None: any of `generate()`'s)."""
 
     name: str
     num_beams: int
-    engine: str = "torch"
+    lacks: tuple[str, ...] = ()
     depths: tuple[int, ...] = ()
     supervised: bool = False
     nbest_lists: bool = True
@@ -227,9 +241,12 @@ class TranslationOptions:
         if unknown:  # refused here, before any input is read, rather than at the first batch
             raise ValueError(f"{', '.join(unknown)}: not an option of {backend.name}'s search, which takes "
                              f"{', '.join(sorted(backend.keywords))}")  # fmt: skip
-        if backend.engine == "ctranslate2":
-            self._check_ctranslate2()
-            return
+        for name in backend.lacks:
+            value = getattr(self, name)
+            given = value is not None and (value is not False or name == "early_stopping")  # sampling: a flag
+            if given and not (name == "early_stopping" and value in (True, "true")):
+                line = OWN_SEARCH[name].format(name=backend.name, value=value, flag=str(value).lower())
+                raise ValueError(f"{line}; translate the vaswani_mt folder it came from")
         if self.alignments is None and self.markup is None:
             return
         from vaswani_mt.inference.alignments import check_method
@@ -249,24 +266,6 @@ class TranslationOptions:
             raise ValueError(f"alignment method 'supervised': {backend.name} has no supervised alignment head (train "
                              "it with --alignment_supervision)")  # fmt: skip
 
-    def _check_ctranslate2(self) -> None:
-        instead = "translate the vaswani_mt folder it came from"
-        if self.constraints is not None:
-            raise ValueError(
-                "constraints (--constraints) need vaswani_mt's own search: a CTranslate2 folder takes target prefixes "
-                f"(--target_prefix_file), --block_file and --disable_unk only; {instead}"
-            )
-        if self.sampling:
-            raise ValueError(f"sampling (--sampling) needs vaswani_mt's own search (a seeded draw per line); {instead}")
-        if self.early_stopping not in (None, True, "true"):
-            raise ValueError(
-                f"early_stopping={self.early_stopping!r} (--early_stopping {str(self.early_stopping).lower()}) needs "
-                "vaswani_mt's own search: CTranslate2 stops a sentence once beam_size hypotheses have ended (true)"
-            )
-        for name in ("alignments", "alignment_method", "markup"):
-            if getattr(self, name) is not None:
-                raise ValueError(f"{name} (--{name}) needs vaswani_mt's own model, not a CTranslate2 folder; {instead}")
 
-
-__all__ = ["ALIGNMENT_KINDS", "COMPUTE_TYPES", "CTRANSLATE2_COMPUTE_TYPES", "MARKUP_FORMATS", "BackendFacts",
-           "Hypothesis", "Sampling", "TranslationOptions"]  # fmt: skip
+__all__ = ["ALIGNMENT_KINDS", "COMPUTE_TYPES", "CTRANSLATE2_COMPUTE_TYPES", "MARKUP_FORMATS", "OWN_SEARCH",
+           "BackendFacts", "Hypothesis", "Sampling", "TranslationOptions"]  # fmt: skip
