@@ -1,8 +1,9 @@
 """An output file that appears only whole and that a stopped run continues (`--output F` of translate): until every
-line is done the lines go to `F.partial`, in input order; `F.resume` says what run wrote them (a key of its options
-and input) and, after a clean stop (a signal), the lines it finished past the first unfinished one. The same command
-then continues where it stopped, does no finished line again, and refuses in one line another command's run; after
-a hard stop (`kill -9`, a lost machine) it continues from the whole lines in `F.partial`.
+line is done the lines go to `F.partial`, in input order, locked while a run writes it; `F.resume` says what run
+wrote them (a key of each part of what makes the output), what the controls did to each line, and, after a clean
+stop (a signal), the lines it finished past the first unfinished one. The same command then continues where it
+stopped, does no finished line again, and refuses in one line, naming what differs, another run's files; after a
+hard stop (`kill -9`, a lost machine) it continues from the whole lines in `F.partial`.
 
 A rerun restarts at the chunk of lines the stop fell in (`resume(chunk)`), keeping that chunk's finished lines, so
 its batches are the uninterrupted run's and so is every byte of the output.
