@@ -229,3 +229,20 @@ def test_a_rerun_from_line_n_numbers_its_nbest_lists_and_warnings_as_the_whole_r
     got = capsys.readouterr()
     assert got.out == "".join(expected.out.splitlines(keepends=True)[6:])  # IDs from 3, as the whole run's
     assert "line 7: " in got.err and "line 7: " in expected.err  # the warning names the line in the whole input
+
+
+def test_a_backend_is_asked_with_one_typed_request_it_reads_in_its_own_terms(fitted, monkeypatch):
+    from vaswani_mt.inference.backends import Search
+
+    model, tokenizer = fitted
+    asked = []
+    search = TorchBackend.search
+    monkeypatch.setattr(TorchBackend, "search", lambda self, batch, options: asked.append(batch.search) or search(
+        self, batch, options))  # fmt: skip
+    translator = Translator(model, tokenizer, num_beams=2, block=["Buch"], disable_unk=True, max_new_tokens=8)
+    translator.translate(["The girl ate an apple.", "How are you?"], prefixes=["Das", ""])
+    request = asked[0]
+    assert isinstance(request, Search) and request.options.max_new_tokens == 8 and request.terms is None
+    assert request.blocked and request.unk == tokenizer.unk_token_id
+    assert request.prefixes[0] == tokenizer(text_target="Das", add_special_tokens=False)["input_ids"]
+    assert request.prefixes[1] == [] and request.generate_kwargs()["target_prefix"] == request.prefixes

@@ -75,22 +75,17 @@ def warn_no_tabs(lines: int) -> None:
         )
 
 
-def block_kwargs(tokenizer, block: Sequence[str] = (), disable_unk: bool = False, where: str = "") -> dict:
-    """`generate()` arguments that keep `block`'s phrases (each as tokenized at the start and inside a sentence) and,
-    with `disable_unk`, `<unk>` out of every output. ValueError naming the phrase (after `where`) for one that is
-    empty or has characters outside the vocabulary."""
-    kwargs: dict = {}
+def blocked_ids(tokenizer, block: Sequence[str] = (), disable_unk: bool = False) -> tuple[tuple, int | None]:
+    """The token-id forms of `block`'s phrases (each as tokenized at the start and inside a sentence) and, with
+    `disable_unk`, `<unk>`'s id: what no translation contains (`Search.blocked`, `Search.unk`). ValueError naming the
+    phrase for one that is empty or has characters outside the vocabulary."""
     forms = []
     for number, phrase in enumerate(block, 1):
         try:
             forms += phrase_forms(tokenizer, phrase)
         except ValueError as error:
-            raise ValueError(f"{where}blocked phrase {number}: {error}") from None
-    if forms:
-        kwargs["bad_words_ids"] = forms
-    if disable_unk and tokenizer.unk_token_id is not None:
-        kwargs["suppress_tokens"] = [tokenizer.unk_token_id]
-    return kwargs
+            raise ValueError(f"blocked phrase {number}: {error}") from None
+    return tuple(map(tuple, forms)), tokenizer.unk_token_id if disable_unk else None
 
 
 @dataclass
@@ -113,13 +108,13 @@ class LineControls:
             if (self.terms is not None and self.terms[i]) or (self.prefixes is not None and self.prefixes[i].strip()):
                 fail(self.report, first_line + i, "constraints or a target prefix but no source text")
 
-    def prepare(self, model, tokenizer, encoded: dict[int, list[int]], first_line: int, kwargs: dict) -> dict:
+    def prepare(self, model, tokenizer, encoded: dict[int, list[int]], first_line: int, search) -> dict:
         """Token ids of each line's constraints and prefix, `{i: (forms, prefix_ids)}` for the lines in `encoded`
         (source ids by index) that have any; a line whose controls are bad or contradict the blocked phrases and
-        `<unk>` of `kwargs` is dropped from `encoded`, reported and logged as an error."""
+        `<unk>` of `search` (`backends.Search`) is dropped from `encoded`, reported and logged as an error."""
         prepared = {}
-        banned = [list(form) for form in kwargs.get("bad_words_ids") or []]
-        banned += [[token] for token in kwargs.get("suppress_tokens") or []]
+        banned = [list(form) for form in search.blocked] + ([[search.unk]] if search.unk is not None else [])
+        kwargs = search.options.search_kwargs()
         for i in list(encoded):
             terms = self.terms[i] if self.terms is not None else []
             prefix = self.prefixes[i] if self.prefixes is not None else ""
@@ -183,17 +178,17 @@ class LineControls:
             return int(config.max_length) - 2
         return int(sentence_limits(a, b, torch.tensor(source_tokens))) - 1
 
-    def batch_kwargs(self, chunk: Sequence[int], prepared: dict) -> dict:
-        """`generate()` arguments for a batch of lines (indices `chunk`), empty where none of them has controls."""
+    def batch_controls(self, chunk: Sequence[int], prepared: dict) -> dict:
+        """The `Search` fields of a batch of lines (indices `chunk`): `terms`, `order`, `prefixes`; empty where none
+        of them has controls."""
         if not any(i in prepared for i in chunk):
             return {}
-        kwargs = {}
+        fields = {}
         if self.terms is not None:
-            kwargs["constraints"] = [prepared[i][0] if i in prepared else [] for i in chunk]
-            kwargs["constraint_order"] = self.order
+            fields.update(terms=[prepared[i][0] if i in prepared else [] for i in chunk], order=self.order)
         if self.prefixes is not None:
-            kwargs["target_prefix"] = [prepared[i][1] if i in prepared else [] for i in chunk]
-        return kwargs
+            fields["prefixes"] = [prepared[i][1] if i in prepared else [] for i in chunk]
+        return fields
 
     def record(self, chunk: Sequence[int], met, first_line: int, results: Sequence) -> None:
         """Reports and warns the lines of `chunk` whose translation misses a constraint (`met`: the search's
@@ -223,5 +218,5 @@ def _banned_in(ids: Sequence[int], banned: list[list[int]]) -> list[int] | None:
     return None
 
 
-__all__ = ["ControlReport", "LineControls", "block_kwargs", "fail", "split_constrained_line", "warn_no_tabs",
+__all__ = ["ControlReport", "LineControls", "blocked_ids", "fail", "split_constrained_line", "warn_no_tabs",
            "warn_unmet"]  # fmt: skip

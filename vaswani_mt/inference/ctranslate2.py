@@ -162,19 +162,14 @@ def ctranslate2_generate(
     return [tokenizer.convert_tokens_to_ids(result.hypotheses[0]) for result in results]
 
 
-# generate()'s names for the search options, and translate_batch's; and those that concern constraints alone.
-_GENERATE_NAMES = {"num_beams": "beam_size", "length_penalty": "length_penalty", "max_len_a": "max_len_a",
-                   "max_len_b": "max_len_b"}  # fmt: skip
-_CONSTRAINT_ONLY = ("constrained_length_penalty", "constraint_order", "early_stopping")
 RANKINGS = ("paper", "ctranslate2")
 
 
 def _keywords(ctranslate2) -> frozenset[str]:
-    """The keywords a CTranslate2 folder's search takes: translate_batch's (read from its signature, the first line
-    of its docstring), and generate()'s names it translates."""
+    """The keywords a CTranslate2 folder's search takes beside the options' own fields: translate_batch's (read from
+    its signature, the first line of its docstring), and `num_beams` (`beams_given`)."""
     signature = ctranslate2.Translator.translate_batch.__doc__.split("\n", 1)[0]
-    names = set(re.findall(r"(\w+): ", signature.split("*", 1)[-1]))
-    return frozenset(names | set(_GENERATE_NAMES) | set(_CONSTRAINT_ONLY) | {"max_new_tokens"})
+    return frozenset({*re.findall(r"(\w+): ", signature.split("*", 1)[-1]), "num_beams"})
 
 
 class CTranslate2Model:
@@ -207,19 +202,17 @@ class CTranslate2Model:
 
     def search(self, batch: Batch, options: TranslationOptions) -> tuple[list, None]:
         """The batch's translations (n-best lists with `options.nbest`) by CTranslate2, ranked by `ranking`."""
-        kwargs = {name: value for name, value in batch.kwargs.items() if name not in _CONSTRAINT_ONLY}
-        if kwargs.get("max_new_tokens") is not None:  # the same count: tokens generated, </s> among them
-            kwargs["max_decoding_length"] = kwargs["max_new_tokens"]
-        kwargs.pop("max_new_tokens", None)
-        tokens = self.tokenizer.convert_ids_to_tokens
-        ours = {name: kwargs.pop(name) for name in list(kwargs) if name in _GENERATE_NAMES}
-        search = {**self.search_options, **{_GENERATE_NAMES[k]: v for k, v in ours.items() if v is not None}}
-        prefixes = kwargs.pop("target_prefix", None)
-        prefixes = None if prefixes is None else [tokens(prefix) for prefix in prefixes]
-        bad, suppressed = kwargs.pop("bad_words_ids", None), kwargs.pop("suppress_tokens", None)
-        if bad:
-            kwargs["suppress_sequences"] = [tokens(form) for form in bad]
-        if suppressed:
+        request, tokens = batch.search, self.tokenizer.convert_ids_to_tokens
+        given = {"beam_size": options.beams_given, "length_penalty": options.length_penalty,
+                 "max_len_a": options.max_len_a, "max_len_b": options.max_len_b}  # fmt: skip
+        search = {**self.search_options, **{name: value for name, value in given.items() if value is not None}}
+        kwargs = {name: value for name, value in options.generate_kwargs.items() if name != "num_beams"}
+        if options.max_new_tokens is not None:  # the same count: tokens generated, </s> among them
+            kwargs["max_decoding_length"] = options.max_new_tokens
+        prefixes = None if request.prefixes is None else [tokens(prefix) for prefix in request.prefixes]
+        if request.blocked:
+            kwargs["suppress_sequences"] = [tokens(list(form)) for form in request.blocked]
+        if request.unk is not None:
             kwargs["disable_unk"] = True
         if options.max_tokens is not None:
             kwargs.update(max_batch_size=options.max_tokens, batch_type="tokens")

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from vaswani_mt.inference.alignments import AlignedTranslation, empty_aligned
-from vaswani_mt.inference.backends import Backend, Batch, TorchBackend
+from vaswani_mt.inference.backends import Backend, Batch, Search, TorchBackend
 from vaswani_mt.inference.batching import token_budget_batches
-from vaswani_mt.inference.controls import ControlReport, LineControls, block_kwargs, split_constrained_line
+from vaswani_mt.inference.controls import ControlReport, LineControls, blocked_ids, split_constrained_line
 from vaswani_mt.inference.markup import restore, take_out_markup
 from vaswani_mt.inference.options import Hypothesis, TranslationOptions
 from vaswani_mt.model.pipeline_vaswani import encode_source
@@ -83,8 +83,7 @@ class Translator:
         self.options.check(self.backend.facts)
         # What the search runs with: markup aligns (hard) to put the tags back.
         self._search = self.options.replace(alignments="hard", markup=None) if self.options.markup else self.options
-        self._kwargs = {**self._search.search_kwargs(), **block_kwargs(self.tokenizer, self.options.block,
-                                                                       self.options.disable_unk)}  # fmt: skip
+        self._request = Search(self._search, *blocked_ids(self.tokenizer, self.options.block, self.options.disable_unk))
 
     def translate(self, lines: Sequence[str], *, terms: Sequence | None = None, prefixes: Sequence[str] | None = None,
                   report: ControlReport | None = None, progress: bool = False) -> list:  # fmt: skip
@@ -154,14 +153,15 @@ class Translator:
         prepared: dict = {}
         if controls is not None:  # each line's terms and prefix checked against its own length limit
             controls.refuse_blank(blank, first_line)
-            prepared = controls.prepare(self.backend, self.tokenizer, encoded, first_line, self._kwargs)
+            prepared = controls.prepare(self.backend, self.tokenizer, encoded, first_line, self._request)
             todo = [i for i in todo if i in encoded]
         finished = set(range(len(texts))) - set(todo)  # blank and refused lines: their results are final
         try:
             for rows in self._batches(texts, todo, encoded, first_line):
-                kwargs = self._kwargs if controls is None else {**self._kwargs, **controls.batch_kwargs(rows, prepared)}
+                request = self._request if controls is None else self._request._replace(
+                    **controls.batch_controls(rows, prepared))  # fmt: skip
                 batch = Batch([encoded[i] for i in rows], [first_line - 1 + i for i in rows],
-                              [texts[i] for i in rows], kwargs)  # fmt: skip
+                              [texts[i] for i in rows], request)  # fmt: skip
                 found, met = self.backend.search(batch, self._search)
                 for i, result in zip(rows, found, strict=True):
                     results[i] = result
