@@ -90,6 +90,18 @@ def one_thread():
 
 
 @pytest.fixture
+def live_sigint():
+    """SIGINT live in this process, and so in every child it starts (a handler, unlike SIG_IGN, is not inherited
+    across exec), for the test; put back after it. Started in the background (`cmd &`, nohup, some CI runners), a
+    process inherits SIGINT ignored and the commands rightly keep it so: a test that sends it makes it live first."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture
 def restore_threads():
     """torch's thread count put back after the test (`torch_threads`)."""
     with torch_threads():

@@ -16,6 +16,9 @@ def _started_as_a_command() -> bool:
     return name.startswith("vaswani-mt-") or (name.endswith(".py") and folder == "scripts") or name == "app.py"
 
 
+# What a command says when Ctrl-C comes while it starts (importing, checking, loading): one line for all.
+STOPPED_STARTING = "interrupted while starting: nothing done"
+
 try:  # torch and transformers take seconds to import
     from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
@@ -25,7 +28,7 @@ try:  # torch and transformers take seconds to import
 except KeyboardInterrupt:
     if not _started_as_a_command():
         raise
-    print("interrupted while starting: nothing done", file=sys.stderr)
+    print(STOPPED_STARTING, file=sys.stderr)
     raise SystemExit(130) from None
 
 __version__ = "0.1.0"

@@ -56,6 +56,23 @@ def test_the_demo_forces_the_terms_it_must_contain_and_says_which_it_met(fitted_
     assert "must contain: 'gegesen' splits into 4 short pieces" in notes
 
 
+def test_the_demo_says_met_or_not_as_the_translators_report_does_not_as_a_substring_test(fitted_folder,
+                                                                                        monkeypatch):  # fmt: skip
+    from vaswani_mt.inference.translator import Translator
+
+    model, tokenizer = load_for_inference(str(fitted_folder), attn_implementation="eager")
+    translate = Translator.translate
+
+    def reporting_unmet(self, lines, **kwargs):  # the search says it missed the term, which the text holds anyway
+        outputs = translate(self, lines, **kwargs)
+        kwargs["report"].unmet[1] = ["Buch"]
+        return outputs
+
+    monkeypatch.setattr(Translator, "translate", reporting_unmet)
+    translation, _, notes = translate_for_demo(model, tokenizer, "The girl ate an apple.", max_len_b=12, terms="Buch")
+    assert "Buch" in translation and "must contain: Buch ✗ not met" in notes
+
+
 def test_search_controls_start_from_the_models_own_generation_config(fitted_folder, tmp_path):
     pytest.importorskip("gradio")
     from transformers import GenerationConfig

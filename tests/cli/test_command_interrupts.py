@@ -20,6 +20,7 @@ LINES = 3000
 # The six sentences longest first, each 500 times: batches, which run longest first, then follow the input order, so
 # that a run stopped midway has many lines before the first one not translated (evaluate sorts the whole input).
 TEXT = "".join(f"{sentence}\n" * (LINES // 6) for sentence in sorted(ENGLISH, key=len, reverse=True))
+pytestmark = pytest.mark.usefixtures("live_sigint")  # the commands get SIGINT live, even under nohup
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
 
 

@@ -50,6 +50,8 @@ def test_the_commands_take_a_ctranslate2_folder_with_prefixes_and_refuse_constra
         with pytest.raises(SystemExit) as stop:
             module.main(["--model", folder, *terms, *argv])
         message = stop.value.code  # as the commands' other refusals: `error: ...`, one line, exit status 1
-        expected = "error: constraints (--constraints) need vaswani_mt's own search: a CTranslate2 folder takes"
+        expected = (
+            f"error: constraints (--constraints) need vaswani_mt's own search: the CTranslate2 folder {folder} takes"
+        )
         assert message.startswith(expected) and "\n" not in message
     assert "Traceback" not in capfd.readouterr().err

@@ -94,8 +94,9 @@ def test_a_shard_folder_of_another_run_is_refused_in_one_line(tmp_path, tokenize
     source = tmp_path / "in.en"
     source.write_text(_text(100))
     ShardedOutput(tmp_path / "out.de", {"options": 1}).plan(source, tokenizer, 32, 2)
-    with pytest.raises(ValueError, match=r"out\.de\.shards was written by a run with other options or input: rerun "
-                                         r"that command to continue it, or remove .+ to start again$"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"out\.de\.shards was written by a run with other options or input "
+                                         r"\(options\): rerun that command to continue it, or remove .+ to start "
+                                         r"again$"):  # fmt: skip
         ShardedOutput(tmp_path / "out.de", {"options": 2}).plan(source, tokenizer, 32, 2)
 
 
@@ -168,9 +169,9 @@ def test_two_processes_and_two_machines_write_the_bytes_of_one_process(fitted_fo
     assert machines.read_bytes() == whole
 
 
-def _kill_one_worker(argv: list[str], output: Path, seed: int) -> int:
-    """Launches two processes, and `kill -9`s one of them at a random moment once some lines are written; returns
-    the launcher's status."""
+def _kill_one_worker(argv: list[str], output: Path, seed: int, signum: int = signal.SIGKILL) -> int:
+    """Launches two processes, and `kill -9`s one of them (or sends it `signum`) at a random moment once some lines
+    are written; returns the launcher's status."""
     launcher = subprocess.Popen(accelerate_launch(SCRIPT, *argv), env=ENV, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     draw = random.Random(seed)
@@ -181,7 +182,7 @@ def _kill_one_worker(argv: list[str], output: Path, seed: int) -> int:
     time.sleep(draw.uniform(0.0, 1.0))
     workers = [p for p in psutil.Process(launcher.pid).children(recursive=True) if SCRIPT in " ".join(p.cmdline())]
     assert workers, "the run ended before the kill"
-    os.kill(draw.choice(workers).pid, signal.SIGKILL)
+    os.kill(draw.choice(workers).pid, signum)
     launcher.communicate(timeout=120)
     return launcher.returncode
 
@@ -207,8 +208,23 @@ def test_a_killed_process_then_the_same_command_gives_the_uninterrupted_bytes(fi
     argv = _options(fitted_folder, source, output, "--nbest", "2")
     _kill_one_worker(argv, output, 0)
     refused = _launch([*argv[:-2], "--nbest", "1"])  # other options on the stopped run's folder
-    assert refused.returncode != 0 and (f"error: {output}.shards was written by a run with other options or input: "
-                                        "rerun that command to continue it") in refused.stderr  # fmt: skip
+    assert refused.returncode != 0 and (f"error: {output}.shards was written by a run with other options or input "
+                                        "(--nbest): rerun that command to continue it") in refused.stderr  # fmt: skip
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_then_the_same_command_gives_the_uninterrupted_bytes(fitted_folder, long_corpus,
+                                                                                   tmp_path):  # fmt: skip
+    """A clean stop inside translate_shards (as the peer watcher's own SIGTERM on a lost peer): each process writes
+    what it finished, whole lines only, and the rerun gives one process's bytes."""
+    source, whole = long_corpus
+    for seed in range(3):
+        output = tmp_path / f"stopped{seed}.de"
+        argv = _options(fitted_folder, source, output, "--nbest", "2")
+        assert _kill_one_worker(argv, output, seed, signal.SIGTERM) != 0 and not output.exists()
+        result = _launch(argv)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert output.read_bytes() == whole, f"seed {seed}"
 
 
 @pytest.mark.slow
@@ -236,3 +252,18 @@ def test_a_lost_machine_ends_the_other_with_one_line_naming_it(fitted_folder, lo
     result = _launch(argv)  # one machine, two processes: the same command continues both shards
     assert result.returncode == 0, result.stderr[-3000:]
     assert output.read_bytes() == whole
+
+
+def test_a_finished_shard_keeps_its_controls_outcomes_for_a_rerun_that_finds_it_done(tmp_path, tokenizer):
+    source = tmp_path / "in.en"
+    source.write_text(_text(100))
+    sharded = ShardedOutput(tmp_path / "out.de", {"options": 1})
+    shard = sharded.plan(source, tokenizer, 32, 2)[1]
+    part = sharded.part(shard)
+    part.resume()
+    with part.open() as f:
+        f.write(b"".join(b"x\n" for _ in range(shard.lines)))
+    part.record_outcomes({3: {"failed": "bad"}, 5: {"unmet": ["Haus"]}})
+    part.finished()
+    assert sharded.is_done(shard) and sharded.outcomes(shard) == {3: {"failed": "bad"}, 5: {"unmet": ["Haus"]}}
+    assert sharded.outcomes(sharded.shards()[0]) == {}

@@ -81,3 +81,107 @@ def test_greedy_and_beam_translations_are_our_searchs(engine, folders):
     # "Das Mädchen hat einen Apfel gegessen." ends after 4 shorter ones; with patience 2 it is among the 8 kept.
     engine.patience = 2
     assert translate(engine, None, SOURCES, target_prefixes=prefixes, length_penalty=ALPHA) == ours
+
+
+def test_an_nbest_list_keeps_k_entries_when_a_prefix_forces_beams(engine):
+    """CTranslate2 scores the beams a target prefix forces beside the first -1e10: they are scored whole by
+    score_batch rather than dropped, so that every line has its K entries (issue 61)."""
+    from types import SimpleNamespace
+
+    from vaswani_mt.export.ctranslate2 import ctranslate2_nbest
+
+    class Forcing:  # the real translator, with every hypothesis but the first marked forced
+        def translate_batch(self, *args, **kwargs):
+            results = engine.translator.translate_batch(*args, **kwargs)
+            return [SimpleNamespace(hypotheses=r.hypotheses, scores=[r.scores[0]] + [-1e10] * (len(r.scores) - 1))
+                    for r in results]  # fmt: skip
+
+        def score_batch(self, *args, **kwargs):
+            return engine.translator.score_batch(*args, **kwargs)
+
+    sources = _sources(engine, SOURCES[:3])
+    ranked = ctranslate2_nbest(Forcing(), sources, engine.search_options, length_penalty=ALPHA)
+    assert [len(row) for row in ranked] == [engine.search_options["beam_size"]] * 3
+    expected = ctranslate2_nbest(engine.translator, sources, engine.search_options, length_penalty=ALPHA)
+    assert [[h[0] for h in row] for row in ranked] == [[h[0] for h in row] for row in expected]
+    assert [h[1] for row in ranked for h in row] == pytest.approx([h[1] for row in expected for h in row], abs=1e-4)
+
+
+def test_ctranslate2s_own_ranking_refuses_nbest_lists_before_anything_is_read(folders):
+    from vaswani_mt.export.ctranslate2 import CTranslate2Model
+    from vaswani_mt.inference.translator import Translator
+
+    own = CTranslate2Model(folders[1], ranking="ctranslate2", intra_threads=1)
+    with pytest.raises(ValueError, match=r"^nbest=2: .+ gives one translation per line \(CTranslate2's own ranking\): "
+                                         r"use ranking='paper', or nbest 1$"):  # fmt: skip
+        Translator(own, nbest=2)
+    assert len(Translator(own, nbest=1).translate(["The house is small."])[0]) == 1
+
+
+def test_a_ctranslate2_folder_runs_as_saved_unless_told_in_its_compute_types_on_this_gpu(folders, monkeypatch):
+    import argparse
+
+    import ctranslate2
+    import torch
+
+    from vaswani_mt.cli import check_compute_type
+    from vaswani_mt.inference import ctranslate2 as module
+    from vaswani_mt.inference.translator import Translator
+
+    seen = []
+
+    class Seen(module.CTranslate2Model):  # records its options, and runs on the CPU whatever they say
+        def __init__(self, folder, **options):
+            seen.append(options)
+            super().__init__(folder, **{k: v for k, v in options.items() if k not in ("device", "device_index")})
+
+    monkeypatch.setattr(module, "CTranslate2Model", Seen)
+    for given, passed in ((None, None), ("float32", "float32"), ("int8_float32", "int8_float32")):
+        Translator(str(folders[1]), threads=1, compute_type=given)
+        assert seen[-1].get("compute_type") == passed and "device" not in seen[-1]  # None: the type it was saved in
+        if given is not None:
+            check_compute_type(argparse.Namespace(compute_type=given, model=[str(folders[1])]))  # taken, no exit
+    with pytest.raises(SystemExit, match="unknown compute type 'fp8' for a CTranslate2 folder: use default, auto, "):
+        check_compute_type(argparse.Namespace(compute_type="fp8", model=[str(folders[1])]))
+    with pytest.raises(ValueError, match=r"^compute type 'int8_float32' is CTranslate2's: vaswani_mt's own models "
+                                         r"take float32, bfloat16, int8, auto$"):  # fmt: skip
+        Translator(str(folders[0]), compute_type="int8_float32")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 1)
+    Translator(str(folders[1]), threads=1)
+    assert seen[-1]["device"] == "cuda" and seen[-1]["device_index"] == 0
+
+
+def test_max_new_tokens_is_honoured_and_a_keyword_the_search_lacks_refused_before_any_input(folders, restore_threads):
+    from vaswani_mt.inference.translator import Translator
+
+    for tokens in (3, 7):  # greedy: the same translations as ours, cut at the same length
+        short = {"num_beams": 1, "max_new_tokens": tokens}
+        assert Translator(str(folders[1]), threads=1, **short).translate(SOURCES) == Translator(
+            str(folders[0]), **short).translate(SOURCES), short  # fmt: skip
+    beam = Translator(str(folders[1]), threads=1, num_beams=4, max_new_tokens=5)
+    assert all(len(beam.tokenizer(text_target=text)["input_ids"]) <= 6 for text in beam.translate(SOURCES))  # + </s>
+    with pytest.raises(ValueError, match=r"^do_sample: not an option of .+'s search, which takes .*beam_size, "):
+        Translator(str(folders[1]), threads=1, generate_kwargs={"do_sample": True})
+    assert Translator(str(folders[1]), threads=1, generate_kwargs={"repetition_penalty": 1.0}).translate(["Hi."])
+
+
+LACKS = {
+    "sampling": ({"sampling": True}, "sampling (--sampling) needs vaswani_mt's own search"),
+    "early_stopping": ({"early_stopping": False}, "early_stopping=False (--early_stopping false) needs vaswani_mt's"),
+    "alignments": ({"alignments": "hard"}, "alignments (--alignments) need vaswani_mt's own model"),
+    "markup": ({"markup": "xml"}, "markup (--markup) needs vaswani_mt's own model (it aligns)"),
+    "constraints": ({"constraints": "unordered"}, "constraints (--constraints) need vaswani_mt's own search"),
+}
+
+
+@pytest.mark.parametrize(("fields", "start"), LACKS.values(), ids=LACKS)
+def test_what_a_ctranslate2_folder_lacks_is_refused_in_one_line_when_the_translator_is_made(folders, fields, start):
+    from vaswani_mt.inference.translator import Translator
+
+    with pytest.raises(ValueError) as error:
+        Translator(str(folders[1]), threads=1, **fields)
+    message = str(error.value)
+    assert message.startswith(start) and f"the CTranslate2 folder {folders[1]}" in message and "\n" not in message
+    assert message.endswith("; translate the vaswani_mt folder it came from")

@@ -13,7 +13,8 @@ from vaswani_mt.cli import evaluate, translate
 from vaswani_mt.inference import compute_types
 from vaswani_mt.inference.compute_types import AUTO_COMPUTE_TYPES, Int8Linear, apply_compute_type, compute_type_of
 from vaswani_mt.inference.ensemble import load_ensemble
-from vaswani_mt.inference.loading import load_for_inference, translation_pipeline
+from vaswani_mt.inference.loading import load_for_inference
+from vaswani_mt.inference.pipeline import translation_pipeline
 from vaswani_mt.inference.translate import translate as translate_lines
 from vaswani_mt.inference.translator import Translator
 

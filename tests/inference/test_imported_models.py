@@ -38,7 +38,7 @@ def test_plain_translation_never_emits_the_decoder_start(translator, imported):
     # The checkpoint's ban of `<pad>` holds beside a blocked phrase of the user's (which would otherwise replace it).
     blocked = Translator(str(imported), batch_size=2, generate_kwargs=SHORT, block=(lines[0].split()[0],))
     pad = blocked.backend.model.config.pad_token_id
-    assert [pad] in blocked._kwargs["bad_words_ids"] and len(blocked._kwargs["bad_words_ids"]) > 1
+    assert (pad,) in blocked._request.blocked and len(blocked._request.blocked) > 1
     assert all(lines[0].split()[0] not in line.split() for line in blocked.translate(SOURCES))
 
 
@@ -122,7 +122,7 @@ def test_a_stopped_run_resumes_to_the_same_bytes(imported, tmp_path, monkeypatch
 
 
 def test_the_pipeline_of_an_imported_folder_translates(imported):
-    from vaswani_mt.inference.loading import translation_pipeline
+    from vaswani_mt.inference.pipeline import translation_pipeline
 
     pipe = translation_pipeline(str(imported), device="cpu", max_new_tokens=6)
     out = pipe(["The house is small.", ""])

@@ -16,7 +16,7 @@ from vaswani_mt.inference.translate import TranslationInterrupted, translate, tr
 from vaswani_mt.inference.translator import Translator
 from vaswani_mt.system.signals import interruptible, stopping_on_signals
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "live_sigint")  # passes under nohup too (conftest)
 
 # The six sentences longest first: batches, which run longest first, then run in input order.
 LONGEST_FIRST = sorted(ENGLISH, key=len, reverse=True)
@@ -134,3 +134,129 @@ def test_handlers_are_left_alone_outside_the_main_thread_and_for_ignored_signals
             assert signal.getsignal(signal.SIGINT) is not before
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_the_signal_tests_pass_in_a_process_started_with_sigint_ignored():
+    """As under nohup or `cmd &`, which start a process with SIGINT ignored: the tests that send it (in this process
+    and to a child) make it live first (conftest's `live_sigint`)."""
+    chosen = "outside_an_interruptible_block or second_signal_ends"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", __file__, "-k",
+                           chosen], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # fmt: skip
+    assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout[-3000:]
+
+
+class _Signalling:
+    """A file that sends this process SIGINT as its write number `at` (from 1) starts, before any byte is written."""
+
+    def __init__(self, file, at: int):
+        self.file, self.at, self.writes = file, at, 0
+
+    def write(self, data):
+        self.writes += 1
+        if self.writes == self.at:
+            signal.raise_signal(signal.SIGINT)
+        return self.file.write(data)
+
+    def flush(self):
+        self.file.flush()
+
+    def close(self):
+        self.file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class _SignalAfterYield:
+    """The translator's iterator, with SIGINT sent just after its yield number `at` (from 1): the reader has not
+    stored that line yet, and the iterator waits at its yield."""
+
+    def __init__(self, inner, at: int):
+        self.inner, self.at, self.count = inner, at, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        output = next(self.inner)
+        self.count += 1
+        if self.count == self.at:
+            signal.raise_signal(signal.SIGINT)
+        return output
+
+    def throw(self, error):
+        return self.inner.throw(error)
+
+    @property
+    def gi_frame(self):
+        return self.inner.gi_frame
+
+
+NBEST = {"batch_size": 2, "chunk_size": 6, "nbest": 1, "generate_kwargs": GREEDY}  # IDs show a shifted line
+
+
+def _whole(translator, source: bytes) -> list[str]:
+    whole = io.BytesIO()
+    translate_stream(translator, io.BytesIO(source), whole)
+    return whole.getvalue().decode().splitlines(keepends=True)
+
+
+@pytest.mark.parametrize("at", [1, 3, 8])
+def test_a_signal_inside_a_write_within_an_interruptible_block_waits_for_the_line(fitted, at):
+    model, tokenizer = fitted
+    translator = Translator(model, tokenizer, **NBEST)
+    source = "".join(f"{line}\n" for line in LONGEST_FIRST * 2).encode()
+    whole = _whole(translator, source)
+    sink = _Signalling(io.BytesIO(), at)
+    with pytest.raises(TranslationInterrupted) as stop, stopping_on_signals(), interruptible():  # translate_shards'
+        translate_stream(translator, io.BytesIO(source), sink)
+    written = stop.value.written
+    assert written >= at and sink.file.getvalue().decode().splitlines(keepends=True) == whole[:written]
+
+
+@pytest.mark.parametrize("at", [1, 4, 6])
+def test_a_signal_just_after_a_yield_loses_no_line(fitted, monkeypatch, at):
+    model, tokenizer = fitted
+    translator = Translator(model, tokenizer, **NBEST)
+    source = "".join(f"{line}\n" for line in LONGEST_FIRST * 2).encode()
+    whole = _whole(translator, source)
+    iterate = Translator.translate_iterable
+    monkeypatch.setattr(Translator, "translate_iterable", lambda *a, **k: _SignalAfterYield(iterate(*a, **k), at))
+    sink = io.BytesIO()
+    with pytest.raises(TranslationInterrupted) as stop, stopping_on_signals():
+        translate_stream(translator, io.BytesIO(source), sink)
+    assert stop.value.written == 6  # the chunk the yield was in is done: all of it written
+    assert sink.getvalue().decode().splitlines(keepends=True) == whole[:6]
+
+
+def test_a_part_stopped_inside_a_write_in_an_interruptible_block_resumes_to_the_whole_bytes(fitted, tmp_path,
+                                                                                           monkeypatch):  # fmt: skip
+    """What translate_shards does with each of its shards (`translate_part`), stopped inside a write, then rerun."""
+    from argparse import Namespace
+
+    from vaswani_mt.cli.translate import Part, translate_part
+    from vaswani_mt.inference.controls import ControlReport
+    from vaswani_mt.system.outputs import ResumableOutput
+
+    model, tokenizer = fitted
+    translator = Translator(model, tokenizer, **NBEST)
+    source = tmp_path / "in.en"
+    source.write_text("".join(f"{line}\n" for line in LONGEST_FIRST * 3))
+    args = Namespace(first_line=1, input=str(source), target_prefix_file=None)
+
+    def run(name: str) -> None:
+        translate_part(args, translator, ResumableOutput(tmp_path / name, {"run": 1}), ControlReport(), Part(), False)
+
+    run("whole.de")
+    opened = ResumableOutput.open
+    with monkeypatch.context() as patch:
+        patch.setattr(ResumableOutput, "open", lambda self: _Signalling(opened(self), 8))  # in the 2nd chunk
+        with pytest.raises(TranslationInterrupted), stopping_on_signals(), interruptible():
+            run("out.de")
+    assert not (tmp_path / "out.de").exists()
+    run("out.de")
+    assert (tmp_path / "out.de").read_bytes() == (tmp_path / "whole.de").read_bytes()

@@ -67,3 +67,46 @@ def test_loading_something_else_says_what_it_is(tmp_path):
     MarianConfig().save_pretrained(tmp_path / "marian")
     with pytest.raises(ValueError, match="'marian' model, not a vaswani_mt"):
         load_for_inference(str(tmp_path / "marian"))
+
+
+def test_no_circle_of_imports_in_the_inference_layer_deferred_or_not():
+    """Every import counts, at the top or inside a function: a deferred import is still a circle (issue 61)."""
+    import ast
+
+    folder = Path(__file__).resolve().parents[2] / "vaswani_mt" / "inference"
+    imports = {}
+    for path in folder.glob("*.py"):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("vaswani_mt.inference."):
+                names.add(node.module.rsplit(".", 1)[1])
+            elif isinstance(node, ast.Import):
+                names |= {a.name.rsplit(".", 1)[1] for a in node.names if a.name.startswith("vaswani_mt.inference.")}
+        imports[path.stem] = names - {path.stem}
+
+    def circle(start: str, path: list[str]) -> list[str] | None:
+        for name in sorted(imports.get(path[-1], ())):
+            if name == start:
+                return [*path, name]
+            if name not in path:
+                found = circle(start, [*path, name])
+                if found:
+                    return found
+        return None
+
+    circles = [" -> ".join(found) for module in sorted(imports) if (found := circle(module, [module]))]
+    assert circles == []
+
+
+def test_loading_a_folder_imports_neither_the_translator_nor_the_pipeline(fitted_folder):
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom vaswani_mt.inference.loading import load_for_inference\n"
+            f"load_for_inference({str(fitted_folder)!r}, device='cpu')\n"
+            "print(sorted(m for m in sys.modules if m.startswith('vaswani_mt.inference.')))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = done.stdout.strip()
+    assert "pipeline" not in loaded and "translator" not in loaded, loaded

@@ -104,8 +104,8 @@ def test_output_continues_where_an_interrupted_run_stopped_and_translates_no_fin
     assert message.startswith("interrupted at line ") and "rerun the same command to continue" in message
     assert not output.exists() and Path(f"{output}.partial").exists() and Path(f"{output}.resume").exists()
     assert _main(translate_cli, [*argv, "--num_beams", "3", "--output", str(output)]) == (
-        f"error: {output}.partial was written by a run with other options or input: rerun that command to continue "
-        f"it, or remove {output}.partial and {output}.resume to start again"
+        f"error: {output}.partial was written by a run with other options or input (--num_beams): rerun that command "
+        f"to continue it, or remove {output}.partial and {output}.resume to start again"
     )
     calls = []
     search = TorchBackend.search
@@ -194,7 +194,7 @@ def test_no_function_of_the_inference_layer_or_the_commands_takes_more_than_eigh
     assert too_many == []
 
 
-def test_ctrl_c_while_a_command_starts_ends_it_in_one_line(tmp_path):
+def test_ctrl_c_while_a_command_starts_ends_it_in_one_line(tmp_path, live_sigint):
     import subprocess
     import sys
     import time
@@ -229,3 +229,20 @@ def test_a_rerun_from_line_n_numbers_its_nbest_lists_and_warnings_as_the_whole_r
     got = capsys.readouterr()
     assert got.out == "".join(expected.out.splitlines(keepends=True)[6:])  # IDs from 3, as the whole run's
     assert "line 7: " in got.err and "line 7: " in expected.err  # the warning names the line in the whole input
+
+
+def test_a_backend_is_asked_with_one_typed_request_it_reads_in_its_own_terms(fitted, monkeypatch):
+    from vaswani_mt.inference.backends import Search
+
+    model, tokenizer = fitted
+    asked = []
+    search = TorchBackend.search
+    monkeypatch.setattr(TorchBackend, "search", lambda self, batch, options: asked.append(batch.search) or search(
+        self, batch, options))  # fmt: skip
+    translator = Translator(model, tokenizer, num_beams=2, block=["Buch"], disable_unk=True, max_new_tokens=8)
+    translator.translate(["The girl ate an apple.", "How are you?"], prefixes=["Das", ""])
+    request = asked[0]
+    assert isinstance(request, Search) and request.options.max_new_tokens == 8 and request.terms is None
+    assert request.blocked and request.unk == tokenizer.unk_token_id
+    assert request.prefixes[0] == tokenizer(text_target="Das", add_special_tokens=False)["input_ids"]
+    assert request.prefixes[1] == [] and request.generate_kwargs()["target_prefix"] == request.prefixes

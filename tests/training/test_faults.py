@@ -86,6 +86,7 @@ def _interrupt(command: list[str], lines: int, signum: int, log: Path, env: dict
     return code
 
 
+@pytest.mark.usefixtures("live_sigint")  # the run gets SIGINT live, even under nohup
 @pytest.mark.parametrize("signum", [pytest.param(signal.SIGTERM, id="SIGTERM"),
                                     pytest.param(signal.SIGINT, id="SIGINT", marks=pytest.mark.slow)])  # fmt: skip
 def test_sigkill_a_signal_a_full_disk_and_a_cut_off_checkpoint_resume_to_the_uninterrupted_weights(

@@ -80,6 +80,7 @@ def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, length_p
     translator's markup stage, `markup.restore`).
     """
     from vaswani_mt.app.attention_plots import aligned_attentions, heatmap_figure, link_boxes
+    from vaswani_mt.inference.controls import ControlReport
     from vaswani_mt.inference.markup import UnplacedDirectives, parse_markup, restore
     from vaswani_mt.inference.translator import Translator
 
@@ -108,11 +109,13 @@ def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, length_p
     translator = Translator(model, tokenizer, num_beams=int(num_beams), length_penalty=float(length_penalty),
                             max_len_a=1, max_len_b=int(max_len_b), max_source_tokens=max_source_tokens,
                             alignments="hard", constraints="unordered" if wanted else None)  # fmt: skip
+    report = ControlReport()  # which terms were met: the search's word, not a substring test on the text
     with _warnings_as_notes() as warned:
-        aligned = translator.translate([text], terms=[wanted] if wanted else None)[0]
+        aligned = translator.translate([text], terms=[wanted] if wanted else None, report=report)[0]
     if wanted:
+        unmet = report.unmet.get(1, [])
         notes.append("must contain: " + ", ".join(
-            f"{term} {'✓ met' if term in aligned else '✗ not met (no room within the length limit)'}" for term in wanted
+            f"{term} {'✗ not met (no room within the length limit)' if term in unmet else '✓ met'}" for term in wanted
         ))  # fmt: skip
     attentions = aligned_attentions(tokenizer, aligned, warned)
     num_layers = attentions.cross.shape[0]

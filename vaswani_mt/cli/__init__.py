@@ -88,7 +88,8 @@ def add_compute_type(parser: argparse.ArgumentParser) -> None:
         "--compute_type", default=None, metavar="TYPE",
         help="float32 (default: the saved weights, exact), bfloat16 (matrix products in bf16, where the CPU or GPU "
         "has it natively), int8 (int8 linear layers, CPU), or auto (the fastest measured within 0.1 BLEU of "
-        "float32 on this kind of hardware); the search scores in float32 with each",
+        "float32 on this kind of hardware); the search scores in float32 with each. A CTranslate2 folder takes "
+        "CTranslate2's names (default: the type it was exported in; int8_float32, int8_bfloat16, float16, ...)",
     )  # fmt: skip
     parser.add_argument(
         "--threads", type=int, default=None, metavar="N",
@@ -102,12 +103,16 @@ def check_compute_type(args: argparse.Namespace) -> None:
     not know, or bfloat16 where it is not native, ends the command with one line, `error: ...`."""
     if args.compute_type is None:
         return
-    from vaswani_mt.inference.compute_types import COMPUTE_TYPES, resolve_compute_type
+    from vaswani_mt.inference.compute_types import resolve_compute_type
     from vaswani_mt.inference.loading import is_ctranslate2_folder
+    from vaswani_mt.inference.options import CTRANSLATE2_COMPUTE_TYPES
 
     try:
-        if args.model and is_ctranslate2_folder(args.model[0]) and args.compute_type in COMPUTE_TYPES:
-            return  # CTranslate2 runs each of them on its own kernels, int8 on a GPU too
+        if args.model and is_ctranslate2_folder(args.model[0]):  # CTranslate2's names, on its own kernels
+            if args.compute_type not in CTRANSLATE2_COMPUTE_TYPES:
+                raise ValueError(f"unknown compute type {args.compute_type!r} for a CTranslate2 folder: use "
+                                 f"{', '.join(CTRANSLATE2_COMPUTE_TYPES)}")  # fmt: skip
+            return
         resolve_compute_type(args.compute_type)
     except ValueError as error:
         sys.exit(f"error: --compute_type: {error}")

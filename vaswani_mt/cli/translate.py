@@ -34,9 +34,9 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
+import vaswani_mt
 from vaswani_mt.cli import (
     add_catalog_options,
     add_compute_type,
@@ -54,7 +54,6 @@ if TYPE_CHECKING:
     from vaswani_mt.inference.options import TranslationOptions
     from vaswani_mt.system.signals import TranslationInterrupted
 
-SAMPLING_OPTIONS = ("topk", "topp", "temperature", "seed")
 # --early_stopping's words and the values transformers' `early_stopping` takes (beam_search_vaswani.can_improve).
 EARLY_STOPPING = {"never": "never", "true": True, "false": False}
 
@@ -156,11 +155,11 @@ def decoding_options(args: argparse.Namespace, **fields) -> TranslationOptions:
     against the search the first --model folder saved (`saved_search`: its beam, whether it is a CTranslate2
     export) before any model loads; a bad combination ends the program with one line, `error: ...`."""
     from vaswani_mt.inference.loading import is_ctranslate2_folder
-    from vaswani_mt.inference.options import BackendFacts, TranslationOptions
+    from vaswani_mt.inference.options import OWN_SEARCH, SAMPLING_FIELDS, BackendFacts, TranslationOptions
 
     names = ("num_beams", "length_penalty", "constrained_length_penalty", "max_tokens", "nbest", "constraints",
              "disable_unk", "batch_size", "chunk_size", "compute_type", "threads", "alignments", "alignment_method",
-             "markup", "sampling", *SAMPLING_OPTIONS)  # fmt: skip
+             "markup", "sampling", *SAMPLING_FIELDS)  # fmt: skip
     values = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
     values = {name: value for name, value in values.items() if value is not False}  # store_true flags not given
     if getattr(args, "early_stopping", None) is not None:
@@ -176,10 +175,11 @@ def decoding_options(args: argparse.Namespace, **fields) -> TranslationOptions:
         options = TranslationOptions(**values, **fields)
         search = saved_search(args.model[0])
         if search is not None:
-            facts = BackendFacts(args.model[0], search.num_beams, "ctranslate2" if ctranslate2 else "torch")
+            name = f"the CTranslate2 folder {args.model[0]}" if ctranslate2 else args.model[0]
+            facts = BackendFacts(name, search.num_beams, tuple(OWN_SEARCH) if ctranslate2 else ())
             options.check(facts, prefixes=bool(args.target_prefix_file))
     except ValueError as error:
-        given = [f"--{name}" for name in SAMPLING_OPTIONS if getattr(args, name, None) is not None]
+        given = [f"--{name}" for name in SAMPLING_FIELDS if getattr(args, name, None) is not None]
         if given and not getattr(args, "sampling", False):
             sys.exit(f"error: {', '.join(given)} only go{'es' if len(given) == 1 else ''} with --sampling")
         sys.exit(f"error: {error}")
@@ -194,7 +194,7 @@ def starting_options(args: argparse.Namespace) -> TranslationOptions:
         options = decoding_options(args)
         start_command()
     except KeyboardInterrupt:
-        print("interrupted while starting: nothing translated", file=sys.stderr)
+        print(vaswani_mt.STOPPED_STARTING, file=sys.stderr)
         sys.exit(130)
     return options
 
@@ -340,15 +340,20 @@ def main(argv: list[str] | None = None) -> None:
             translate_catalog_file(args, options)
         return
 
-    written = 0
+    written = None
     try:
         with stopping_on_signals():
             written = _translate_input(args, options)
     except TranslationInterrupted as stop:  # the lines translated are written; from the stream, it says how many
         if hasattr(stop, "line"):  # --output: where they are, and that the same command continues
             print(stop.line, file=sys.stderr)
-            sys.exit(128 + stop.signum)
-        exit_interrupted(stop, getattr(stop, "written", written), "<stdout>", args.first_line)
+        elif written is None and not hasattr(stop, "written"):  # loading: the same line as a stop while importing
+            print(vaswani_mt.STOPPED_STARTING, file=sys.stderr)
+        elif args.output:  # held to the end: every line is in --output
+            print(f"interrupted at the end: all {written} lines written to {args.output}", file=sys.stderr)
+        else:
+            exit_interrupted(stop, getattr(stop, "written", written), "<stdout>", args.first_line)
+        sys.exit(128 + stop.signum)
 
 
 class Part(NamedTuple):
@@ -371,6 +376,11 @@ def _translate_input(args: argparse.Namespace, options: TranslationOptions) -> i
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return translate_shards(args, options)
     output = ResumableOutput(args.output, _run_identity(args, options), options.nbest or 1) if args.output else None
+    try:
+        if output is not None:
+            output.check()  # another run's files: refused before the model loads
+    except ValueError as error:
+        sys.exit(f"error: {error}")
     with interruptible():
         translator = load_translator(args, options)
     report = ControlReport()
@@ -398,12 +408,16 @@ def translate_part(args: argparse.Namespace, translator, output, report, part: P
         except ValueError as error:
             sys.exit(f"error: {error}")
         resume = Resume(first + start, {first - 1 + line: FormattedOutput(text) for line, text in kept.items()})
+        for line, outcome in sorted(output.outcomes.items()):  # the kept lines' controls, reported as if done now
+            report.restore(first - 1 + line, outcome)
     try:
         stream = open(args.input, "rb") if args.input else sys.stdin.buffer
         prefix_stream = open(args.target_prefix_file, "rb") if args.target_prefix_file else None
-        sink = output.open() if output is not None else sys.stdout.buffer
+        sink = _Recorded(output, report, first - 1, start) if output is not None else sys.stdout.buffer
     except OSError as error:
         sys.exit(f"error: cannot open {error.filename}: {error.strerror or error}")
+    except ValueError as error:  # another run writes the output
+        sys.exit(f"error: {error}")
     if part.offset:
         stream.seek(part.offset)
     skip_lines(stream, start)  # the whole chunks a stopped run wrote
@@ -413,6 +427,7 @@ def translate_part(args: argparse.Namespace, translator, output, report, part: P
     if prefix_stream is not None:
         skip_lines(prefix_stream, part.first + start)
         prefixes = read_text_lines(prefix_stream, args.target_prefix_file, first=resume.first_line)
+    count = None
     try:
         with stream, sink if output is not None else contextlib.nullcontext():  # standard output stays open
             count = translate_stream(translator, stream, sink, args.input or "<stdin>", prefixes=prefixes,
@@ -423,7 +438,9 @@ def translate_part(args: argparse.Namespace, translator, output, report, part: P
         if output is None:
             raise
         later = {line - first + 1: format_output(result, line - 1) for line, result in stop.later.items()}
-        stop.line = output.stopped(start + stop.written, later)
+        outcomes = {line - first + 1: report.outcome(line) for line in stop.later if report.outcome(line)}
+        # No `written`: the stop came before the stream started (none) or after it ended (all: `count`).
+        stop.line = output.stopped(start + getattr(stop, "written", count or 0), later, outcomes)
         raise
     except ValueError as error:  # the prefix file ended before the input
         sys.exit(f"error: {args.target_prefix_file}: {error}")
@@ -433,6 +450,38 @@ def translate_part(args: argparse.Namespace, translator, output, report, part: P
     if output is not None:
         output.finished()
     return start + count
+
+
+class _Recorded:
+    """--output's `F.partial`, to append to, that records in `F.resume` what the controls did to each line (`report`,
+    lines numbered `offset` + output line) before the line is written: a rerun that keeps the line reports it again,
+    and its exit status is the whole run's. `lines`: the lines in `F.partial` already."""
+
+    def __init__(self, output, report, offset: int, lines: int):
+        self.file, self.output, self.report, self.offset, self.lines = output.open(), output, report, offset, lines
+        self.seen, self.pending = 0, []  # the report's size when last read; its lines not recorded yet
+
+    def write(self, data: bytes) -> int:
+        self.lines += data.count(b"\n") // self.output.lines_per_input
+        report, low, high = self.report, self.offset, self.offset + self.lines
+        if len(report.unmet) + len(report.failed) != self.seen:
+            self.seen = len(report.unmet) + len(report.failed)
+            self.pending = [line for line in {*report.unmet, *report.failed}
+                            if line > low and line - low not in self.output.outcomes]  # fmt: skip
+        due = {line - low: report.outcome(line) for line in self.pending if line <= high}
+        if due:
+            self.output.record_outcomes(due)
+            self.pending = [line for line in self.pending if line > high]
+        return self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.file.close()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -447,7 +496,7 @@ SHARDS_AGAIN = "every finished line is kept: run the same command again to conti
 
 def translate_shards(args: argparse.Namespace, options: TranslationOptions) -> int:
     """Translates this process's shards of --input and, in the first process, joins them into --output; returns
-    how many lines this process translated. Its end (an error, a stop, a lost peer) is one line and its status."""
+    how many lines its shards hold. Its end (an error, a stop, a lost peer) is one line and its status."""
     import torch
     from accelerate import PartialState
 
@@ -470,20 +519,26 @@ def translate_shards(args: argparse.Namespace, options: TranslationOptions) -> i
     sharded = ShardedOutput(args.output, _run_identity(args, options), options.nbest or 1)
     report, count = ControlReport(), 0
     peers.start(SHARDS_AGAIN)
-    try:
+    try:  # interruptible while it loads and waits; translating, a signal stops only where nothing is cut
         with interruptible():
             translator = load_translator(args, options)
             shards = _agreed_plan(peers, sharded, args.input, translator, world)
-            for shard in shards[rank::world]:
-                if not sharded.is_done(shard):
-                    count += translate_part(args, translator, sharded.part(shard), report,
-                                            Part(shard.first, shard.offset, shard.lines),
-                                            progress=os.environ.get("LOCAL_RANK", "0") == "0")  # fmt: skip
+        for shard in shards[rank::world]:
+            if sharded.is_done(shard):  # by a stopped run: what its controls did is reported as if done now
+                for line, outcome in sorted(sharded.outcomes(shard).items()):
+                    report.restore(args.first_line + shard.first - 1 + line, outcome)
+                count += shard.lines
+            else:
+                count += translate_part(args, translator, sharded.part(shard), report,
+                                        Part(shard.first, shard.offset, shard.lines),
+                                        progress=os.environ.get("LOCAL_RANK", "0") == "0")  # fmt: skip
+        with interruptible():
             peers.mark("translated")
             peers.wait_for("translated")
-            if rank == 0:
-                sharded.join(shards)
-                peers.mark("joined")
+        if rank == 0:
+            sharded.join(shards)
+            peers.mark("joined")
+        with interruptible():
             peers.wait_for("joined", [0])
     except TranslationInterrupted as stop:
         line = getattr(stop, "line", f"interrupted before translating: {SHARDS_AGAIN}")
@@ -536,14 +591,28 @@ def _end(peers, line: str | None, code: int):
 
 
 def _run_identity(args: argparse.Namespace, options: TranslationOptions) -> dict:
-    """What makes two runs of --output the same run: the options, the models and the input (path, size, time)."""
+    """What makes the output of a run, by name: every option; each file of each model its translations depend on
+    (weights, configs, tokenizer); the contents of --input and --target_prefix_file, not their names; --first_line.
+    A rerun of --output that differs in one is refused in one line that names it (`system.outputs.other_run`)."""
     import dataclasses
 
-    source = Path(args.input) if args.input else None
-    stat = source.stat() if source is not None and source.is_file() else None
-    return {"options": dataclasses.asdict(options), "model": args.model, "input": args.input,
-            "prefixes": args.target_prefix_file, "input_stat": None if stat is None else [stat.st_size,
-            stat.st_mtime_ns]}  # fmt: skip
+    from vaswani_mt.inference.loading import model_files
+    from vaswani_mt.system.outputs import file_digest
+
+    identity: dict = {f"--{name}": value for name, value in dataclasses.asdict(options).items()}
+    for number, model in enumerate(args.model, 1):
+        which = "the model's" if len(args.model) == 1 else f"model {number}'s"
+        try:
+            identity.update({f"{which} {path.name}": file_digest(path) for path in model_files(model)})
+        except (OSError, ValueError) as error:  # ModelFolderError among them
+            sys.exit(f"error: {error}")
+    for option, path in (("--input", args.input), ("--target_prefix_file", args.target_prefix_file)):
+        try:
+            identity[f"{option}'s contents"] = file_digest(path) if path and os.path.isfile(path) else path
+        except OSError:  # reported where the file is opened
+            identity[f"{option}'s contents"] = path
+    identity["--first_line"] = args.first_line
+    return identity
 
 
 if __name__ == "__main__":

@@ -28,15 +28,41 @@ from vaswani_mt.model.beam_search_vaswani import gnmt_length_penalty
 from vaswani_mt.model.pipeline_vaswani import default_max_source_tokens, single_line
 
 
+class Search(NamedTuple):
+    """What a backend is asked to search, one value of ours for every backend: the `options` (beams, penalties,
+    limits, n-best, sampling, alignments wanted), the token ids no translation contains (`blocked` phrases' forms;
+    `unk`, <unk>'s id where it is kept out), and a batch's controls, per row: the forms of its `terms` (in `order`)
+    and its `prefixes` ids (None: no row has any). Each backend reads it in its own terms."""
+
+    options: TranslationOptions
+    blocked: tuple = ()
+    unk: int | None = None
+    terms: list | None = None
+    order: str = "unordered"
+    prefixes: list | None = None
+
+    def generate_kwargs(self) -> dict:
+        """The request as `generate()`'s keywords (our models' search)."""
+        kwargs = self.options.search_kwargs()
+        if self.blocked:
+            kwargs["bad_words_ids"] = [list(form) for form in self.blocked]
+        if self.unk is not None:
+            kwargs["suppress_tokens"] = [self.unk]
+        if self.terms is not None:
+            kwargs.update(constraints=self.terms, constraint_order=self.order)
+        if self.prefixes is not None:
+            kwargs["target_prefix"] = self.prefixes
+        return kwargs
+
+
 class Batch(NamedTuple):
     """One batch of a chunk: source `ids` (each ending in `</s>`, cut to the limit), their input `lines` (0-based, for
-    seeded sampling), their `sources` (texts, for alignments) and `kwargs`: `generate()` keywords of the search, the
-    blocked phrases and the batch's controls (`constraints`, `constraint_order`, `target_prefix` as token ids)."""
+    seeded sampling), their `sources` (texts, for alignments) and its `search` (`Search`)."""
 
     ids: list[list[int]]
     lines: list[int]
     sources: list[str]
-    kwargs: dict
+    search: Search
 
 
 class Backend(Protocol):
@@ -101,13 +127,13 @@ class TorchBackend:
         members = list(model.members) if isinstance(model, VaswaniEnsemble) else [model]
         self.facts = BackendFacts(
             name or getattr(model, "name_or_path", None) or "the model", model.generation_config.num_beams or 1,
-            "torch", tuple(_decoder_layers(m.config) for m in members),
+            (), tuple(_decoder_layers(m.config) for m in members),
             all(supervised_head(m.config) for m in members),
         )  # fmt: skip
 
     @torch.no_grad()
     def search(self, batch: Batch, options: TranslationOptions) -> tuple[list, object]:
-        model, tokenizer, kwargs = self.model, self.tokenizer, batch.kwargs
+        model, tokenizer, kwargs = self.model, self.tokenizer, batch.search.generate_kwargs()
         inputs = tokenizer.pad({"input_ids": batch.ids}, return_tensors="pt").to(model.device)
         if options.sampling:
             sampler = _SeededSampler(options.sampler, batch.lines)
@@ -168,4 +194,4 @@ class TorchBackend:
         return lists, None if met is None else met[::nbest]
 
 
-__all__ = ["Backend", "Batch", "TorchBackend"]
+__all__ = ["Backend", "Batch", "Search", "TorchBackend"]

@@ -24,9 +24,8 @@ import warnings
 import torch
 from torch import nn
 
+from vaswani_mt.inference.options import COMPUTE_TYPES, CTRANSLATE2_COMPUTE_TYPES
 from vaswani_mt.system.devices import native_bf16
-
-COMPUTE_TYPES = ("float32", "bfloat16", "int8", "auto")
 
 # `auto` by hardware class: the fastest type whose sacreBLEU on the built-in test split is within 0.1 of float32's
 # with the model's own search (benchmarks/speed.py peers, beam 4 at batch 16; greedy int8 lost 0.19).
@@ -48,6 +47,9 @@ def hardware_class(device: str | torch.device | None = None) -> str:
 def resolve_compute_type(compute_type: str, device: str | torch.device | None = None) -> str:
     """`compute_type` checked for `device` (default: GPU if there is one), `auto` replaced by its table entry; a
     type this device cannot run well raises `ValueError`, one line, before any model loads."""
+    if compute_type in CTRANSLATE2_COMPUTE_TYPES and compute_type not in COMPUTE_TYPES:
+        raise ValueError(f"compute type {compute_type!r} is CTranslate2's: vaswani_mt's own models take "
+                         f"{', '.join(COMPUTE_TYPES)}")  # fmt: skip
     if compute_type not in COMPUTE_TYPES:
         raise ValueError(f"unknown compute type {compute_type!r}: use {', '.join(COMPUTE_TYPES)}")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -32,6 +32,34 @@ class ControlReport:
     failed: dict[int, str] = field(default_factory=dict)
     unrestored: dict[int, str] = field(default_factory=dict)
 
+    def outcome(self, line: int) -> dict | None:
+        """Line `line`'s outcome as JSON (`restore` takes it back), None where its controls were honoured."""
+        if line in self.failed:
+            return {"failed": self.failed[line]}
+        return {"unmet": self.unmet[line]} if line in self.unmet else None
+
+    def restore(self, line: int, outcome: dict) -> None:
+        """A line kept from a stopped run: its outcome reported again, as when it was translated."""
+        if "failed" in outcome:
+            fail(self, line, outcome["failed"])
+        else:
+            warn_unmet(self, line, outcome["unmet"])
+
+
+def fail(report: ControlReport | None, line: int, message: str) -> None:
+    """Line `line` is not translated (its controls are bad): one error line, and the report's record."""
+    logger.error("line %d: %s: not translated", line, message)
+    if report is not None:
+        report.failed[line] = message
+
+
+def warn_unmet(report: ControlReport | None, line: int, missing: list[str]) -> None:
+    """Line `line`'s translation misses the terms `missing`: one warning line, and the report's record."""
+    logger.warning("line %d: %s not met within the length limit: the best translation is given without %s", line,
+                   ", ".join(repr(t) for t in missing), "it" if len(missing) == 1 else "them")  # fmt: skip
+    if report is not None:
+        report.unmet[line] = missing
+
 
 def split_constrained_line(line: str) -> tuple[str, list[str]]:
     """fairseq's constrained input: `source<TAB>term<TAB>term...` as (source, terms); a line without a tab has none."""
@@ -49,24 +77,20 @@ def warn_no_tabs(lines: int) -> None:
         )
 
 
-def block_kwargs(tokenizer, block: Sequence[str] = (), disable_unk: bool = False, where: str = "",
-                 model_bans: Sequence[Sequence[int]] | None = None) -> dict:  # fmt: skip
-    """`generate()` arguments that keep `block`'s phrases (each as tokenized at the start and inside a sentence) and,
-    with `disable_unk`, `<unk>` out of every output. ValueError naming the phrase (after `where`) for one that is
-    empty or has characters outside the vocabulary. `model_bans`, the model's own `bad_words_ids` (an imported
-    OPUS-MT model's `<pad>`, its decoder start), stay banned beside them: the call's would otherwise replace them."""
-    kwargs: dict = {}
+def blocked_ids(tokenizer, block: Sequence[str] = (), disable_unk: bool = False,
+                model_bans: Sequence[Sequence[int]] | None = None) -> tuple[tuple, int | None]:  # fmt: skip
+    """The token-id forms of `block`'s phrases (each as tokenized at the start and inside a sentence) and, with
+    `disable_unk`, `<unk>`'s id: what no translation contains (`Search.blocked`, `Search.unk`). ValueError naming the
+    phrase for one that is empty or has characters outside the vocabulary. `model_bans`, the model's own
+    `bad_words_ids` (an imported OPUS-MT model's `<pad>`, its decoder start), come first: a call's bans would
+    otherwise replace them."""
     forms = [list(form) for form in model_bans or []]
     for number, phrase in enumerate(block, 1):
         try:
             forms += phrase_forms(tokenizer, phrase)
         except ValueError as error:
-            raise ValueError(f"{where}blocked phrase {number}: {error}") from None
-    if forms:
-        kwargs["bad_words_ids"] = forms
-    if disable_unk and tokenizer.unk_token_id is not None:
-        kwargs["suppress_tokens"] = [tokenizer.unk_token_id]
-    return kwargs
+            raise ValueError(f"blocked phrase {number}: {error}") from None
+    return tuple(map(tuple, forms)), tokenizer.unk_token_id if disable_unk else None
 
 
 @dataclass
@@ -87,18 +111,15 @@ class LineControls:
         """Reports the empty lines (indices `blank`) that come with constraints or a prefix: no source to translate."""
         for i in blank:
             if (self.terms is not None and self.terms[i]) or (self.prefixes is not None and self.prefixes[i].strip()):
-                message = "constraints or a target prefix but no source text"
-                logger.error("line %d: %s", first_line + i, message)
-                if self.report is not None:
-                    self.report.failed[first_line + i] = message
+                fail(self.report, first_line + i, "constraints or a target prefix but no source text")
 
-    def prepare(self, model, tokenizer, encoded: dict[int, list[int]], first_line: int, kwargs: dict) -> dict:
+    def prepare(self, model, tokenizer, encoded: dict[int, list[int]], first_line: int, search) -> dict:
         """Token ids of each line's constraints and prefix, `{i: (forms, prefix_ids)}` for the lines in `encoded`
         (source ids by index) that have any; a line whose controls are bad or contradict the blocked phrases and
-        `<unk>` of `kwargs` is dropped from `encoded`, reported and logged as an error."""
+        `<unk>` of `search` (`backends.Search`) is dropped from `encoded`, reported and logged as an error."""
         prepared = {}
-        banned = [list(form) for form in kwargs.get("bad_words_ids") or []]
-        banned += [[token] for token in kwargs.get("suppress_tokens") or []]
+        banned = [list(form) for form in search.blocked] + ([[search.unk]] if search.unk is not None else [])
+        kwargs = search.options.search_kwargs()
         for i in list(encoded):
             terms = self.terms[i] if self.terms is not None else []
             prefix = self.prefixes[i] if self.prefixes is not None else ""
@@ -107,7 +128,7 @@ class LineControls:
             try:
                 prepared[i] = self._line(tokenizer, terms, prefix, self._room(model, len(encoded[i]), kwargs), banned)
             except ValueError as error:
-                self._fail(first_line + i, str(error))
+                fail(self.report, first_line + i, str(error))
                 del encoded[i]
                 continue
             for number, term in enumerate(terms, 1):
@@ -115,11 +136,6 @@ class LineControls:
                 if note is not None:
                     logger.warning("line %d: constraint %d: %s", first_line + i, number, note)
         return prepared
-
-    def _fail(self, line: int, message: str) -> None:
-        logger.error("line %d: %s: not translated", line, message)
-        if self.report is not None:
-            self.report.failed[line] = message
 
     @staticmethod
     def _line(tokenizer, terms: Sequence[str], prefix: str, room: int, banned: list[list[int]]) -> tuple[list, list]:
@@ -167,17 +183,17 @@ class LineControls:
             return int(config.max_length) - 2
         return int(sentence_limits(a, b, torch.tensor(source_tokens))) - 1
 
-    def batch_kwargs(self, chunk: Sequence[int], prepared: dict) -> dict:
-        """`generate()` arguments for a batch of lines (indices `chunk`), empty where none of them has controls."""
+    def batch_controls(self, chunk: Sequence[int], prepared: dict) -> dict:
+        """The `Search` fields of a batch of lines (indices `chunk`): `terms`, `order`, `prefixes`; empty where none
+        of them has controls."""
         if not any(i in prepared for i in chunk):
             return {}
-        kwargs = {}
+        fields = {}
         if self.terms is not None:
-            kwargs["constraints"] = [prepared[i][0] if i in prepared else [] for i in chunk]
-            kwargs["constraint_order"] = self.order
+            fields.update(terms=[prepared[i][0] if i in prepared else [] for i in chunk], order=self.order)
         if self.prefixes is not None:
-            kwargs["target_prefix"] = [prepared[i][1] if i in prepared else [] for i in chunk]
-        return kwargs
+            fields["prefixes"] = [prepared[i][1] if i in prepared else [] for i in chunk]
+        return fields
 
     def record(self, chunk: Sequence[int], met, first_line: int, results: Sequence) -> None:
         """Reports and warns the lines of `chunk` whose translation misses a constraint (`met`: the search's
@@ -186,7 +202,8 @@ class LineControls:
         for i in chunk:
             text = results[i] if isinstance(results[i], str) else results[i][0].text
             if self.prefixes is not None and self.prefixes[i].strip() and not text:
-                self._fail(first_line + i, "no translation can start with its target prefix under these controls")
+                message = "no translation can start with its target prefix under these controls"
+                fail(self.report, first_line + i, message)
         if met is None or self.terms is None:
             return
         for row, i in enumerate(chunk):
@@ -194,12 +211,7 @@ class LineControls:
                 continue
             missing = [term for term, ok in zip(self.terms[i], met[row].tolist(), strict=False) if not ok]
             if missing:
-                logger.warning(
-                    "line %d: %s not met within the length limit: the best translation is given without %s",
-                    first_line + i, ", ".join(repr(t) for t in missing), "it" if len(missing) == 1 else "them",
-                )  # fmt: skip
-                if self.report is not None:
-                    self.report.unmet[first_line + i] = missing
+                warn_unmet(self.report, first_line + i, missing)
 
 
 def _banned_in(ids: Sequence[int], banned: list[list[int]]) -> list[int] | None:
@@ -211,4 +223,5 @@ def _banned_in(ids: Sequence[int], banned: list[list[int]]) -> list[int] | None:
     return None
 
 
-__all__ = ["ControlReport", "LineControls", "block_kwargs", "split_constrained_line", "warn_no_tabs"]
+__all__ = ["ControlReport", "LineControls", "blocked_ids", "fail", "split_constrained_line", "warn_no_tabs",
+           "warn_unmet"]  # fmt: skip

@@ -9,6 +9,7 @@ optional dependency (`pip install vaswani-mt[ctranslate2]`), imported when used.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import torch
 
 from vaswani_mt.inference.backends import Batch
 from vaswani_mt.inference.loading import ModelFolderError
-from vaswani_mt.inference.options import BackendFacts, Hypothesis, TranslationOptions
+from vaswani_mt.inference.options import OWN_SEARCH, BackendFacts, Hypothesis, TranslationOptions
 from vaswani_mt.model.beam_search_vaswani import gnmt_length_penalty
 from vaswani_mt.model.generation_vaswani import PAPER_SEARCH, sentence_limits
 from vaswani_mt.model.pipeline_vaswani import single_line
@@ -27,7 +28,8 @@ _SEARCH_OPTIONS = {"num_beams": "beam_size", "length_penalty": "length_penalty"}
 _LENGTH_RULE = ("max_len_a", "max_len_b")
 # The paper's search in those names: what `ctranslate2_nbest` searches with where a folder saved none.
 _PAPER_SEARCH = {_SEARCH_OPTIONS.get(name, name): value for name, value in PAPER_SEARCH.items()}
-# CTranslate2 marks the beams a target prefix forces beside the first with a score of -1e10: not hypotheses.
+# CTranslate2 marks the beams a target prefix forces beside the first with a score of -1e10: `score_batch` scores
+# them, so that an n-best list still has its K entries, each with its true log-probability.
 _FORCED_BEAM = -1.0e9
 
 
@@ -129,7 +131,7 @@ def ctranslate2_nbest(
     for i, result in enumerate(results):
         row = []
         for tokens, score in zip(result.hypotheses, result.scores, strict=True):
-            if len(tokens) >= limits[i]:
+            if len(tokens) >= limits[i] or score <= _FORCED_BEAM:  # a beam a prefix forced is scored whole too
                 cut.append((i, len(row)))
             row.append([tokens, score * (len(tokens) + 1) ** lps[i] + prefix_log_probs[i]])
         found.append(row)
@@ -139,10 +141,9 @@ def ctranslate2_nbest(
         for (i, k), result in zip(cut, scored, strict=True):
             found[i][k][1] = sum(result.log_probs)
     ranked = []
-    for row in found:
-        real = [hypothesis for hypothesis in row if hypothesis[1] > _FORCED_BEAM] or row
+    for row in found:  # every row keeps its `num_hypotheses`: an n-best list has K entries
         scored_row = [(tokens, log_prob, log_prob / gnmt_length_penalty(len(tokens) + 1, alpha))
-                      for tokens, log_prob in real]  # fmt: skip
+                      for tokens, log_prob in row]  # fmt: skip
         ranked.append(sorted(scored_row, key=lambda hypothesis: hypothesis[2], reverse=True))
     return ranked
 
@@ -161,11 +162,14 @@ def ctranslate2_generate(
     return [tokenizer.convert_tokens_to_ids(result.hypotheses[0]) for result in results]
 
 
-# generate()'s names for the search options, and translate_batch's; and those that concern constraints alone.
-_GENERATE_NAMES = {"num_beams": "beam_size", "length_penalty": "length_penalty", "max_len_a": "max_len_a",
-                   "max_len_b": "max_len_b"}  # fmt: skip
-_CONSTRAINT_ONLY = ("constrained_length_penalty", "constraint_order", "early_stopping")
 RANKINGS = ("paper", "ctranslate2")
+
+
+def _keywords(ctranslate2) -> frozenset[str]:
+    """The keywords a CTranslate2 folder's search takes beside the options' own fields: translate_batch's (read from
+    its signature, the first line of its docstring), and `num_beams` (`beams_given`)."""
+    signature = ctranslate2.Translator.translate_batch.__doc__.split("\n", 1)[0]
+    return frozenset({*re.findall(r"(\w+): ", signature.split("*", 1)[-1]), "num_beams"})
 
 
 class CTranslate2Model:
@@ -192,20 +196,23 @@ class CTranslate2Model:
         self.patience, self.ranking = patience, ranking
         limit = self.tokenizer.model_max_length
         self.max_source_tokens = limit if 0 < (limit or 0) < 10**9 else 1024
-        self.facts = BackendFacts(str(folder), self.generation_config.num_beams or 1, "ctranslate2")
+        self.facts = BackendFacts(f"the CTranslate2 folder {folder}", self.generation_config.num_beams or 1,
+                                  tuple(OWN_SEARCH), nbest_lists=ranking == "paper",
+                                  keywords=_keywords(ctranslate2))  # fmt: skip
 
     def search(self, batch: Batch, options: TranslationOptions) -> tuple[list, None]:
         """The batch's translations (n-best lists with `options.nbest`) by CTranslate2, ranked by `ranking`."""
-        kwargs = {name: value for name, value in batch.kwargs.items() if name not in _CONSTRAINT_ONLY}
-        tokens = self.tokenizer.convert_ids_to_tokens
-        ours = {name: kwargs.pop(name) for name in list(kwargs) if name in _GENERATE_NAMES}
-        search = {**self.search_options, **{_GENERATE_NAMES[k]: v for k, v in ours.items() if v is not None}}
-        prefixes = kwargs.pop("target_prefix", None)
-        prefixes = None if prefixes is None else [tokens(prefix) for prefix in prefixes]
-        bad, suppressed = kwargs.pop("bad_words_ids", None), kwargs.pop("suppress_tokens", None)
-        if bad:
-            kwargs["suppress_sequences"] = [tokens(form) for form in bad]
-        if suppressed:
+        request, tokens = batch.search, self.tokenizer.convert_ids_to_tokens
+        given = {"beam_size": options.beams_given, "length_penalty": options.length_penalty,
+                 "max_len_a": options.max_len_a, "max_len_b": options.max_len_b}  # fmt: skip
+        search = {**self.search_options, **{name: value for name, value in given.items() if value is not None}}
+        kwargs = {name: value for name, value in options.generate_kwargs.items() if name != "num_beams"}
+        if options.max_new_tokens is not None:  # the same count: tokens generated, </s> among them
+            kwargs["max_decoding_length"] = options.max_new_tokens
+        prefixes = None if request.prefixes is None else [tokens(prefix) for prefix in request.prefixes]
+        if request.blocked:
+            kwargs["suppress_sequences"] = [tokens(list(form)) for form in request.blocked]
+        if request.unk is not None:
             kwargs["disable_unk"] = True
         if options.max_tokens is not None:
             kwargs.update(max_batch_size=options.max_tokens, batch_type="tokens")
@@ -230,9 +237,9 @@ def load_ctranslate2(model: str | Path, compute_type: str | None = None, models:
                      threads: int | None = None) -> CTranslate2Model:  # fmt: skip
     """A CTranslate2 export (`export_model(..., "ctranslate2", ...)`) as a `CTranslate2Model`, what the commands
     translate with when --model names one: `compute_type` is CTranslate2's ("float32", "int8", "bfloat16", "auto",
-    ...; None: the type it was saved in), `threads` its `intra_threads`. A folder that cannot serve raises
-    `ModelFolderError`, one line: a missing tokenizer.json, a bad generation_config.json, no `ctranslate2` package,
-    a compute type this machine lacks, an ensemble (`models` > 1)."""
+    ...; None: the type it was saved in), `threads` its `intra_threads`; on this process's GPU where there is one.
+    A folder that cannot serve raises `ModelFolderError`, one line: a missing tokenizer.json, a bad
+    generation_config.json, no `ctranslate2` package, a compute type this machine lacks, an ensemble (`models` > 1)."""
     from vaswani_mt.inference.loading import check_ctranslate2_folder
 
     if models > 1:
@@ -243,10 +250,12 @@ def load_ctranslate2(model: str | Path, compute_type: str | None = None, models:
     if threads is not None:
         options["intra_threads"] = threads
     try:
-        import ctranslate2  # noqa: F401
+        import ctranslate2
     except ImportError:
         raise ModelFolderError(f"{model} is a CTranslate2 export: translating with it needs the ctranslate2 package "
                                "(pip install 'vaswani-mt[ctranslate2]')") from None  # fmt: skip
+    if torch.cuda.is_available() and ctranslate2.get_cuda_device_count() > 0:  # this process's GPU (one per shard)
+        options.update(device="cuda", device_index=torch.cuda.current_device())
     try:
         return CTranslate2Model(folder, **options)
     except (RuntimeError, ValueError, OSError) as error:

@@ -242,6 +242,19 @@ def check_ctranslate2_folder(model: str) -> Path:
     return folder
 
 
+# The files of a folder (ours or a CTranslate2 export) that make its translations, beside its *.safetensors.
+_TRANSLATING_FILES = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                      "special_tokens_map.json", _SAFETENSORS_INDEX, "model.bin"}  # fmt: skip
+
+
+def model_files(model: str | Path) -> list[Path]:
+    """The files of a model folder (or Hub id) that its translations depend on: weights, configs, tokenizer and
+    vocabularies; what a resumable run's key hashes (cli/translate.py)."""
+    folder = _local_folder(str(model))
+    return sorted(path for path in folder.iterdir() if path.is_file() and (
+        path.name in _TRANSLATING_FILES or path.suffix == ".safetensors" or "vocabulary" in path.name))  # fmt: skip
+
+
 def check_model_folder(model: str) -> tuple[Path, VaswaniConfig]:
     """Checks that `model` (a folder or Hub id) holds a loadable vaswani_mt model without loading its weights;
     returns the folder on this machine and its config, or raises `ModelFolderError`. `load_for_inference` runs it
@@ -276,18 +289,6 @@ def load_for_inference(model: str, device: str | None = None, attn_implementatio
     return apply_compute_type(loaded.to(device).eval(), compute_type), tokenizer
 
 
-def translation_pipeline(model: str, compute_type: str = "float32", device: str | None = None, **kwargs):
-    """The translation pipeline of a saved model (folder or Hub id), loaded by `load_for_inference` with its checks
-    and `compute_type`; `kwargs` go to the pipeline (`max_source_tokens`, `batch_size`, `alignments`, `markup`,
-    generate() keywords). It is `inference.pipeline.AligningTranslationPipeline`: transformers' `pipeline(
-    "translation", model=folder, trust_remote_code=True)` builds the payload's `TranslationPipeline`, the same without
-    alignments and markup, in float32."""
-    from vaswani_mt.inference.pipeline import AligningTranslationPipeline
-
-    loaded, tokenizer = load_for_inference(model, device=device, compute_type=compute_type)
-    return AligningTranslationPipeline(model=loaded, tokenizer=tokenizer, **kwargs)
-
-
 __all__ = [
     "PICKLE_SUFFIXES",
     "TOKENIZER_FILES",
@@ -297,6 +298,6 @@ __all__ = [
     "is_ctranslate2_folder",
     "load_for_inference",
     "local_folder",
+    "model_files",
     "tokenizer_files",
-    "translation_pipeline",
 ]

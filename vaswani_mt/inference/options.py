@@ -19,7 +19,10 @@ from vaswani_mt.model.constraints_vaswani import ORDERS
 
 ALIGNMENT_KINDS = ("hard", "soft")
 MARKUP_FORMATS = ("xml", "directives")  # markup.py reads them; directives: format directives only, no tags
-COMPUTE_TYPES = ("float32", "bfloat16", "int8", "auto")
+COMPUTE_TYPES = ("float32", "bfloat16", "int8", "auto")  # ours (inference/compute_types.py)
+# CTranslate2's, which its folders take (its `compute_type`): the weights' type and the one products run in.
+CTRANSLATE2_COMPUTE_TYPES = ("default", "auto", "float32", "float16", "bfloat16", "int8", "int8_float32",
+                             "int8_float16", "int8_bfloat16", "int16")  # fmt: skip
 # The fields that are `generate()` keywords of the model's search, passed on only when given.
 SEARCH_FIELDS = ("num_beams", "length_penalty", "early_stopping", "constrained_length_penalty", "max_len_a",
                  "max_len_b", "max_new_tokens")  # fmt: skip
@@ -56,16 +59,33 @@ class Sampling:
             raise ValueError(f"the temperature must be above 0, got {self.temperature}")
 
 
+# What only vaswani_mt's own search and model do: a backend states those it cannot (`BackendFacts.lacks`), and an
+# option that needs one is refused with this line when the Translator is made.
+OWN_SEARCH = {
+    "constraints": "constraints (--constraints) need vaswani_mt's own search: {name} takes target prefixes "
+                   "(--target_prefix_file), --block_file and --disable_unk only",
+    "sampling": "sampling (--sampling) needs vaswani_mt's own search (a seeded draw per line), not {name}",
+    "early_stopping": "early_stopping={value!r} (--early_stopping {flag}) needs vaswani_mt's own search: {name} stops "
+                      "a sentence once beam_size hypotheses have ended (true)",
+    "alignments": "alignments (--alignments) need vaswani_mt's own model, not {name}",
+    "alignment_method": "alignment_method (--alignment_method) needs vaswani_mt's own model, not {name}",
+    "markup": "markup (--markup) needs vaswani_mt's own model (it aligns), not {name}",
+}  # fmt: skip
+
+
 class BackendFacts(NamedTuple):
     """What `check` needs to know of a backend: its `name` (the folder, for messages), its search's beam
-    (`num_beams`), its `engine` ("torch" or "ctranslate2"), the decoder depth of each member, and whether every
-    member has a supervised alignment head."""
+    (`num_beams`), what of `OWN_SEARCH` it `lacks`, the decoder depth of each member, and whether every member has
+    a supervised alignment head, whether its n-best lists have K entries (`nbest_lists`), and the keywords its
+    search takes (`keywords`; None: any of `generate()`'s)."""
 
     name: str
     num_beams: int
-    engine: str = "torch"
+    lacks: tuple[str, ...] = ()
     depths: tuple[int, ...] = ()
     supervised: bool = False
+    nbest_lists: bool = True
+    keywords: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -84,8 +104,9 @@ class TranslationOptions:
 
     Batching: `batch_size` rows (None: the token budget alone), `max_tokens` (fairseq's token budget), `chunk_size`
     lines read at a time (None: 16 batches, or 1024 lines with `max_tokens`), `max_source_tokens` (longer sources are
-    cut, with a warning; None: the model's). Compute: `compute_type` (CTranslate2's names), `threads` (None: torch's
-    or CTranslate2's default). `generate_kwargs`: any other `generate()` keyword (CTranslate2: `translate_batch`'s).
+    cut, with a warning; None: the model's). Compute: `compute_type` (CTranslate2's names; None: as saved, unlike
+    "float32", which a CTranslate2 int8 export runs in), `threads` (None: torch's or CTranslate2's default).
+    `generate_kwargs`: any other `generate()` keyword (CTranslate2: `translate_batch`'s).
     """
 
     num_beams: int | None = None
@@ -111,7 +132,7 @@ class TranslationOptions:
     max_tokens: int | None = None
     chunk_size: int | None = None
     max_source_tokens: int | None = None
-    compute_type: str = "float32"
+    compute_type: str | None = None
     threads: int | None = None
     generate_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
@@ -158,20 +179,25 @@ class TranslationOptions:
                 raise ValueError(f"{name} must be at least 1, got {value}")
         if self.batch_size is None and self.max_tokens is None:
             raise ValueError("batch_size=None (no limit on rows) needs max_tokens")
-        if self.compute_type not in COMPUTE_TYPES:
-            raise ValueError(f"unknown compute type {self.compute_type!r}: use {', '.join(COMPUTE_TYPES)}")
+        if self.compute_type is not None and self.compute_type not in {*COMPUTE_TYPES, *CTRANSLATE2_COMPUTE_TYPES}:
+            raise ValueError(f"unknown compute type {self.compute_type!r}: use {', '.join(COMPUTE_TYPES)} (a "
+                             f"CTranslate2 folder: {', '.join(CTRANSLATE2_COMPUTE_TYPES)})")  # fmt: skip
         self._check_sampling()
         if self.constraints is not None and self.constraints not in ORDERS:
             raise ValueError(f"constraint order must be one of {', '.join(ORDERS)}, not {self.constraints!r}")
+        self._need_beams(prefixes, self.beams_given)
+        self._check_outputs()
+        if backend is not None:
+            self._check_backend(backend, prefixes)
+
+    def _need_beams(self, prefixes: bool, beams: int | None) -> None:
+        """Constraints and target prefixes need beam search: the one check (`beams` None: not known yet)."""
         if self.constraints is not None or prefixes:
             what = "constraints" if self.constraints is not None else "target prefixes"
             if self.sampling:
                 raise ValueError(f"{what} need beam search, not sampling")
-            if self.beams_given is not None and self.beams_given <= 1:
+            if beams is not None and beams <= 1:
                 raise ValueError(f"{what} need beam search (num_beams > 1), not greedy search")
-        self._check_outputs()
-        if backend is not None:
-            self._check_backend(backend, prefixes)
 
     def _check_sampling(self) -> None:
         given = [name for name in SAMPLING_FIELDS if getattr(self, name) is not None]
@@ -204,15 +230,23 @@ class TranslationOptions:
 
     def _check_backend(self, backend: BackendFacts, prefixes: bool) -> None:
         beams = self.beams_given or backend.num_beams or 1
-        if (self.constraints is not None or prefixes) and beams <= 1:
-            what = "constraints" if self.constraints is not None else "target prefixes"
-            raise ValueError(f"{what} need beam search (num_beams > 1), not greedy search")
+        self._need_beams(prefixes, beams)
         if self.nbest is not None and not self.sampling and self.nbest > beams:
             raise ValueError(f"nbest={self.nbest} is more than the beam size ({beams}): the search keeps {beams} "
                              "hypotheses")  # fmt: skip
-        if backend.engine == "ctranslate2":
-            self._check_ctranslate2()
-            return
+        if self.nbest is not None and self.nbest > 1 and not backend.nbest_lists:
+            raise ValueError(f"nbest={self.nbest}: {backend.name} gives one translation per line (CTranslate2's own "
+                             "ranking): use ranking='paper', or nbest 1")  # fmt: skip
+        unknown = sorted(set(self.generate_kwargs) - backend.keywords) if backend.keywords is not None else []
+        if unknown:  # refused here, before any input is read, rather than at the first batch
+            raise ValueError(f"{', '.join(unknown)}: not an option of {backend.name}'s search, which takes "
+                             f"{', '.join(sorted(backend.keywords))}")  # fmt: skip
+        for name in backend.lacks:
+            value = getattr(self, name)
+            given = value is not None and (value is not False or name == "early_stopping")  # sampling: a flag
+            if given and not (name == "early_stopping" and value in (True, "true")):
+                line = OWN_SEARCH[name].format(name=backend.name, value=value, flag=str(value).lower())
+                raise ValueError(f"{line}; translate the vaswani_mt folder it came from")
         if self.alignments is None and self.markup is None:
             return
         from vaswani_mt.inference.alignments import check_method
@@ -232,24 +266,6 @@ class TranslationOptions:
             raise ValueError(f"alignment method 'supervised': {backend.name} has no supervised alignment head (train "
                              "it with --alignment_supervision)")  # fmt: skip
 
-    def _check_ctranslate2(self) -> None:
-        instead = "translate the vaswani_mt folder it came from"
-        if self.constraints is not None:
-            raise ValueError(
-                "constraints (--constraints) need vaswani_mt's own search: a CTranslate2 folder takes target prefixes "
-                f"(--target_prefix_file), --block_file and --disable_unk only; {instead}"
-            )
-        if self.sampling:
-            raise ValueError(f"sampling (--sampling) needs vaswani_mt's own search (a seeded draw per line); {instead}")
-        if self.early_stopping not in (None, True, "true"):
-            raise ValueError(
-                f"early_stopping={self.early_stopping!r} (--early_stopping {str(self.early_stopping).lower()}) needs "
-                "vaswani_mt's own search: CTranslate2 stops a sentence once beam_size hypotheses have ended (true)"
-            )
-        for name in ("alignments", "alignment_method", "markup"):
-            if getattr(self, name) is not None:
-                raise ValueError(f"{name} (--{name}) needs vaswani_mt's own model, not a CTranslate2 folder; {instead}")
 
-
-__all__ = ["ALIGNMENT_KINDS", "COMPUTE_TYPES", "MARKUP_FORMATS", "BackendFacts", "Hypothesis", "Sampling",
-           "TranslationOptions"]  # fmt: skip
+__all__ = ["ALIGNMENT_KINDS", "COMPUTE_TYPES", "CTRANSLATE2_COMPUTE_TYPES", "MARKUP_FORMATS", "OWN_SEARCH",
+           "BackendFacts", "Hypothesis", "Sampling", "TranslationOptions"]  # fmt: skip

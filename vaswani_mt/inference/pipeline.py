@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from vaswani_mt.inference.alignments import format_alignment
+from vaswani_mt.inference.loading import load_for_inference
 from vaswani_mt.inference.translate import split_options
 from vaswani_mt.inference.translator import Translator
 from vaswani_mt.model.pipeline_vaswani import TranslationPipeline
@@ -78,4 +79,14 @@ class AligningTranslationPipeline(TranslationPipeline):
         return {"translation_text": text, "alignment": format_alignment(text)}
 
 
-__all__ = ["AligningTranslationPipeline"]
+def translation_pipeline(model: str, compute_type: str = "float32", device: str | None = None, **kwargs):
+    """The translation pipeline of a saved model (folder or Hub id), loaded by `load_for_inference` with its checks
+    and `compute_type`; `kwargs` go to the pipeline (`max_source_tokens`, `batch_size`, `alignments`, `markup`,
+    generate() keywords). It is `AligningTranslationPipeline`: transformers' `pipeline(
+    "translation", model=folder, trust_remote_code=True)` builds the payload's `TranslationPipeline`, the same without
+    alignments and markup, in float32."""
+    loaded, tokenizer = load_for_inference(model, device=device, compute_type=compute_type)
+    return AligningTranslationPipeline(model=loaded, tokenizer=tokenizer, **kwargs)
+
+
+__all__ = ["AligningTranslationPipeline", "translation_pipeline"]

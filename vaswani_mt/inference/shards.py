@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from vaswani_mt.inference.streams import MAX_LINE_BYTES
-from vaswani_mt.system.outputs import ResumableOutput, run_key
+from vaswani_mt.system.outputs import ResumableOutput, other_run, run_key, run_parts
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class ShardedOutput:
         self.output, self.folder = Path(output), Path(f"{output}.shards")
         self.manifest = self.folder / "manifest.json"
         self.identity, self.lines_per_input = identity, lines_per_input
-        self.key = run_key(identity)
+        self.key, self.parts = run_key(identity), run_parts(identity)
 
     def plan(self, source: str | os.PathLike, tokenizer, chunk: int, count: int) -> list[Shard]:
         """The shards of this run: those of the manifest a stopped run of it wrote, else `plan_shards`' (written to
@@ -87,7 +87,9 @@ class ShardedOutput:
         shards = plan_shards(source, tokenizer, chunk, count)
         self.folder.mkdir(parents=True, exist_ok=True)
         temporary = self.manifest.with_suffix(".tmp")
-        temporary.write_text(json.dumps({"key": self.key, "shards": [asdict(s) for s in shards]}), encoding="utf-8")
+        temporary.write_text(
+            json.dumps({"key": self.key, "parts": self.parts, "shards": [asdict(s) for s in shards]}), encoding="utf-8"
+        )
         os.replace(temporary, self.manifest)
         return shards
 
@@ -98,14 +100,20 @@ class ShardedOutput:
         except (OSError, ValueError) as error:
             raise ValueError(f"cannot read {self.manifest} ({error}): the output must be on a folder every process "
                              f"sees, or remove {self.folder} to start again") from None  # fmt: skip
-        if manifest.get("key") != self.key:
-            raise ValueError(f"{self.folder} was written by a run with other options or input: rerun that command to "
-                             f"continue it, or remove {self.folder} to start again")  # fmt: skip
+        error = other_run(self.folder, str(self.folder), manifest, self.key, self.parts)
+        if error is not None:
+            raise error
         return [Shard(**shard) for shard in manifest["shards"]]
 
     def part(self, shard: Shard) -> ResumableOutput:
-        return ResumableOutput(self.folder / f"{shard.index:05d}", {**self.identity, "shard": asdict(shard)},
-                               self.lines_per_input)  # fmt: skip
+        return _ShardOutput(self.folder / f"{shard.index:05d}", {**self.identity, "shard": asdict(shard)},
+                            self.lines_per_input)  # fmt: skip
+
+    def outcomes(self, shard: Shard) -> dict[int, object]:
+        """What the controls did to the lines of a finished shard (by its line, from 1), for a rerun's report."""
+        path = self.folder / f"{shard.index:05d}.outcomes"
+        kept = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+        return {int(line): outcome for line, outcome in kept.items()}
 
     def is_done(self, shard: Shard) -> bool:
         return (self.folder / f"{shard.index:05d}").exists()
@@ -120,6 +128,17 @@ class ShardedOutput:
                     shutil.copyfileobj(part, sink, 1 << 20)
         os.replace(partial, self.output)
         shutil.rmtree(self.folder)
+
+
+class _ShardOutput(ResumableOutput):
+    """A shard's output, whose controls outcomes stay beside it once it is whole (`K.outcomes`): a rerun that finds
+    the shard done reports them, so that its exit status is the whole run's."""
+
+    def finished(self) -> None:
+        temporary = Path(f"{self.output}.outcomes.tmp")
+        temporary.write_text(json.dumps(self.outcomes), encoding="utf-8")
+        os.replace(temporary, f"{self.output}.outcomes")
+        super().finished()
 
 
 __all__ = ["Shard", "ShardedOutput", "plan_shards"]

@@ -20,7 +20,7 @@ from typing import BinaryIO
 from vaswani_mt.inference.controls import ControlReport
 from vaswani_mt.inference.translate import format_output
 from vaswani_mt.inference.translator import Resume, Translator
-from vaswani_mt.system.signals import TranslationInterrupted, interruptible
+from vaswani_mt.system.signals import TranslationInterrupted, held, interruptible
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,8 @@ MAX_LINE_BYTES = 1 << 20
 
 def read_text_lines(stream: BinaryIO, name: str = "<stdin>", max_line_bytes: int = MAX_LINE_BYTES,
                     first: int = 1) -> Iterator[str]:  # fmt: skip
-    """The lines of a byte stream as text, lazily, one per "\n" or "\r\n" (a leading UTF-8 BOM dropped; other
+    """The lines of a byte stream as text, lazily, one per "\n" or "\r\n" (a UTF-8 BOM dropped from line 1 only: a
+    shard or a resumed run that starts later reads U+FEFF there as the whole run does, as text; other
     Unicode line breaks are text). Never fails on content: bytes that are not UTF-8 become U+FFFD and a line longer
     than `max_line_bytes` is cut there, each with a warning naming `name` and the line (the first is line `first`)."""
     decoder = codecs.getincrementaldecoder("utf-8")
@@ -79,7 +80,7 @@ def read_text_lines(stream: BinaryIO, name: str = "<stdin>", max_line_bytes: int
             else:
                 cut = False  # exactly max_line_bytes at the end of the stream: nothing was left out
         line = line.removesuffix(b"\n").removesuffix(b"\r")
-        if number == first:
+        if number == 1:
             line = line.removeprefix(codecs.BOM_UTF8)
         try:
             # A cut line may end inside a character: the incomplete end is dropped, not replaced (final=False).
@@ -137,18 +138,21 @@ def translate_stream(translator: Translator, source: BinaryIO, sink: BinaryIO, n
     count = first_line - 1
     try:
         while True:
-            with interruptible():  # a stop while writing waits for the write's end
+            with interruptible():
                 output = next(outputs, _END)
             if output is _END:
                 return count - first_line + 1
-            count = _write(sink, [output], count)
+            with held():  # a stop waits until the line is written and counted, however deep the nesting
+                count = _write(sink, [output], count)
     except TranslationInterrupted as stop:
-        if outputs.gi_frame is not None:  # stopped between lines: the translator gives the rest of its chunk
+        if outputs.gi_frame is not None:  # stopped at a yield: the translator gives its chunk's outputs
             try:
                 outputs.throw(stop)
             except TranslationInterrupted:
                 pass
-        stop.written = _write(sink, stop.done, count) - first_line + 1
+        # `done` from line `first`: those past the lines written here (one yielded but not written, say) are written.
+        done = stop.done if stop.first is None else stop.done[max(0, count + 1 - stop.first) :]
+        stop.written = _write(sink, done, count) - first_line + 1
         raise
 
 

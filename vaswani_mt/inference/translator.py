@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from vaswani_mt.inference.alignments import AlignedTranslation, empty_aligned
-from vaswani_mt.inference.backends import Backend, Batch, TorchBackend
+from vaswani_mt.inference.backends import Backend, Batch, Search, TorchBackend
 from vaswani_mt.inference.batching import token_budget_batches
-from vaswani_mt.inference.controls import ControlReport, LineControls, block_kwargs, split_constrained_line
+from vaswani_mt.inference.controls import ControlReport, LineControls, blocked_ids, split_constrained_line
 from vaswani_mt.inference.markup import UnplacedDirectives, restore, take_out_markup
 from vaswani_mt.inference.options import Hypothesis, TranslationOptions
 from vaswani_mt.model.pipeline_vaswani import encode_source
@@ -49,8 +49,7 @@ def load_backend(model, tokenizer=None, options: TranslationOptions | None = Non
     options = options or TranslationOptions()
     folders = [str(model)] if isinstance(model, (str, Path)) else list(model) if isinstance(model, list) else None
     if folders and is_ctranslate2_folder(folders[0]):
-        compute = None if options.compute_type == "float32" else options.compute_type
-        return load_ctranslate2(folders[0], compute, models=len(folders), threads=options.threads)
+        return load_ctranslate2(folders[0], options.compute_type, models=len(folders), threads=options.threads)
     if options.threads is not None:
         import torch
 
@@ -60,11 +59,11 @@ def load_backend(model, tokenizer=None, options: TranslationOptions | None = Non
     if folders:
         from vaswani_mt.inference.ensemble import load_ensemble
 
-        loaded, tokenizer = load_ensemble(folders, compute_type=options.compute_type)
+        loaded, tokenizer = load_ensemble(folders, compute_type=options.compute_type or "float32")
         return TorchBackend(loaded, tokenizer, name=" + ".join(folders))
     if tokenizer is None:
         raise ValueError("a model object needs its tokenizer: Translator(model, tokenizer, options)")
-    return TorchBackend(model, tokenizer, options.compute_type)
+    return TorchBackend(model, tokenizer, options.compute_type or "float32")
 
 
 class Translator:
@@ -85,9 +84,10 @@ class Translator:
         self.options.check(self.backend.facts)
         # What the search runs with: markup aligns (hard) to put the tags back.
         self._search = self.options.replace(alignments="hard", markup=None) if self.options.markup else self.options
+        # The model's own bans (an imported OPUS-MT model's `<pad>`, its decoder start) stay beside the user's.
         bans = getattr(self.backend.generation_config, "bad_words_ids", None)
-        blocks = block_kwargs(self.tokenizer, self.options.block, self.options.disable_unk, model_bans=bans)
-        self._kwargs = {**self._search.search_kwargs(), **blocks}
+        blocked = blocked_ids(self.tokenizer, self.options.block, self.options.disable_unk, model_bans=bans)
+        self._request = Search(self._search, *blocked)
 
     def translate(self, lines: Sequence[str], *, terms: Sequence | None = None, prefixes: Sequence[str] | None = None,
                   report: ControlReport | None = None, progress: bool = False) -> list:  # fmt: skip
@@ -128,12 +128,11 @@ class Translator:
                 if controls is not None:
                     chunk = _read_controls(chunk, controls, tabbed, terms, prefixes, done + 1)
                 outputs = self._chunk(chunk, done + 1, controls, bar, resume.done, report)
-                for k, output in enumerate(outputs):
-                    try:
-                        yield output
-                    except TranslationInterrupted as stop:  # thrown in by the reader: the rest of the chunk is done
-                        stop.done = outputs[k + 1 :]
-                        raise
+                try:
+                    yield from outputs
+                except TranslationInterrupted as stop:  # raised here, or thrown in by the reader: the chunk is done
+                    stop.done, stop.first = outputs, done + 1
+                    raise
                 done += len(chunk)
         if tabbed and not controls.tabbed and done >= first_line:
             from vaswani_mt.inference.controls import warn_no_tabs
@@ -164,14 +163,15 @@ class Translator:
         prepared: dict = {}
         if controls is not None:  # each line's terms and prefix checked against its own length limit
             controls.refuse_blank(blank, first_line)
-            prepared = controls.prepare(self.backend, self.tokenizer, encoded, first_line, self._kwargs)
+            prepared = controls.prepare(self.backend, self.tokenizer, encoded, first_line, self._request)
             todo = [i for i in todo if i in encoded]
         finished = set(range(len(texts))) - set(todo)  # blank and refused lines: their results are final
         try:
             for rows in self._batches(texts, todo, encoded, first_line):
-                kwargs = self._kwargs if controls is None else {**self._kwargs, **controls.batch_kwargs(rows, prepared)}
+                request = self._request if controls is None else self._request._replace(
+                    **controls.batch_controls(rows, prepared))  # fmt: skip
                 batch = Batch([encoded[i] for i in rows], [first_line - 1 + i for i in rows],
-                              [texts[i] for i in rows], kwargs)  # fmt: skip
+                              [texts[i] for i in rows], request)  # fmt: skip
                 found, met = self.backend.search(batch, self._search)
                 for i, result in zip(rows, found, strict=True):
                     results[i] = result
@@ -184,7 +184,7 @@ class Translator:
             lead = next((i for i in range(len(texts)) if i not in finished), len(texts))
             final = [kept[i] if i in kept else self._final(texts, plans, results, i, (first_line, report))
                      for i in range(len(texts))]  # fmt: skip
-            stop.done = final[:lead]
+            stop.done, stop.first = final[:lead], first_line
             stop.later = {first_line + i: final[i] for i in sorted(finished) if i > lead}
             raise
         if bar is not None:

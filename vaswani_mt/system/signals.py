@@ -14,12 +14,13 @@ class TranslationInterrupted(BaseException):
     """Stops a translation where it is, as KeyboardInterrupt does (a BaseException: no `except Exception` on the way
     swallows it); `stopping_on_signals` raises it on SIGINT or SIGTERM (`signum`). Out of a translator's iterator
     (raised inside it, or thrown into it with `iterator.throw(stop)`), `done` holds the final outputs of the lines
-    after the last one yielded that are finished, in input order, and `later` the finished lines past the first
-    unfinished one, `{line number from 1: output}` (a chunk's batches run in length order)."""
+    that are finished from line `first` on (None: from the first line not yielded), in input order, and `later` the
+    finished lines past the first unfinished one, `{line number from 1: output}` (a chunk's batches run in length
+    order). A reader writes those of `done` past the lines it wrote itself, wherever the signal fell."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
-        self.signum, self.done, self.later = signum, [], {}
+        self.signum, self.done, self.later, self.first = signum, [], {}, None
 
 
 class _Signals:
@@ -53,6 +54,16 @@ class _Signals:
             yield
         finally:
             self.open -= 1
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        opened, self.open = self.open, 0
+        try:
+            yield
+        finally:
+            self.open = opened
+        if self.open and self.signum is not None and not self.raised:  # inside an interruptible block: at once
+            self.stop()
 
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -93,4 +104,10 @@ def interruptible() -> contextlib.AbstractContextManager:
     return _signals.interruptible() if _signals is not None else contextlib.nullcontext()
 
 
-__all__ = ["SIGNALS", "TranslationInterrupted", "interruptible", "stopping_on_signals"]
+def held() -> contextlib.AbstractContextManager:
+    """Within `stopping_on_signals`, a block that a signal never cuts, even inside an `interruptible` one (a line
+    written and counted): a signal that comes during it raises at its end. Elsewhere it does nothing."""
+    return _signals.held() if _signals is not None else contextlib.nullcontext()
+
+
+__all__ = ["SIGNALS", "TranslationInterrupted", "held", "interruptible", "stopping_on_signals"]
