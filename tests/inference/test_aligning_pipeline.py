@@ -5,8 +5,8 @@ import pytest
 from conftest import ENGLISH
 
 from vaswani_mt.inference.alignments import AlignedTranslation, format_alignment
-from vaswani_mt.inference.pipeline import translation_pipeline
 from vaswani_mt.inference.markup import tags, well_formed
+from vaswani_mt.inference.pipeline import translation_pipeline
 from vaswani_mt.inference.translate import translate, translate_nbest
 from vaswani_mt.model.pipeline_vaswani import TranslationPipeline
 

@@ -243,14 +243,14 @@ def check_ctranslate2_folder(model: str) -> Path:
 
 
 # The files of a folder (ours or a CTranslate2 export) that make its translations, beside its *.safetensors.
-_TRANSLATING_FILES = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                      "special_tokens_map.json", _SAFETENSORS_INDEX, "model.bin"}  # fmt: skip
+_TRANSLATING_FILES = {"config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
+                      _SAFETENSORS_INDEX, "model.bin", *(name for names in TOKENIZER_FILES for name in names)}  # fmt: skip
 
 
 def model_files(model: str | Path) -> list[Path]:
     """The files of a model folder (or Hub id) that its translations depend on: weights, configs, tokenizer and
     vocabularies; what a resumable run's key hashes (cli/translate.py)."""
-    folder = _local_folder(str(model))
+    folder = local_folder(str(model))
     return sorted(path for path in folder.iterdir() if path.is_file() and (
         path.name in _TRANSLATING_FILES or path.suffix == ".safetensors" or "vocabulary" in path.name))  # fmt: skip
 
