@@ -243,8 +243,15 @@ def check_ctranslate2_folder(model: str) -> Path:
 
 
 # The files of a folder (ours or a CTranslate2 export) that make its translations, beside its *.safetensors.
-_TRANSLATING_FILES = {"config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
-                      _SAFETENSORS_INDEX, "model.bin", *(name for names in TOKENIZER_FILES for name in names)}  # fmt: skip
+_TRANSLATING_FILES = {
+    "config.json",
+    "generation_config.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    _SAFETENSORS_INDEX,
+    "model.bin",
+    *(name for files in TOKENIZER_FILES for name in files),
+}
 
 
 def model_files(model: str | Path) -> list[Path]:
