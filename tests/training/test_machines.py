@@ -515,6 +515,7 @@ def test_a_machine_whose_folder_is_missing_or_behind_is_named_on_every_machine(d
     )
 
     shutil.rmtree(folders[1])  # machine 1's disk replaced: its folder is gone
+    (folders[0] / "results.json").unlink()  # the run unfinished again (a finished one is left as it is: runs.py)
     missing = launch_both("missing", corpus, folders, tmp_path, envs)
     said = "error: machine 1's output folder is missing or behind: it holds no checkpoint, machine 0 checkpoint-10"
     for launch in missing:

@@ -24,7 +24,9 @@ logger = logging.getLogger(__name__)
 class WallClockCallback(TrainerCallback, ExportableState):
     """Saves a checkpoint every `checkpoint_minutes` (§6.1: 10) and stops, with a checkpoint, once `budget_minutes`
     have passed; all processes follow rank 0's clock. With `--metric_for_best_model` the last step is evaluated too.
-    Checkpoints record the seconds trained (`state()`), so a resumed run finishes the budget it had left.
+    Checkpoints record the seconds trained (`state()`), so a resumed run finishes the budget it had left, and the
+    batch layout (`batch_layout`, set by the job), so that a run resumed on another number of processes keeps the
+    tokens of its steps (runs.py). `stopped_by` names the rule that stopped training, once one did.
     """
 
     def __init__(self, checkpoint_minutes: float | None = None, budget_minutes: float | None = None):
@@ -36,6 +38,8 @@ class WallClockCallback(TrainerCallback, ExportableState):
         self.start = self.last_save = time.monotonic()
         self.elapsed = 0.0  # seconds of training on rank 0's clock at the last step
         self.deadline = None  # a `deadline.JobDeadline` (--job_minutes): rank 0 stops training by it too
+        self.batch_layout: dict | None = None  # processes, accumulation and batch size of the steps (runs.py)
+        self.stopped_by: str | None = None
 
     def state(self) -> dict:
         return {
@@ -43,7 +47,7 @@ class WallClockCallback(TrainerCallback, ExportableState):
                 "checkpoint_minutes": self.checkpoint_seconds / 60 if self.checkpoint_seconds else None,
                 "budget_minutes": self.budget_seconds / 60 if self.budget_seconds else None,
             },
-            "attributes": {"trained_seconds": round(self.elapsed, 3)},
+            "attributes": {"trained_seconds": round(self.elapsed, 3), "batch_layout": self.batch_layout},
         }
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -56,8 +60,10 @@ class WallClockCallback(TrainerCallback, ExportableState):
         self.elapsed = now - self.start
         save = bool(self.checkpoint_seconds and now - self.last_save >= self.checkpoint_seconds)
         stop = bool(self.budget_seconds and self.elapsed >= self.budget_seconds)
-        if self.deadline is not None and state.is_world_process_zero:
-            stop = stop or self.deadline.training_must_stop(now)
+        if stop:
+            self.stopped_by = "the time budget, --time_budget_minutes"
+        elif self.deadline is not None and state.is_world_process_zero and self.deadline.training_must_stop(now):
+            stop, self.stopped_by = True, "the job's deadline, --job_minutes"
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             flags = torch.tensor([int(save), int(stop), round(self.elapsed * 1000)], device=args.device)
             torch.distributed.broadcast(flags, src=0)
@@ -163,6 +169,12 @@ def _saved_attributes(state: TrainerState | None, callback: str) -> dict:
 def trained_seconds(state: TrainerState | None) -> float:
     """Seconds of training a (resumed) TrainerState records, on WallClockCallback's clock; 0 when it has none."""
     return float(_saved_attributes(state, WallClockCallback.__name__).get("trained_seconds") or 0.0)
+
+
+def saved_batch_layout(state: TrainerState | None) -> dict | None:
+    """The batch layout a (resumed) TrainerState records (`WallClockCallback.batch_layout`); None when it has none."""
+    layout = _saved_attributes(state, WallClockCallback.__name__).get("batch_layout")
+    return layout if isinstance(layout, dict) else None
 
 
 class CheckpointAtEvaluationCallback(TrainerCallback):
@@ -295,5 +307,6 @@ __all__ = [
     "WallClockCallback",
     "evaluations_without_improvement",
     "plot_curves",
+    "saved_batch_layout",
     "trained_seconds",
 ]
