@@ -39,6 +39,7 @@ from .readers import (  # re-exported: the readers are part of this module's API
     _check_rows_are_objects,
     _local_pairs,
     check_translations,
+    missing_file,
     read_jsonl,
     read_parallel_text,
     read_tsv,
@@ -307,6 +308,9 @@ def load_corpus(
         return load_ding(source_lang, target_lang, seed, extra, upsample_primary)
     if upsample_primary != 1:
         raise DataError(f"upsample_primary needs a corpus with extra data (ding+phrases), not {dataset!r}")
+    missing = missing_file(dataset, (source_lang, target_lang))  # a path, not a Hub id: no Hub call
+    if missing:
+        raise DataError(missing)
     pairs = _local_pairs(dataset, source_lang, target_lang)
     if pairs is not None:
         if not pairs:

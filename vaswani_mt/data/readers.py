@@ -155,6 +155,24 @@ def read_parallel_text(
     ]
 
 
+# A --dataset with one of these endings, or a path's start, names a file of the user's, never a Hub id.
+FILE_SUFFIXES = (".jsonl", ".json", ".tsv", ".tab", ".csv", ".parquet", ".txt")
+
+
+def missing_file(dataset: str, languages: Sequence[str] = ()) -> str | None:
+    """Why `dataset` cannot be read, where it looks like a path (`/`, `./`, `~`, more than the one `/` of a Hub
+    id, or a file ending of FILE_SUFFIXES) and no such file or folder exists, nor `dataset.<lang>` for one of
+    `languages`: said before any Hub call, which would retry for seconds and then answer that the Hub has no such
+    dataset. None otherwise."""
+    looks_like_a_path = (dataset.startswith(("/", "./", "../", "~")) or dataset.count("/") > 1
+                         or dataset.lower().endswith(FILE_SUFFIXES))  # fmt: skip
+    paths = [Path(dataset).expanduser(), *(Path(f"{dataset}.{lang}").expanduser() for lang in languages)]
+    if not looks_like_a_path or any(path.exists() for path in paths):
+        return None
+    header = " (a .tsv starts with a header line naming the languages: en<TAB>de)" if dataset.endswith(".tsv") else ""
+    return f"{dataset}: no such file{header}"
+
+
 def _local_pairs(dataset: str, source_lang: str, target_lang: str) -> list[tuple[str, str]] | None:
     path = Path(dataset)
     if path.is_file() and path.suffix in (".jsonl", ".json"):
@@ -353,6 +371,7 @@ def remove_damaged_cache_files(dataset: datasets.Dataset) -> list[Path]:
 __all__ = [
     "DataError",
     "check_translations",
+    "missing_file",
     "read_jsonl",
     "read_parallel_text",
     "read_tsv",
