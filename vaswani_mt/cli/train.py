@@ -28,6 +28,7 @@ from typing import NoReturn
 
 from vaswani_mt.cli import start_command
 from vaswani_mt.training.arguments import check_dataset_options, parse_args  # transformers' training options
+from vaswani_mt.training.hardware import check_launch_has_gpus
 from vaswani_mt.training.machines import (
     MachinesError,
     end_with_launcher,
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     try:
         model_args, data_args, recipe, training_args = parse_args(argv)
+        check_launch_has_gpus(recipe)
         check_dataset_options(data_args, recipe)
     except ValueError as error:  # a bad option or config file: one line that names it, no traceback
         _fail(error)
