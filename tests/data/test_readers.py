@@ -62,9 +62,7 @@ def test_unknown_file_format_is_refused(tmp_path):
         load_corpus(str(path))
 
 
-def test_a_dataset_that_looks_like_a_path_and_is_not_there_is_no_such_file_before_any_hub_call(
-    tmp_path, monkeypatch
-):
+def test_a_dataset_that_looks_like_a_path_and_is_not_there_is_no_such_file_before_any_hub_call(tmp_path, monkeypatch):
     """`--dataset my.tsv` with no such file: one line at once, from the library and from the command, where the Hub
     would retry for seconds and then say it has no such dataset. A Hub id (one `/`) still goes to the Hub."""
     from vaswani_mt.cli.train import main as train_main

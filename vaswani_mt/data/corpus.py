@@ -39,6 +39,8 @@ from .readers import (  # re-exported: the readers are part of this module's API
     _check_rows_are_objects,
     _local_pairs,
     check_translations,
+    local_paths,
+    looks_like_a_path,
     missing_file,
     read_jsonl,
     read_parallel_text,
@@ -343,6 +345,12 @@ def load_corpus(
     return corpus
 
 
+def is_hub_id(dataset: str, languages: Sequence[str] = ()) -> bool:
+    """Whether `load_corpus` asks the Hub for `dataset`: not a built-in corpus, not a path, nothing local it names."""
+    return not (dataset in BUILTIN_CORPORA or looks_like_a_path(dataset)
+                or any(path.exists() for path in local_paths(dataset, languages)))  # fmt: skip
+
+
 def load_run_corpus(data_args) -> datasets.DatasetDict:
     """`load_corpus` with a run's `DataArguments`. The split never depends on `--seed`: every run of a corpus is
     scored on the same test pairs."""
@@ -418,6 +426,7 @@ __all__ = [
     "describe_corpus",
     "extract_ding_pairs",
     "extract_ding_phrases",
+    "is_hub_id",
     "load_corpus",
     "load_ding",
     "load_run_corpus",

@@ -43,6 +43,7 @@ from transformers.trainer_callback import ProgressCallback
 from vaswani_mt.data.corpus import (
     DataError,
     describe_corpus,
+    is_hub_id,
     load_run_corpus,
     source_target,
 )
@@ -91,6 +92,7 @@ from .machines import (
     is_store_failure,
     lost_machine_error,
     machines,
+    rank_zero_first,
     settle_storage,
 )
 from .runs import already_finished, batch_layout, finished_by, keep_tokens_per_step
@@ -350,14 +352,17 @@ def _load_data(
     output_dir: Path,
 ) -> tuple[DatasetDict, PreTrainedTokenizerBase, DatasetDict]:
     """The corpus (the same on every machine), its tokenizer (trained by rank 0) and the tokenized splits."""
-    corpus = load_run_corpus(data_args)
+    languages = (data_args.source_lang, data_args.target_lang)
+    if is_hub_id(data_args.dataset, languages):  # rank 0 downloads it first, and its failure is every rank's
+        corpus = rank_zero_first(partial(load_run_corpus, data_args), "load the corpus", expected=(DataError,))
+    else:
+        corpus = load_run_corpus(data_args)
     if data_args.max_train_samples:
         corpus["train"] = corpus["train"].select(range(min(data_args.max_train_samples, len(corpus["train"]))))
     if data_args.max_eval_samples:
         for split in ("validation", "test"):
             corpus[split] = corpus[split].select(range(min(data_args.max_eval_samples, len(corpus[split]))))
     logger.info("corpus %s: %s", data_args.dataset, {k: len(v) for k, v in corpus.items()})
-    languages = (data_args.source_lang, data_args.target_lang)
     where = machines()  # several machines: the same command and corpus on each, and who writes where
     check_same_launch(where, (model_args, data_args, recipe, training_args), corpus, languages)
     shared = settle_storage(where, training_args, output_dir)
