@@ -89,6 +89,6 @@ def test_supervision_without_eflomal_fails_with_one_line_that_says_how_to_instal
     monkeypatch.setitem(sys.modules, "eflomal", None)  # as if it were not installed
     _, data_args, recipe, _ = parse_args(["--output_dir", str(tmp_path), "--report_to", "none",
                                           "--alignment_supervision"])  # fmt: skip
-    with pytest.raises(ValueError, match="pip install eflomal") as error:
+    with pytest.raises(ValueError, match=r"pip install 'vaswani-mt\[align\]'") as error:
         check_dataset_options(data_args, recipe)
     assert "\n" not in str(error.value)

@@ -26,7 +26,7 @@ import shlex
 import sys
 from typing import NoReturn
 
-from vaswani_mt.cli import start_command
+from vaswani_mt.cli import names_missing_extras, start_command
 from vaswani_mt.training.arguments import check_dataset_options, parse_args  # transformers' training options
 from vaswani_mt.training.hardware import check_launch_has_gpus
 from vaswani_mt.training.machines import (
@@ -44,6 +44,7 @@ def _fail(error: BaseException) -> NoReturn:
     exit_run(f"error: {error}" if speaks_for_machine() else None, 1)
 
 
+@names_missing_extras
 def main(argv: list[str] | None = None) -> None:
     end_with_launcher()
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
-from vaswani_mt.cli import add_compute_type, check_compute_type, saved_search, start_command
+from vaswani_mt.cli import add_compute_type, check_compute_type, names_missing_extras, saved_search, start_command
 from vaswani_mt.model.constraints_vaswani import ORDERS  # loaded with vaswani_mt itself
 
 if TYPE_CHECKING:
@@ -252,6 +252,7 @@ def exit_interrupted(stop: TranslationInterrupted, written: int, output: str, fi
     sys.exit(128 + stop.signum)
 
 
+@names_missing_extras
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
