@@ -480,7 +480,8 @@ def _agreed_plan(peers, sharded, source: str, translator, world: int) -> list:
     key = "vaswani_mt/plan"
     if peers.rank == 0:
         try:
-            sharded.plan(source, translator.tokenizer, translator.options.chunk_lines(), world)
+            options = translator.options  # the default chunk: a short input is cut into a chunk a process
+            sharded.plan(source, translator.tokenizer, options.chunk_lines(), world, options.chunk_size is None)
             peers.store.set(key, "")
         except ValueError as error:
             peers.store.set(key, str(error))
