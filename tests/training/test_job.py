@@ -219,6 +219,9 @@ def test_end_to_end_job_on_local_jsonl(job_run):
     assert sacrebleu["value"] == round(results["test"]["score"], 2) and "checkpoint-8" in card
     assert "CPU (" in card and ", float32;" in card  # the hardware and the precision it trained in
     assert "Search: beam 4, GNMT length penalty α = 0.9," in card
+    # its usage names the model's own repository, and says the saved search is under Results, not the paper's 0.6
+    assert 'model="USER/vaswani-mt-tiny-en-de"' in card
+    assert "(the paper's, §6.1, is beam 4, GNMT" in " ".join(card.split())
     for folder in (output, output / "checkpoint-8"):
         saved = json.loads((folder / "generation_config.json").read_text())
         assert (saved["num_beams"], saved["length_penalty"]) == (4, 0.9)
