@@ -263,13 +263,16 @@ class CurvesCallback(TrainerCallback):
 
 def plot_curves(history: list[dict], path: Path, best_step: int | None = None) -> Path | None:
     """Loss, dev loss, learning rate, tokens/s and dev BLEU (`eval_bleu`) against the step, in one PNG; `best_step`
-    (the best checkpoint's, under `--metric_for_best_model`) as a dashed line on the dev panels."""
+    (the best checkpoint's, under `--metric_for_best_model`) as a dashed line on the dev panels. A run that logged no
+    step (shorter than `--logging_steps`) gets its mean loss (`train_loss`, logged at the end) as one point."""
     panels = [
         ("loss", ["loss", "eval_loss"]),
         ("learning rate", ["learning_rate"]),
         ("target tokens / s", ["target_tokens_per_second"]),
         ("dev BLEU", ["eval_bleu"]),
     ]
+    if not any("loss" in row for row in history):  # a run shorter than --logging_steps: its mean loss, one point
+        panels[0] = ("loss", ["train_loss", "eval_loss"])
     panels = [(title, keys) for title, keys in panels if any(k in row for row in history for k in keys)]
     if not panels:
         return None
