@@ -1,5 +1,13 @@
 """The pages a newcomer follows, README.md and docs/*.md: every `--flag` their shell blocks give a script of ours is
-one of that script's options (its `--help`), so a renamed or dropped option fails here, not in a reader's shell."""
+one of that script's options (its `--help`), so a renamed or dropped option fails here, not in a reader's shell; and
+every Python block of docs/*.md runs, as written, through Sybil (README.md's: test_readme.py), in a folder where
+`outputs/ding-cpu` is a tiny model whose vocabulary is learned from the pages themselves (every word they translate is
+in it; the outputs are not the pages' examples, which the pages mark as such). A block that needs the Hub is skipped,
+saying so.
+
+Sybil: a maintained library made for this (documentation examples as tests, Markdown code blocks included) that
+runs a parsed page's examples from a test, as here; pytest-examples checks output comments that here are examples
+of their form, and mktestdocs runs blocks without a per-block id or skip."""
 
 import contextlib
 import importlib
@@ -9,6 +17,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+from conftest import built_once
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -72,3 +81,58 @@ def test_the_flag_check_finds_the_options_after_the_script_only():
         ("scripts/train.py", "--use_cpu"), ("scripts/train.py", "--output_dir"), ("scripts/translate.py", "--model"),
         ("scripts/translate.py", "--no_such_option"), ("scripts/train.py", "--max_steps"),
     ]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The Python blocks of docs/*.md, run
+
+HUB_ID = re.compile(r"""["'](?!outputs/)[A-Za-z0-9][\w.-]*/[\w.-]+["']""")  # "org/name", not a folder of outputs/
+
+
+def _python_blocks() -> list:
+    from sybil import Sybil
+    from sybil.parsers.markdown import PythonCodeBlockParser
+
+    parse = Sybil([PythonCodeBlockParser()]).parse
+    blocks = []
+    for page in PAGES[1:]:  # README.md's block: test_readme.py
+        for example in parse(page).examples():
+            code = example.region.parsed
+            marks = [pytest.mark.skip(reason="needs the Hub")] if HUB_ID.search(str(code)) else []
+            blocks.append(pytest.param(example, id=f"{page.name}:{example.line}", marks=marks))
+    return blocks
+
+
+@pytest.fixture(scope="session")
+def docs_folder(tmp_path_factory) -> Path:
+    """A folder to run the blocks in: `outputs/ding-cpu`, a tiny untrained model whose BPE is learned from the
+    pages' text, its CTranslate2 export `outputs/ding-cpu-ct2` (where ctranslate2 is installed), and `big.en`."""
+
+    def build(folder: Path) -> None:
+        from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
+        from vaswani_mt.data.tokenization import config_token_ids, train_tokenizer
+
+        texts = [line for page in PAGES for line in page.read_text(encoding="utf-8").splitlines() if line.strip()]
+        tokenizer = train_tokenizer(texts, vocab_size=2000, min_frequency=1)
+        model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny", **config_token_ids(tokenizer)))
+        model.generation_config.max_len_b = 8  # short outputs from untrained weights
+        model.save_pretrained(folder / "outputs" / "ding-cpu")
+        tokenizer.save_pretrained(folder / "outputs" / "ding-cpu")
+        (folder / "big.en").write_text("The house is small.\nHow are you?\n", encoding="utf-8")
+        with contextlib.suppress(ImportError):
+            import ctranslate2  # noqa: F401
+
+            from vaswani_mt.export.marian import export_model
+
+            export_model(folder / "outputs" / "ding-cpu", "ctranslate2", folder / "outputs" / "ding-cpu-ct2")
+
+    return built_once(tmp_path_factory, "docs", build)
+
+
+@pytest.mark.parametrize("example", _python_blocks())
+def test_every_python_block_of_the_docs_runs_as_written(example, docs_folder, monkeypatch):
+    monkeypatch.chdir(docs_folder)
+    if "ding-cpu-ct2" in str(example.region.parsed) and not (docs_folder / "outputs" / "ding-cpu-ct2").is_dir():
+        pytest.skip("needs ctranslate2 (pip install 'vaswani-mt[ctranslate2]')")
+    example.namespace.clear()  # each block whole by itself
+    example.evaluate()
