@@ -1,9 +1,10 @@
 """The pages a newcomer follows, README.md and docs/*.md: every `--flag` their shell blocks give a script of ours is
 one of that script's options (its `--help`), so a renamed or dropped option fails here, not in a reader's shell; and
-every Python block of docs/*.md runs, as written, through Sybil (README.md's: test_readme.py), in a folder where
-`outputs/ding-cpu` is a tiny model whose vocabulary is learned from the pages themselves (every word they translate is
-in it; the outputs are not the pages' examples, which the pages mark as such). A block that needs the Hub is skipped,
-saying so.
+every Python block of docs/*.md runs, as written, through Sybil (README.md's: test_readme.py), and so does every
+shell block whose commands are our translating, scoring, averaging and export scripts, in this process, in a folder
+where `outputs/ding-cpu` is a tiny model whose vocabulary is learned from the pages themselves (every word they
+translate is in it; the outputs are not the pages' examples, which the pages mark as such). A block that trains,
+installs, needs the Hub, a GPU, several processes or machines, Slurm or a web server is skipped, saying which.
 
 Sybil: a maintained library made for this (documentation examples as tests, Markdown code blocks included) that
 runs a parsed page's examples from a test, as here; pytest-examples checks output comments that here are examples
@@ -119,6 +120,14 @@ def docs_folder(tmp_path_factory) -> Path:
         model.save_pretrained(folder / "outputs" / "ding-cpu")
         tokenizer.save_pretrained(folder / "outputs" / "ding-cpu")
         (folder / "big.en").write_text("The house is small.\nHow are you?\n", encoding="utf-8")
+        # the user's own files the pages name
+        (folder / "test.en").write_text("The house is small.\nHow are you?\n", encoding="utf-8")
+        (folder / "test.de").write_text("Das Haus ist klein.\nWie geht es dir?\n", encoding="utf-8")
+        (folder / "test.tsv").write_text("The house is small.\tHaus\nHow are you?\n", encoding="utf-8")
+        for step in range(1, 6):  # what the main job leaves for average_checkpoints.py
+            checkpoint = folder / "outputs" / "ding-cpu" / f"checkpoint-{step}"
+            model.save_pretrained(checkpoint)
+            (checkpoint / "trainer_state.json").write_text("{}")
         with contextlib.suppress(ImportError):
             import ctranslate2  # noqa: F401
 
@@ -136,3 +145,61 @@ def test_every_python_block_of_the_docs_runs_as_written(example, docs_folder, mo
         pytest.skip("needs ctranslate2 (pip install 'vaswani-mt[ctranslate2]')")
     example.namespace.clear()  # each block whole by itself
     example.evaluate()
+
+
+# Why a shell block does not run here, by what it holds (the first that applies).
+NOT_RUN = [
+    (re.compile(r"\bpip install|python3 -m venv"), "installs packages"),
+    (re.compile(r"\bsbatch\b"), "needs Slurm"),
+    (re.compile(r"--num_machines|--machine_rank"), "needs several machines"),
+    (
+        re.compile(r"accelerate launch|torchrun"),
+        "several processes (tests/training/test_job.py, tests/cli/test_sharded_translation.py run them small)",
+    ),
+    (re.compile(r"scripts/train\.py"), "trains (tests/training/test_job.py runs the main job small)"),
+    (re.compile(r"push_to_hub\.py(?!.*--dry_run)"), "needs the Hub"),
+    (re.compile(r"\bapp\.py\b"), "a web server (tests/app/test_demo.py)"),
+]
+
+
+def _shell_blocks() -> list:
+    blocks = []
+    for page in PAGES:
+        for line, block in shell_blocks(page):
+            reason = next((why for pattern, why in NOT_RUN if pattern.search(block)), None)
+            marks = [pytest.mark.skip(reason=reason)] if reason else []
+            blocks.append(pytest.param(block, id=f"{page.name}:{line}", marks=marks))
+    return blocks
+
+
+def _stdin(words: list[str]) -> bytes:
+    """What `echo ...` or `printf ...` writes."""
+    if words[0] == "echo":
+        return (" ".join(words[1:]) + "\n").encode()
+    return words[1].encode().decode("unicode_escape").encode("latin-1")  # printf's escapes; UTF-8 kept
+
+
+@pytest.mark.parametrize("block", _shell_blocks())
+def test_every_runnable_shell_block_of_the_pages_runs_as_written(block, docs_folder, monkeypatch, tmp_path):
+    """Each command `[echo ... |] python scripts/X.py ...` of the block, its main() in this process, in the docs
+    folder (a copy: a block may write outputs of its own), ends with status 0."""
+    import shutil
+
+    from conftest import run_main
+
+    folder = Path(shutil.copytree(docs_folder, tmp_path / "docs"))
+    monkeypatch.chdir(folder)
+    for line in block.splitlines():
+        words = shlex.split(line, comments=True)
+        if not words:
+            continue
+        stdin = b""
+        if "|" in words:
+            at = words.index("|")
+            stdin, words = _stdin(words[:at]), words[at + 1 :]
+        assert words[0] == "python" and words[1].startswith("scripts/"), line
+        if "--output" in words and "--overwrite" not in words:  # what the block writes, it writes afresh
+            shutil.rmtree(folder / words[words.index("--output") + 1], ignore_errors=True)
+        module = re.search(r"from (vaswani_mt\.cli\.\w+) import main", (ROOT / words[1]).read_text()).group(1)
+        _, code = run_main(importlib.import_module(module), words[2:], monkeypatch, stdin)
+        assert code in (None, 0), (line, code)
