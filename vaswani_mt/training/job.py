@@ -268,7 +268,7 @@ def _prepare(
     resume = resume_point(training_args, output_dir)
     resumed_state = TrainerState.load_from_json(str(Path(resume, "trainer_state.json"))) if resume else None
     kept = keep_tokens_per_step(resume, resumed_state, data_args, training_args)  # another number of processes
-    if kept:
+    if kept and training_args.local_process_index == 0:  # one line a machine
         logger.warning(kept)
     clock.batch_layout = batch_layout(data_args, training_args)
     # With the model, the collator also builds decoder_input_ids from the labels (needed when Trainer's label
