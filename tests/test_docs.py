@@ -74,6 +74,32 @@ def test_every_flag_the_pages_give_a_script_is_one_of_its_options():
     assert unknown == []
 
 
+def _section(title: str) -> str:
+    """README.md's section `## title` (or `### title`), up to the next heading."""
+    text = PAGES[0].read_text(encoding="utf-8")
+    return re.search(rf"^#+ {re.escape(title)}\n(.*?)(?=^#)", text, re.S | re.M).group(1)
+
+
+def _span_flags(text: str) -> list[str]:
+    """The --flags of `text`'s code spans, but a span that names another command's option as an attribute
+    (`an --format ctranslate2 export`)."""
+    return [flag for before, span in re.findall(r"(\S*\s?)`([^`]+)`", text) if before.strip() not in ("a", "an")
+            for flag in re.findall(r"--\w+", span)]  # fmt: skip
+
+
+def test_the_readmes_option_table_and_decoding_list_name_options_of_their_scripts():
+    """The Train table's options are train.py's; each Decoding options item's are translate.py's, and
+    evaluate_model.py's unless the item names translate.py alone."""
+    helps = {script: _help(f"scripts/{script}") for script in ("train.py", "translate.py", "evaluate_model.py")}
+    named = [("train.py", flag) for row in _section("Train").splitlines() if row.startswith("| `--")
+             for flag in _span_flags(row.split(" | ")[0])]  # fmt: skip
+    for item in (line for line in _section("Decoding options").splitlines() if line.startswith("- ")):
+        scripts = ["translate.py"] if "`translate.py`" in item else ["translate.py", "evaluate_model.py"]
+        named += [(script, flag) for script in scripts for flag in _span_flags(item)]
+    assert len(named) > 30 and ("translate.py", "--buffer_size") in named
+    assert [(script, flag) for script, flag in named if not re.search(rf"{flag}\b(?!-)", helps[script])] == []
+
+
 def test_the_flag_check_finds_the_options_after_the_script_only():
     block = ("accelerate launch --multi_gpu --num_processes 2 scripts/train.py configs/x.yaml --use_cpu \\\n"
              "  --output_dir out  # --not_this\necho x | python scripts/translate.py --model=m --no_such_option\n"
