@@ -81,6 +81,7 @@ def main() -> None:
         marian = name == "marian"
         result = run_training(model_args, data_args, recipe, training_args,
                               build_model=marian_model if marian else build_model, model_card=not marian)  # fmt: skip
+        result = result.get("finished_before", result)  # a finished folder is left as it is: its results.json
         tokenizer_dir = tokenizer_dir or str(Path(training_args.output_dir) / "tokenizer")
         results[name] = {
             "test_bleu": round(result["test"]["score"], 2),

@@ -198,3 +198,59 @@ def test_a_command_freezes_the_libraries_objects_and_a_program_calling_main_keep
         assert gc.get_freeze_count() > frozen
     finally:
         gc.unfreeze()
+
+
+# Runs each console entry point (`module:function`) with its arguments, in one process where the optional packages
+# cannot be imported (as after a plain `pip install vaswani-mt`), and prints each one's exit status or line.
+_WITHOUT_EXTRAS_PROBE = r"""
+import contextlib, importlib, io, json, sys
+for optional in ("ctranslate2", "gradio", "eflomal", "playwright"):
+    sys.modules[optional] = None  # `import optional` raises ModuleNotFoundError
+report = {}
+for name, (target, argv) in json.loads(sys.argv[1]).items():
+    module, function = target.split(":")
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            getattr(importlib.import_module(module), function)(argv)
+            report[name] = None
+        except SystemExit as stop:
+            report[name] = stop.code
+print(json.dumps(report))
+"""
+
+
+def test_every_console_entry_point_without_its_optional_packages_names_the_extra_in_one_line(fitted_folder, tmp_path):
+    """A command that needs an extra which is not installed says which, in one line, before any model loads; the
+    others answer as usual (`--help`)."""
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    ct2 = tmp_path / "ct2"  # what is_ctranslate2_folder takes for an export: its model.bin is never read here
+    ct2.mkdir()
+    (ct2 / "model.bin").write_bytes(b"")
+    (ct2 / "config.json").write_text("{}")
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(fitted_folder / name, ct2 / name)
+    (tmp_path / "a.en").write_text("Hello.\n")
+    files = ["--input", str(tmp_path / "a.en"), "--reference_file", str(tmp_path / "a.en")]
+    export_ct2 = ["--model", str(fitted_folder), "--format", "ctranslate2", "--output", str(tmp_path / "out")]
+    needs = {
+        "vaswani-mt-train": (["--output_dir", str(tmp_path / "run"), "--alignment_supervision"], "align"),
+        "vaswani-mt-translate": (["--model", str(ct2)], "ctranslate2"),
+        "vaswani-mt-evaluate": (["--model", str(ct2), *files], "ctranslate2"),
+        "vaswani-mt-export": (export_ct2, "ctranslate2"),
+        "vaswani-mt-demo": ([str(fitted_folder)], "demo"),
+    }
+    runs = {name: (target, needs[name][0] if name in needs else ["--help"]) for name, target in scripts.items()}
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_EXTRAS_PROBE, json.dumps(runs)], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert sorted(report) == sorted(scripts) and set(needs) <= set(scripts)
+    for name, code in report.items():
+        if name not in needs:
+            assert code == 0, (name, code)
+            continue
+        assert isinstance(code, str) and code.startswith("error: ") and "\n" not in code, (name, code)
+        assert f"pip install 'vaswani-mt[{needs[name][1]}]'" in code, (name, code)
+    assert "Traceback" not in done.stderr and not (tmp_path / "run").exists() and not (tmp_path / "out").exists()

@@ -90,6 +90,17 @@ def test_shards_are_whole_chunks_with_about_equal_tokens(tmp_path, tokenizer):
     assert plan_shards(tmp_path / "empty", tokenizer, 32, 2) == [] if (tmp_path / "empty").touch() is None else None
 
 
+def test_an_input_shorter_than_a_default_chunk_a_process_is_cut_into_a_chunk_a_process(tmp_path, tokenizer):
+    """300 lines on 2 processes with the default chunk (512 lines): 2 shards of 150 lines, not one shard and an idle
+    process; a --chunk_size given keeps its chunks (one process reading them writes the same bytes)."""
+    source = tmp_path / "in.en"
+    source.write_text(_text(300, seed=2))
+    assert [(s.first, s.lines) for s in plan_shards(source, tokenizer, 512, 2, spread=True)] == [(0, 150), (150, 150)]
+    assert [(s.first, s.lines) for s in plan_shards(source, tokenizer, 512, 2)] == [(0, 300)]
+    assert [s.lines for s in plan_shards(source, tokenizer, 512, 7, spread=True)] == [43] * 6 + [42]
+    assert [s.lines for s in plan_shards(source, tokenizer, 100, 3, spread=True)] == [100] * 3  # long enough
+
+
 def test_a_shard_folder_of_another_run_is_refused_in_one_line(tmp_path, tokenizer):
     source = tmp_path / "in.en"
     source.write_text(_text(100))

@@ -55,6 +55,6 @@ def test_labels_are_cached_and_read_back_without_running_eflomal_again(tmp_path,
 
 def test_a_missing_eflomal_is_one_line_that_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "eflomal", None)
-    with pytest.raises(ImportError, match="pip install eflomal") as error:
+    with pytest.raises(ImportError, match=r"pip install 'vaswani-mt\[align\]'") as error:
         alignment_labels.require_eflomal()
     assert "\n" not in str(error.value)

@@ -62,6 +62,32 @@ def test_unknown_file_format_is_refused(tmp_path):
         load_corpus(str(path))
 
 
+def test_a_dataset_that_looks_like_a_path_and_is_not_there_is_no_such_file_before_any_hub_call(tmp_path, monkeypatch):
+    """`--dataset my.tsv` with no such file: one line at once, from the library and from the command, where the Hub
+    would retry for seconds and then say it has no such dataset. A Hub id (one `/`) still goes to the Hub."""
+    from vaswani_mt.cli.train import main as train_main
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("the Hub was asked")
+
+    monkeypatch.setattr(datasets, "load_dataset", no_hub)
+    monkeypatch.chdir(tmp_path)
+    for name in ("my.tsv", "corpus.jsonl", "/no/such/folder", "./here", "data/train/all", "pairs.csv"):
+        with pytest.raises(DataError, match=rf"^{name}: no such file"):
+            load_corpus(name)
+    with pytest.raises(SystemExit) as stop:
+        train_main(["--dataset", "my.tsv", "--output_dir", str(tmp_path / "run"), "--report_to", "none"])
+    assert stop.value.code == (
+        "error: --dataset my.tsv: no such file (a .tsv starts with a header line naming the languages: en<TAB>de)"
+    )
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "c.en").write_text("One.\n")
+    (tmp_path / "c.de").write_text("Eins.\n")
+    assert sum(map(len, load_corpus("./c").values())) == 1  # a prefix of P.en, P.de
+    with pytest.raises(DataError, match="the Hub was asked"):
+        load_corpus("someone/corpus")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The cache files of `datasets.map`
 

@@ -292,7 +292,7 @@ def test_upload_failures_say_why_and_keep_the_folder(tmp_path, monkeypatch):
     (folder / "README.md").write_text("card")
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setattr("huggingface_hub.get_token", lambda: None)
-    with pytest.raises(HubUploadError, match=r"no Hugging Face token.*hf auth login.*is kept"):
+    with pytest.raises(HubUploadError, match=r"no Hugging Face token.*hf auth login.*is kept.*with --overwrite"):
         upload_folder(folder, "alice/x")
     with pytest.raises(HubUploadError, match=r"cannot reach the Hugging Face Hub.*is kept"):
         upload_folder(folder, "alice/x", token="hf_test", endpoint="http://127.0.0.1:9")  # nothing listens there

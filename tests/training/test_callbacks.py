@@ -92,6 +92,9 @@ def test_plot_has_a_panel_per_logged_curve(tmp_path):
     ]
     path = plot_curves(history, tmp_path / "curves.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a run shorter than --logging_steps logs only its end: its mean loss is drawn, as one point
+    short = [{"step": 9, "train_runtime": 3.1, "train_loss": 6.5}]
+    assert plot_curves(short, tmp_path / "short.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])

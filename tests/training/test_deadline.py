@@ -81,5 +81,6 @@ def test_a_job_with_a_job_budget_stops_training_early_enough_to_end_within_it(tm
     assert "the work after training: about" in caplog.text
     results = json.loads((output / "results.json").read_text())
     assert 0 < results["step"] < 100000 and "score" in results["test"]
+    assert results["finished_by"] == "the job's deadline, --job_minutes"  # a finished run: the same command stops
     assert "constrained_length_penalty" in results  # the alpha was chosen after training, inside the job
     assert results["wall_minutes"] <= job * 1.1  # measured on this machine, under its load

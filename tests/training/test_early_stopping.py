@@ -82,10 +82,14 @@ def test_training_stops_after_patience_evaluations_without_improvement_and_publi
         torch.testing.assert_close(tensor, ((four[name].double() + six[name].double()) / 2).float(), rtol=0, atol=0)
     assert (output / "training_curves.png").stat().st_size > 0
 
-    # The same command again: it stopped early, so it trains no further; --average_last 1 publishes the best itself.
+    finished_by = json.loads((output / "results.json").read_text())["finished_by"]
+    assert finished_by == "early stopping, --early_stopping_patience"
+    # The same command again leaves the finished run as it is (runs.py); resumed, it trains no further, as it
+    # stopped early; --average_last 1 publishes the best itself.
+    assert _train(monkeypatch, argv, [])["finished_before"]["step"] == 12
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="vaswani_mt.training.job"):
-        again = _train(monkeypatch, [*argv, "--average_last", "1"], [])
+        again = _train(monkeypatch, [*argv, "--average_last", "1", "--resume_from_checkpoint", "last"], [])
     assert "stopped early (3 evaluations without improvement): no more training" in caplog.text
     assert _state(output)["global_step"] == 12 and again["best"]["published"] == ["checkpoint-6"]
     published = _weights(output)

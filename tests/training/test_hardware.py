@@ -121,3 +121,31 @@ def test_native_bf16_matches_the_cpu_flags():
         if line.startswith("flags"):
             flags |= set(line.split(":", 1)[1].split())
     assert native_bf16() == bool({"avx512_bf16", "amx_bf16", "amx_tile"} & flags)
+
+
+def test_several_processes_on_a_machine_without_a_gpu_are_refused_in_one_line_unless_use_cpu(tmp_path, monkeypatch):
+    """`accelerate launch --multi_gpu --num_processes 8 scripts/train.py CONFIG.yaml` where torch sees no GPU: each
+    process's first check, in one line, before any data is read; `--use_cpu` (the command line or the config file)
+    asks for CPU processes."""
+    from vaswani_mt.cli import train as train_command
+
+    parsed = parse_args(["--output_dir", str(tmp_path / "run"), "--dataset", "no-such-hub/dataset"])
+    config = tmp_path / "cpu.yaml"
+    config.write_text("use_cpu: true\n")
+    for_cpu = [parse_args(["--use_cpu"])[2], parse_args([str(config)])[2]]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for name, value in {"WORLD_SIZE": "8", "LOCAL_RANK": "0", "ACCELERATE_MIXED_PRECISION": "no"}.items():
+        monkeypatch.setenv(name, value)
+    # parsed as under a launch (where parsing joins the process group, which one process here cannot)
+    monkeypatch.setattr(train_command, "parse_args", lambda argv: parsed)
+    with pytest.raises(SystemExit) as stop:
+        train_command.main([])
+    assert stop.value.code == (
+        "error: several processes (accelerate launch --multi_gpu, torchrun) on a machine with no GPU that torch can "
+        "use: add --use_cpu to the script's options for CPU processes (gloo)"
+    )
+    assert not (tmp_path / "run").exists()
+    for recipe in for_cpu:
+        hardware.check_launch_has_gpus(recipe)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    hardware.check_launch_has_gpus(parsed[2])

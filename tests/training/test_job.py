@@ -4,13 +4,15 @@ averaging: test_checkpoints.py; kills, preemption and exact resumes: test_faults
 
 import json
 import logging
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import REFERENCE_STEPS, make_model
+from conftest import REFERENCE_ENV, REFERENCE_STEPS, ddp_command, make_model, reference_command
 from conftest import train_command as _train_command
 from conftest import write_jsonl as _write_jsonl
 from safetensors.torch import load_file
@@ -18,7 +20,8 @@ from transformers import TrainerState
 
 from vaswani_mt.hub.card import check_card
 from vaswani_mt.training.callbacks import trained_seconds
-from vaswani_mt.training.checkpoints import list_checkpoints
+from vaswani_mt.training.checkpoints import CheckpointError, list_checkpoints
+from vaswani_mt.training.runs import keep_tokens_per_step
 from vaswani_mt.training.trainer import paper_learning_rate
 
 pytestmark = pytest.mark.transformers_internals
@@ -38,6 +41,67 @@ def test_main_job_under_two_cpu_processes_publishes_and_scores_once(ddp_referenc
     assert 0.0 <= results["test"]["score"] <= 100.0
     assert [r["step"] for r in _history(output) if "loss" in r] == list(range(1, REFERENCE_STEPS + 1))
     assert (output / "model.safetensors").exists() and (output / "README.md").exists()
+
+
+def test_two_processes_on_a_finished_run_train_nothing_and_say_so_in_one_line(ddp_reference, corpus, tmp_path):
+    """The README's 2-process command on a finished folder (here the two-rank reference run's, copied): status 0,
+    one line on stderr, and not one byte of the folder changed."""
+    output = Path(shutil.copytree(ddp_reference, tmp_path / "run"))
+    files = _contents(output)
+    again = subprocess.run(ddp_command(corpus, output), env=REFERENCE_ENV, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    said = [line for line in again.stderr.splitlines() if line.startswith(str(output))]
+    assert len(said) == 1 and said[0].startswith(f"{output} holds a finished run (step {REFERENCE_STEPS}, "), said
+    assert "resuming" not in again.stderr and _contents(output) == files
+
+
+@pytest.mark.usefixtures("restore_rng", "restore_threads")
+def test_a_run_resumed_on_another_number_of_processes_keeps_the_tokens_of_its_steps(ddp_reference, corpus, tmp_path,
+                                                                                      caplog):  # fmt: skip
+    """The two-rank reference run's checkpoint-6 resumed by one process: twice the accumulation, said in one line, and
+    the steps after it hold the very tokens of the two-rank run's (each rank takes every other batch of one list)."""
+    from vaswani_mt.cli.train import main as train_main
+
+    output = tmp_path / "run"
+    for name in ("checkpoint-6", "tokenizer"):
+        shutil.copytree(ddp_reference / name, output / name)
+    with caplog.at_level(logging.WARNING, logger="vaswani_mt.training.job"):
+        train_main(reference_command(corpus, output)[2:])
+    assert (f"resuming {output / 'checkpoint-6'}, trained by 2 processes, on 1: --gradient_accumulation_steps 2 and "
+            "--max_tokens_per_batch 256 keep its 512 tokens a step") in caplog.text  # fmt: skip
+    ours, theirs = ({row["step"]: row for row in _history(run) if "loss" in row} for run in (output, ddp_reference))
+    steps = range(7, REFERENCE_STEPS + 1)
+    assert [ours[n]["target_tokens_per_step"] for n in steps] == [theirs[n]["target_tokens_per_step"] for n in steps]
+
+
+def test_a_resume_on_another_number_of_processes_keeps_the_tokens_of_a_step_or_is_refused(tmp_path):
+    """One process's checkpoint resumed by two: each takes half the token budget; where half is not a whole number
+    of tokens the resume is refused in one line, before anything is written. A checkpoint that records no layout
+    tells its processes by its RNG files."""
+    checkpoint = tmp_path / "checkpoint-4"
+    checkpoint.mkdir()
+
+    def resume(tokens: int | None, recorded: int | None = 4096):
+        layout = {"processes": 1, "gradient_accumulation_steps": 1, "max_tokens_per_batch": recorded}
+        state = TrainerState(stateful_callbacks={"WallClockCallback": {"args": {}, "attributes": {
+            "batch_layout": layout if recorded else None}}})  # fmt: skip
+        data = SimpleNamespace(max_tokens_per_batch=tokens)
+        args = SimpleNamespace(world_size=2, gradient_accumulation_steps=1, per_device_train_batch_size=64)
+        return keep_tokens_per_step(str(checkpoint), state, data, args), data, args
+
+    said, data, args = resume(4096)
+    assert said == (f"resuming {checkpoint}, trained by 1 process, on 2: --gradient_accumulation_steps 1 and "
+                    "--max_tokens_per_batch 2048 keep its 4096 tokens a step")  # fmt: skip
+    assert (data.max_tokens_per_batch, args.gradient_accumulation_steps) == (2048, 1)
+    with pytest.raises(
+        CheckpointError,
+        match=r"trained by 1 process with 4095 tokens a step \(--max_tokens_per_batch "
+        r"4095 x --gradient_accumulation_steps 1 each\), which 2 processes cannot make: resume it on 1",
+    ):
+        resume(4096, recorded=4095)
+    assert resume(4096, recorded=None)[0] is None  # no layout and no RNG file: nothing known to keep
+    (checkpoint / "rng_state.pth").touch()  # written by one process
+    assert resume(1024, recorded=None)[1].max_tokens_per_batch == 512
 
 
 def _history(output: Path) -> list[dict]:
@@ -67,6 +131,22 @@ def test_the_time_budget_counts_on_after_a_resume_and_a_spent_budget_trains_no_f
     assert "/0.5 min" in first  # the progress bar counts the budget's minutes, not max_steps
     before = trained_seconds(TrainerState.load_from_json(str(output / "checkpoint-4" / "trainer_state.json")))
     assert 0.0 < before < 30.0
+    assert json.loads((output / "results.json").read_text())["finished_by"] == "--max_steps"
+
+    # A finished run stays finished: the same command, or one with other options, trains nothing, writes nothing,
+    # and says so in one line, with status 0; --resume_from_checkpoint last trains it on.
+    files = _contents(output)
+    for again in ((), ("--max_steps", "6")):
+        with pytest.raises(SystemExit) as stop:
+            train(*again)
+        said = capfd.readouterr().err.splitlines()
+        assert stop.value.code == 0 and said == [
+            f"{output} holds a finished run (step 4, no test BLEU, stopped by --max_steps): nothing trained or "
+            "written; --resume_from_checkpoint last trains it on (with a larger --time_budget_minutes or --max_steps "
+            "where those stopped it), another --output_dir starts a new run"
+        ]  # fmt: skip
+        assert _contents(output) == files
+    budget += ["--resume_from_checkpoint", "last"]
     second = train("--max_steps", "6")
     assert f"resuming from {output / 'checkpoint-4'} ({before / 60:.1f} minutes trained)" in second
     after = trained_seconds(TrainerState.load_from_json(str(output / "checkpoint-6" / "trainer_state.json")))
@@ -87,6 +167,11 @@ def test_the_time_budget_counts_on_after_a_resume_and_a_spent_budget_trains_no_f
     # what it publishes is the trained checkpoint's weights (read from disk), not the untrained model it built
     published, last = (load_file(folder / "model.safetensors") for folder in (output, output / "checkpoint-6"))
     assert published.keys() == last.keys() and all(torch.equal(published[k], last[k]) for k in last)
+
+
+def _contents(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` by its path, with its bytes."""
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
 
 
 def test_average_script_loads_in_a_fresh_process(tmp_path):
@@ -134,6 +219,9 @@ def test_end_to_end_job_on_local_jsonl(job_run):
     assert sacrebleu["value"] == round(results["test"]["score"], 2) and "checkpoint-8" in card
     assert "CPU (" in card and ", float32;" in card  # the hardware and the precision it trained in
     assert "Search: beam 4, GNMT length penalty α = 0.9," in card
+    # its usage names the model's own repository, and says the saved search is under Results, not the paper's 0.6
+    assert 'model="USER/vaswani-mt-tiny-en-de"' in card
+    assert "(the paper's, §6.1, is beam 4, GNMT" in " ".join(card.split())
     for folder in (output, output / "checkpoint-8"):
         saved = json.loads((folder / "generation_config.json").read_text())
         assert (saved["num_beams"], saved["length_penalty"]) == (4, 0.9)

@@ -33,6 +33,7 @@ from conftest import (
     Launch,
     assert_same_training,
     built_once,
+    ddp_command,
     free_port,
     is_zombie,
     kill_launch,
@@ -271,6 +272,21 @@ def test_any_exception_in_rank_0s_tokenizer_build_ends_every_machine_with_one_li
     for returncode, _, stderr in rank0_fails[0]:
         assert returncode == 1 and [line for line in stderr.splitlines() if "error" in line.lower()] == [said], stderr
         assert "Traceback" not in stderr and "terminate called" not in stderr
+
+
+def test_a_hub_corpus_that_cannot_be_reached_ends_every_rank_with_one_line(corpus, tmp_path):
+    """A Hub id without the Hub (the WMT recipes on a machine without a network): rank 0 asks first, and its failure
+    is every rank's, in one line from each machine's first process; no rank's traceback, no step."""
+    output = tmp_path / "run"
+    command = ddp_command(corpus, output)
+    command[command.index("--dataset") + 1] = "nobody-here/no-such-corpus"
+    run = subprocess.run(command, env={**REFERENCE_ENV, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    ours = run.stderr.split("\nE1")[0]  # what the processes said, before torchrun's own report of their exit
+    errors = [line for line in ours.splitlines() if line.startswith("error:")]
+    assert run.returncode != 0 and len(errors) == 1, run.stderr[-3000:]
+    assert errors[0].startswith("error: rank 0 could not load the corpus: nobody-here/no-such-corpus: cannot be ")
+    assert "Traceback" not in ours and not list(output.glob("checkpoint-*"))
 
 
 def test_each_launch_probes_the_storage_with_a_file_of_a_new_name(rank0_fails):
@@ -515,6 +531,7 @@ def test_a_machine_whose_folder_is_missing_or_behind_is_named_on_every_machine(d
     )
 
     shutil.rmtree(folders[1])  # machine 1's disk replaced: its folder is gone
+    (folders[0] / "results.json").unlink()  # the run unfinished again (a finished one is left as it is: runs.py)
     missing = launch_both("missing", corpus, folders, tmp_path, envs)
     said = "error: machine 1's output folder is missing or behind: it holds no checkpoint, machine 0 checkpoint-10"
     for launch in missing:

@@ -10,12 +10,45 @@ transformers' Seq2SeqTrainingArguments."""
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
+import importlib
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+
+# The optional packages, each with the extra of pyproject.toml that installs it.
+EXTRAS = {"ctranslate2": "ctranslate2", "gradio": "demo", "eflomal": "align", "playwright": "dev"}
+
+
+def missing_extra(module: str, needed_for: str) -> str | None:
+    """The one line, `error: ...`, for a command that needs the optional `module` where it cannot be imported;
+    None where it can."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return f"error: {needed_for} needs {module}, which is not installed: pip install 'vaswani-mt[{EXTRAS[module]}]'"
+    return None
+
+
+def names_missing_extras(main: Callable) -> Callable:
+    """A command's `main` that ends in one line naming the extra to install (`missing_extra`) where an optional
+    package of EXTRAS is not installed, instead of a ModuleNotFoundError's traceback."""
+
+    @functools.wraps(main)
+    def command(argv: list[str] | None = None):
+        try:
+            return main(argv)
+        except ModuleNotFoundError as error:
+            module = (error.name or "").split(".")[0]
+            if module not in EXTRAS:
+                raise
+            sys.exit(missing_extra(module, "this command") or f"error: {error}")
+
+    return command
 
 
 def old_name(parser: argparse.ArgumentParser, name: str, dest: str) -> None:

@@ -7,9 +7,10 @@ import argparse
 import logging
 import sys
 
-from vaswani_mt.cli import add_overwrite, check_output, old_name, start_command
+from vaswani_mt.cli import add_overwrite, check_output, names_missing_extras, old_name, start_command
 
 
+@names_missing_extras
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="a run's output folder, holding its checkpoint-N folders")

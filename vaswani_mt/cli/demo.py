@@ -11,9 +11,10 @@ import argparse
 import os
 import sys
 
-from vaswani_mt.cli import add_compute_type, start_command
+from vaswani_mt.cli import add_compute_type, missing_extra, names_missing_extras, start_command
 
 
+@names_missing_extras
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="The vaswani_mt translation demo (Gradio).")
     default = os.environ.get("VASWANI_MODEL", "outputs/ding-cpu")
@@ -24,6 +25,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, help="port (default: GRADIO_SERVER_PORT, else 7860)")
     add_compute_type(parser)
     args = parser.parse_args(argv)
+    missing = missing_extra("gradio", "the demo")  # before the model loads
+    if missing:
+        sys.exit(missing)
     from vaswani_mt.inference.compute_types import resolve_compute_type
 
     try:  # before the model loads and anything listens

@@ -21,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-from vaswani_mt.cli import add_compute_type, old_name
+from vaswani_mt.cli import add_compute_type, names_missing_extras, old_name
 from vaswani_mt.cli.translate import (
     add_decoding_options,
     load_translator,
@@ -46,6 +46,7 @@ def read_lines(path: str) -> list[str]:
     return [line.removesuffix("\r") for line in lines]
 
 
+@names_missing_extras
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(

@@ -13,9 +13,10 @@ model's beam size and length limit: docs/export.md.
 import argparse
 import sys
 
-from vaswani_mt.cli import add_overwrite, check_output, start_command
+from vaswani_mt.cli import add_overwrite, check_output, missing_extra, names_missing_extras, start_command
 
 
+@names_missing_extras
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="saved model folder or Hub id")
@@ -30,6 +31,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quantization", help="ctranslate2 only: int8, int8_float32, float16, bfloat16, ...")
     args = parser.parse_args(argv)
     check_output(args.output, args.overwrite, [args.model])
+    missing = missing_extra("ctranslate2", "--format ctranslate2") if args.format == "ctranslate2" else None
+    if missing:
+        sys.exit(missing)
     start_command()
     from vaswani_mt.export.marian import export_model
 

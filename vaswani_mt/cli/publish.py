@@ -14,9 +14,10 @@ which hosted inference can serve without remote code. A failed upload says why, 
 import argparse
 import sys
 
-from vaswani_mt.cli import add_overwrite, start_command
+from vaswani_mt.cli import add_overwrite, names_missing_extras, start_command
 
 
+@names_missing_extras
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="model folder written by scripts/train.py (with README.md)")

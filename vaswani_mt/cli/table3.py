@@ -15,9 +15,10 @@ import argparse
 import logging
 import sys
 
-from vaswani_mt.cli import start_command
+from vaswani_mt.cli import names_missing_extras, start_command
 
 
+@names_missing_extras
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      allow_abbrev=False)  # fmt: skip

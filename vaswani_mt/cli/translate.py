@@ -43,6 +43,7 @@ from vaswani_mt.cli import (
     catalog_arguments,
     catalog_format,
     check_compute_type,
+    names_missing_extras,
     saved_search,
     start_command,
     translate_catalog_file,
@@ -268,6 +269,7 @@ def exit_interrupted(stop: TranslationInterrupted, written: int, output: str, fi
     sys.exit(128 + stop.signum)
 
 
+@names_missing_extras
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -560,7 +562,8 @@ def _agreed_plan(peers, sharded, source: str, translator, world: int) -> list:
     key = "vaswani_mt/plan"
     if peers.rank == 0:
         try:
-            sharded.plan(source, translator.tokenizer, translator.options.chunk_lines(), world)
+            options = translator.options  # the default chunk: a short input is cut into a chunk a process
+            sharded.plan(source, translator.tokenizer, options.chunk_lines(), world, options.chunk_size is None)
             peers.store.set(key, "")
         except ValueError as error:
             peers.store.set(key, str(error))

@@ -7,9 +7,10 @@ python scripts/visualize_attention.py --model outputs/ding-cpu --text "The house
 import argparse
 import sys
 
-from vaswani_mt.cli import old_name, start_command
+from vaswani_mt.cli import names_missing_extras, old_name, start_command
 
 
+@names_missing_extras
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="saved model folder or Hub id")

@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-INSTALL = "pip install eflomal"
+INSTALL = "pip install 'vaswani-mt[align]'"  # eflomal
 
 
 # --- words and tokens -----------------------------------------------------------------------------------------

@@ -39,6 +39,9 @@ from .readers import (  # re-exported: the readers are part of this module's API
     _check_rows_are_objects,
     _local_pairs,
     check_translations,
+    local_paths,
+    looks_like_a_path,
+    missing_file,
     read_jsonl,
     read_parallel_text,
     read_tsv,
@@ -307,6 +310,9 @@ def load_corpus(
         return load_ding(source_lang, target_lang, seed, extra, upsample_primary)
     if upsample_primary != 1:
         raise DataError(f"upsample_primary needs a corpus with extra data (ding+phrases), not {dataset!r}")
+    missing = missing_file(dataset, (source_lang, target_lang))  # a path, not a Hub id: no Hub call
+    if missing:
+        raise DataError(missing)
     pairs = _local_pairs(dataset, source_lang, target_lang)
     if pairs is not None:
         if not pairs:
@@ -337,6 +343,12 @@ def load_corpus(
                 _check_json_lines_files(folder, source_lang, target_lang)
             raise
     return corpus
+
+
+def is_hub_id(dataset: str, languages: Sequence[str] = ()) -> bool:
+    """Whether `load_corpus` asks the Hub for `dataset`: not a built-in corpus, not a path, nothing local it names."""
+    return not (dataset in BUILTIN_CORPORA or looks_like_a_path(dataset)
+                or any(path.exists() for path in local_paths(dataset, languages)))  # fmt: skip
 
 
 def load_run_corpus(data_args) -> datasets.DatasetDict:
@@ -414,6 +426,7 @@ __all__ = [
     "describe_corpus",
     "extract_ding_pairs",
     "extract_ding_phrases",
+    "is_hub_id",
     "load_corpus",
     "load_ding",
     "load_run_corpus",

@@ -155,6 +155,32 @@ def read_parallel_text(
     ]
 
 
+# A --dataset with one of these endings, or a path's start, names a file of the user's, never a Hub id.
+FILE_SUFFIXES = (".jsonl", ".json", ".tsv", ".tab", ".csv", ".parquet", ".txt")
+
+
+def looks_like_a_path(dataset: str) -> bool:
+    """Whether `dataset` names a file of the user's, never a Hub id: `/`, `./`, `~` first, more than the one `/` of
+    a Hub id, or a file ending of FILE_SUFFIXES."""
+    return (dataset.startswith(("/", "./", "../", "~")) or dataset.count("/") > 1
+            or dataset.lower().endswith(FILE_SUFFIXES))  # fmt: skip
+
+
+def local_paths(dataset: str, languages: Sequence[str] = ()) -> list[Path]:
+    """The files or folders `dataset` can name here: itself, and `dataset.<lang>` for each of `languages`."""
+    return [Path(dataset).expanduser(), *(Path(f"{dataset}.{lang}").expanduser() for lang in languages)]
+
+
+def missing_file(dataset: str, languages: Sequence[str] = ()) -> str | None:
+    """Why `dataset` cannot be read, where it looks like a path (`looks_like_a_path`) and nothing it can name
+    exists (`local_paths`): said before any Hub call, which would retry for seconds and then answer that the Hub
+    has no such dataset. None otherwise."""
+    if not looks_like_a_path(dataset) or any(path.exists() for path in local_paths(dataset, languages)):
+        return None
+    header = " (a .tsv starts with a header line naming the languages: en<TAB>de)" if dataset.endswith(".tsv") else ""
+    return f"{dataset}: no such file{header}"
+
+
 def _local_pairs(dataset: str, source_lang: str, target_lang: str) -> list[tuple[str, str]] | None:
     path = Path(dataset)
     if path.is_file() and path.suffix in (".jsonl", ".json"):
@@ -353,6 +379,9 @@ def remove_damaged_cache_files(dataset: datasets.Dataset) -> list[Path]:
 __all__ = [
     "DataError",
     "check_translations",
+    "local_paths",
+    "looks_like_a_path",
+    "missing_file",
     "read_jsonl",
     "read_parallel_text",
     "read_tsv",

@@ -72,8 +72,8 @@ batch = tokenizer([{text}], return_tensors="pt")
 print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
 ```
 
-`generate()` defaults to the search saved in `generation_config.json`, given under Results (the paper's, §6.1: beam
-4, GNMT length penalty α = 0.6, maximum output length = input length + 50). The pipeline cuts a source longer
+`generate()` defaults to the search saved in `generation_config.json`, given under Results (the paper's, §6.1, is
+beam 4, GNMT length penalty α = 0.6, maximum output length = input length + 50). The pipeline cuts a source longer
 than `max_position_embeddings` (1024 tokens) with a warning, translates an empty line to "", and names characters
 outside the vocabulary (they become `<unk>`)."""
 
@@ -166,7 +166,7 @@ def card_values(
         "search": search_summary(model.generation_config),
         "command": command or "scripts/train.py",
         "limitations": corpus["limitations"],
-        "repo_id": f"USER/vaswani-mt-{src}-{tgt}",
+        "repo_id": f"USER/vaswani-mt-{training['preset']}-{src}-{tgt}",  # the model_name
     }
 
 

@@ -150,7 +150,8 @@ def upload_folder(
     from huggingface_hub import HfApi, get_token
     from huggingface_hub.errors import HfHubHTTPError
 
-    kept = f"The folder {folder} is kept; upload it once the problem is fixed with `hf upload {repo_id} {folder}`."
+    kept = (f"The folder {folder} is kept; once the problem is fixed, upload it with `hf upload {repo_id} {folder}`, "
+            "or run the same command with --overwrite (it builds the folder again)")  # fmt: skip
     token = token or get_token()
     if not token:
         raise HubUploadError(

@@ -2,8 +2,10 @@
 G`): the input is split once into shards of whole chunks with about equal source tokens, each process translates
 its shards into files of their own, and the first process joins them into G in input order. A shard's chunks are
 the ones one process reads (`TranslationOptions.chunk_lines`), so its batches, and every byte of G, are one
-process's. Each shard resumes by itself (`system.outputs.ResumableOutput`); the folder `G.shards` beside the output
-holds the plan (`manifest.json`) and the shards' files until G is whole.
+process's; a file shorter than a chunk a process, the default chunk, is cut into a chunk a process (one process
+with `--chunk_size` that many lines writes its bytes). Each shard resumes by itself
+(`system.outputs.ResumableOutput`); the folder `G.shards` beside the output holds the plan (`manifest.json`) and
+the shards' files until G is whole.
 """
 
 from __future__ import annotations
@@ -30,9 +32,17 @@ class Shard:
     tokens: int  # source tokens, as the model's tokenizer counts them, plus one per line
 
 
-def plan_shards(path: str | os.PathLike, tokenizer, chunk: int, count: int) -> list[Shard]:
+def plan_shards(path: str | os.PathLike, tokenizer, chunk: int, count: int, spread: bool = False) -> list[Shard]:
     """At most `count` shards of the file at `path`, each a run of whole chunks of `chunk` lines (from its first
-    line) with about the same number of tokens; one pass over the file, one tokenizer call per chunk."""
+    line) with about the same number of tokens; one pass over the file, one tokenizer call per chunk.
+
+    `spread` (the chunk is the default one, not a `--chunk_size` given): a file shorter than `count` chunks is cut
+    into `count` chunks of equal lines instead, one a shard, so that every process has a share."""
+    if spread and chunk > 1:
+        with open(path, "rb") as f:
+            lines = sum(1 for _ in itertools.islice(_lines(f), chunk * count))
+        if lines < chunk * count:
+            chunk = max(1, -(-lines // count))
     chunks = []  # (first line, lines, offset, tokens)
     with open(path, "rb") as f:
         first = 0
@@ -48,6 +58,8 @@ def plan_shards(path: str | os.PathLike, tokenizer, chunk: int, count: int) -> l
         return []
     totals = list(itertools.accumulate(c[3] for c in chunks))
     cuts = {bisect.bisect_left(totals, totals[-1] * k / count) + 1 for k in range(1, count)}
+    if len(chunks) <= count:  # a chunk a shard: none waits for another's
+        cuts = set(range(1, len(chunks)))
     bounds = [0, *sorted(c for c in cuts if 0 < c < len(chunks)), len(chunks)]
     shards = []
     for index, (start, end) in enumerate(itertools.pairwise(bounds)):
@@ -79,12 +91,12 @@ class ShardedOutput:
         self.identity, self.lines_per_input = identity, lines_per_input
         self.key, self.parts = run_key(identity), run_parts(identity)
 
-    def plan(self, source: str | os.PathLike, tokenizer, chunk: int, count: int) -> list[Shard]:
+    def plan(self, source: str | os.PathLike, tokenizer, chunk: int, count: int, spread: bool = False) -> list[Shard]:
         """The shards of this run: those of the manifest a stopped run of it wrote, else `plan_shards`' (written to
         the manifest). ValueError, one line, where the folder holds another run's."""
         if self.manifest.exists():
             return self.shards()
-        shards = plan_shards(source, tokenizer, chunk, count)
+        shards = plan_shards(source, tokenizer, chunk, count, spread)
         self.folder.mkdir(parents=True, exist_ok=True)
         temporary = self.manifest.with_suffix(".tmp")
         temporary.write_text(

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from vaswani_mt.data.alignment_labels import symmetrized_links, token_links
+from vaswani_mt.data.corpus import cache_dir
 from vaswani_mt.data.words import token_words
 
 ALIGNMENT_LAMBDA = 0.05  # Garg et al.'s lambda
@@ -58,9 +59,12 @@ def add_alignment_labels(dataset, tokenizer, cache: Path | None = None):
     """`dataset` (tokenized pairs: `input_ids`, `labels`) with an `alignment` column: flat (target token, source
     token) positions, `[t0, s0, t1, s1, ...]`. The texts are the decoded ids (what the model sees); their words are
     aligned by eflomal, symmetrized (`symmetrized_links`) and cached in `cache` (default: next to the dataset's cache
-    files), and each token is given its word by the tokenizer's offsets (`token_words`)."""
+    files; for one held in memory, as the built-in corpus, vaswani_mt's cache folder), and each token is given its
+    word by the tokenizer's offsets (`token_words`)."""
     if cache is None and getattr(dataset, "cache_files", None):
         cache = Path(dataset.cache_files[0]["filename"]).parent
+    elif cache is None:  # the links are keyed by a hash of the pairs: a resumed run finds its own
+        cache = cache_dir() / "alignments"
     source_ids, label_ids = [list(ids) for ids in dataset["input_ids"]], [list(ids) for ids in dataset["labels"]]
     sources = tokenizer.batch_decode(source_ids, skip_special_tokens=True)
     targets = tokenizer.batch_decode(label_ids, skip_special_tokens=True)

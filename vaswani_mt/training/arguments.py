@@ -349,10 +349,16 @@ def float32_overrides(recipe: RecipeArguments) -> dict:
 
 
 def check_dataset_options(data_args: DataArguments, recipe: RecipeArguments) -> None:
-    """Raises, naming where each value came from, when an option does not apply to the chosen dataset; and, one
-    line saying how to install it, when --alignment_supervision lacks eflomal."""
+    """Raises, naming where each value came from, when an option does not apply to the chosen dataset; when a
+    --dataset that looks like a path names no file (before any Hub call); and, one line saying how to install it,
+    when --alignment_supervision lacks eflomal."""
     from vaswani_mt.data.alignment_labels import require_eflomal
     from vaswani_mt.data.corpus import BUILTIN_CORPORA
+    from vaswani_mt.data.readers import missing_file
+
+    missing = missing_file(data_args.dataset, (data_args.source_lang, data_args.target_lang))
+    if missing:
+        raise ValueError(f"--dataset {missing}")
 
     if recipe.alignment_supervision:
         try:

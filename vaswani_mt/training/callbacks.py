@@ -24,7 +24,9 @@ logger = logging.getLogger(__name__)
 class WallClockCallback(TrainerCallback, ExportableState):
     """Saves a checkpoint every `checkpoint_minutes` (§6.1: 10) and stops, with a checkpoint, once `budget_minutes`
     have passed; all processes follow rank 0's clock. With `--metric_for_best_model` the last step is evaluated too.
-    Checkpoints record the seconds trained (`state()`), so a resumed run finishes the budget it had left.
+    Checkpoints record the seconds trained (`state()`), so a resumed run finishes the budget it had left, and the
+    batch layout (`batch_layout`, set by the job), so that a run resumed on another number of processes keeps the
+    tokens of its steps (runs.py). `stopped_by` names the rule that stopped training, once one did.
     """
 
     def __init__(self, checkpoint_minutes: float | None = None, budget_minutes: float | None = None):
@@ -36,6 +38,8 @@ class WallClockCallback(TrainerCallback, ExportableState):
         self.start = self.last_save = time.monotonic()
         self.elapsed = 0.0  # seconds of training on rank 0's clock at the last step
         self.deadline = None  # a `deadline.JobDeadline` (--job_minutes): rank 0 stops training by it too
+        self.batch_layout: dict | None = None  # processes, accumulation and batch size of the steps (runs.py)
+        self.stopped_by: str | None = None
 
     def state(self) -> dict:
         return {
@@ -43,7 +47,7 @@ class WallClockCallback(TrainerCallback, ExportableState):
                 "checkpoint_minutes": self.checkpoint_seconds / 60 if self.checkpoint_seconds else None,
                 "budget_minutes": self.budget_seconds / 60 if self.budget_seconds else None,
             },
-            "attributes": {"trained_seconds": round(self.elapsed, 3)},
+            "attributes": {"trained_seconds": round(self.elapsed, 3), "batch_layout": self.batch_layout},
         }
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -56,8 +60,10 @@ class WallClockCallback(TrainerCallback, ExportableState):
         self.elapsed = now - self.start
         save = bool(self.checkpoint_seconds and now - self.last_save >= self.checkpoint_seconds)
         stop = bool(self.budget_seconds and self.elapsed >= self.budget_seconds)
-        if self.deadline is not None and state.is_world_process_zero:
-            stop = stop or self.deadline.training_must_stop(now)
+        if stop:
+            self.stopped_by = "the time budget, --time_budget_minutes"
+        elif self.deadline is not None and state.is_world_process_zero and self.deadline.training_must_stop(now):
+            stop, self.stopped_by = True, "the job's deadline, --job_minutes"
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             flags = torch.tensor([int(save), int(stop), round(self.elapsed * 1000)], device=args.device)
             torch.distributed.broadcast(flags, src=0)
@@ -165,6 +171,12 @@ def trained_seconds(state: TrainerState | None) -> float:
     return float(_saved_attributes(state, WallClockCallback.__name__).get("trained_seconds") or 0.0)
 
 
+def saved_batch_layout(state: TrainerState | None) -> dict | None:
+    """The batch layout a (resumed) TrainerState records (`WallClockCallback.batch_layout`); None when it has none."""
+    layout = _saved_attributes(state, WallClockCallback.__name__).get("batch_layout")
+    return layout if isinstance(layout, dict) else None
+
+
 class CheckpointAtEvaluationCallback(TrainerCallback):
     """A checkpoint at every evaluation during training, so that the best evaluated weights are on disk: Trainer
     records `best_model_checkpoint` only where a checkpoint of the evaluated step exists."""
@@ -251,13 +263,16 @@ class CurvesCallback(TrainerCallback):
 
 def plot_curves(history: list[dict], path: Path, best_step: int | None = None) -> Path | None:
     """Loss, dev loss, learning rate, tokens/s and dev BLEU (`eval_bleu`) against the step, in one PNG; `best_step`
-    (the best checkpoint's, under `--metric_for_best_model`) as a dashed line on the dev panels."""
+    (the best checkpoint's, under `--metric_for_best_model`) as a dashed line on the dev panels. A run that logged no
+    step (shorter than `--logging_steps`) gets its mean loss (`train_loss`, logged at the end) as one point."""
     panels = [
         ("loss", ["loss", "eval_loss"]),
         ("learning rate", ["learning_rate"]),
         ("target tokens / s", ["target_tokens_per_second"]),
         ("dev BLEU", ["eval_bleu"]),
     ]
+    if not any("loss" in row for row in history):  # a run shorter than --logging_steps: its mean loss, one point
+        panels[0] = ("loss", ["train_loss", "eval_loss"])
     panels = [(title, keys) for title, keys in panels if any(k in row for row in history for k in keys)]
     if not panels:
         return None
@@ -295,5 +310,6 @@ __all__ = [
     "WallClockCallback",
     "evaluations_without_improvement",
     "plot_curves",
+    "saved_batch_layout",
     "trained_seconds",
 ]

@@ -25,6 +25,21 @@ logger = logging.getLogger(__name__)
 ATTENTION_IMPLEMENTATIONS = ("auto", "sdpa", "eager")
 
 
+def check_launch_has_gpus(recipe: RecipeArguments) -> None:
+    """Raises, in one line, where a launcher started several processes (`accelerate launch --multi_gpu`, torchrun:
+    WORLD_SIZE > 1) on a machine where torch sees no GPU and the options do not say `--use_cpu`: the processes
+    would train on the CPU, unannounced. The launcher has started them by then: this is their first check, before
+    any data is read (accelerate never looks at its own --multi_gpu's GPUs)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2 or "use_cpu" in recipe.from_command_line | recipe.from_config_file:
+        return
+    if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true") or torch.cuda.is_available():
+        return
+    raise ValueError(
+        "several processes (accelerate launch --multi_gpu, torchrun) on a machine with no GPU that torch can use: "
+        "add --use_cpu to the script's options for CPU processes (gloo)"
+    )
+
+
 def resolve_precision(recipe: RecipeArguments, training_args: Seq2SeqTrainingArguments) -> None:
     """Applies `--auto_bf16`, and warns when `--bf16` is asked for on a CPU that would emulate it."""
     if training_args.fp16:
@@ -115,6 +130,7 @@ def hardware_name() -> str:
 __all__ = [
     "apply_float32_overrides",
     "auto_attention",
+    "check_launch_has_gpus",
     "configure_process",
     "hardware_name",
     "precision_name",

@@ -1,8 +1,9 @@
 """The training job (`vaswani-mt-train`, `scripts/train.py`) with the paper's recipe (§5) through
 `VaswaniTrainer` (trainer.py) and accelerate.
 
-- `run_training`: the whole job, in stages: `_prepare` (options, corpus, tokenizer, model, Trainer), `_train_or_skip`
-  (training, resuming from the last complete checkpoint; a finished run started again trains no further), `_preempted`
+- `run_training`: the whole job, in stages (a folder holding a finished run left as it is: runs.py): `_prepare`
+  (options, corpus, tokenizer, model, Trainer), `_train_or_skip` (training, resuming from the last complete
+  checkpoint; a finished run resumed with `--resume_from_checkpoint` trains no further), `_preempted`
   (where a signal stopped it), `_score_and_publish` (checkpoint averaging (§6.1), test BLEU, and a Hub-ready folder
   with a model card).
 - Early stopping on dev BLEU or loss (`--metric_for_best_model`, `--early_stopping_patience`): transformers'
@@ -42,6 +43,7 @@ from transformers.trainer_callback import ProgressCallback
 from vaswani_mt.data.corpus import (
     DataError,
     describe_corpus,
+    is_hub_id,
     load_run_corpus,
     source_target,
 )
@@ -90,8 +92,10 @@ from .machines import (
     is_store_failure,
     lost_machine_error,
     machines,
+    rank_zero_first,
     settle_storage,
 )
+from .runs import already_finished, batch_layout, finished_by, keep_tokens_per_step
 from .trainer import VaswaniTrainer
 
 logger = logging.getLogger(__name__)
@@ -214,6 +218,9 @@ def run_training(
     one); `model_card=False` writes no README.md, whose card describes a vaswani_mt model.
     """
     started = time.monotonic()
+    finished = already_finished(training_args)  # a finished run stays finished (runs.py): nothing read or written
+    if finished is not None:
+        return {"finished_before": finished, "output_dir": training_args.output_dir, "step": finished["step"]}
     run = _prepare(model_args, data_args, recipe, training_args, build_model)
     if recipe.job_minutes:
         run.clock.deadline = job_deadline(
@@ -260,6 +267,10 @@ def _prepare(
         logger.info("dev BLEU at each evaluation: %s", _dev_bleu_search(model, training_args))
     resume = resume_point(training_args, output_dir)
     resumed_state = TrainerState.load_from_json(str(Path(resume, "trainer_state.json"))) if resume else None
+    kept = keep_tokens_per_step(resume, resumed_state, data_args, training_args)  # another number of processes
+    if kept and training_args.local_process_index == 0:  # one line a machine
+        logger.warning(kept)
+    clock.batch_layout = batch_layout(data_args, training_args)
     # With the model, the collator also builds decoder_input_ids from the labels (needed when Trainer's label
     # smoother takes the labels away from the forward call, as for the benchmarks' Marian).
     collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
@@ -341,14 +352,17 @@ def _load_data(
     output_dir: Path,
 ) -> tuple[DatasetDict, PreTrainedTokenizerBase, DatasetDict]:
     """The corpus (the same on every machine), its tokenizer (trained by rank 0) and the tokenized splits."""
-    corpus = load_run_corpus(data_args)
+    languages = (data_args.source_lang, data_args.target_lang)
+    if is_hub_id(data_args.dataset, languages):  # rank 0 downloads it first, and its failure is every rank's
+        corpus = rank_zero_first(partial(load_run_corpus, data_args), "load the corpus", expected=(DataError,))
+    else:
+        corpus = load_run_corpus(data_args)
     if data_args.max_train_samples:
         corpus["train"] = corpus["train"].select(range(min(data_args.max_train_samples, len(corpus["train"]))))
     if data_args.max_eval_samples:
         for split in ("validation", "test"):
             corpus[split] = corpus[split].select(range(min(data_args.max_eval_samples, len(corpus[split]))))
     logger.info("corpus %s: %s", data_args.dataset, {k: len(v) for k, v in corpus.items()})
-    languages = (data_args.source_lang, data_args.target_lang)
     where = machines()  # several machines: the same command and corpus on each, and who writes where
     check_same_launch(where, (model_args, data_args, recipe, training_args), corpus, languages)
     shared = settle_storage(where, training_args, output_dir)
@@ -385,6 +399,7 @@ def _train_or_skip(run: _Run, recipe: RecipeArguments) -> dict:
     if resume and run.clock.budget_seconds and spent >= run.clock.budget_seconds:
         # A finished run started again: it trains no further (not even one step), it is scored again.
         logger.info("%s trained the whole time budget (%.1f minutes): no more training", resume, spent / 60)
+        run.clock.stopped_by = "the time budget, --time_budget_minutes"
         trainer.state = resumed_state
         train_metrics = {}
     elif resume and recipe.early_stopping_patience and stalled >= recipe.early_stopping_patience:
@@ -475,9 +490,11 @@ def _score_and_publish(
         (output_dir / "test_translations.txt").write_text("\n".join(test["translations"]) + "\n", encoding="utf-8")
     result["wall_minutes"] = round((time.monotonic() - started) / 60, 2)
     result["train_minutes"] = round(train_seconds / 60, 2)
-    (output_dir / "results.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    result["finished_by"] = finished_by(trainer, run.clock)
     if model_card:
         _write_model_card(run, final, result, model_args, data_args, recipe, training_args, command)
+    # Last: a folder with results.json holds a finished run, which the same command leaves as it is (runs.py).
+    (output_dir / "results.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
 
 
 def _write_model_card(

@@ -196,6 +196,22 @@ def from_rank_zero(build: Callable[[], object], *, expected: tuple[type[BaseExce
         return AutoTokenizer.from_pretrained(folder)
 
 
+def rank_zero_first(load: Callable[[], object], doing: str, *, expected: tuple[type[BaseException], ...] = ()):
+    """`load()` by global rank 0 first, then by every other rank (from the cache rank 0 filled: a Hub download made
+    once, not once a process). Where rank 0 fails, every rank raises `MachinesError` in one line at once (each
+    failing alone, the first to exit had its launcher kill the others, the one that speaks among them)."""
+    if not _distributed():
+        return load()
+    loaded = None
+
+    def first() -> None:
+        nonlocal loaded
+        loaded = load()
+
+    _on_rank_zero(first, doing, expected)
+    return loaded if dist.get_rank() == 0 else load()
+
+
 def _on_rank_zero(work: Callable[[], object], doing: str, expected: tuple[type[BaseException], ...] = ()):
     """`work()` run by global rank 0 alone, its value sent to every rank. An exception in it is sent instead and
     raised on every rank as `MachinesError("rank 0 could not <doing>: ...")`: raised on rank 0 alone, it would leave
@@ -332,6 +348,7 @@ __all__ = [
     "is_store_failure",
     "lost_machine_error",
     "machines",
+    "rank_zero_first",
     "settle_storage",
     "speaks_for_machine",
 ]

@@ -302,6 +302,8 @@ def run_table(
             argv[-2:-2] = ["--tokenizer", str(shared_tokenizer)]
         if retrain or not (folder / "results.json").is_file():
             logger.info("Table 3 row %s: %s", name, options or "the base recipe")
+            if (folder / "results.json").is_file():  # a finished run trains on only when asked to (runs.py)
+                argv = [*argv, "--resume_from_checkpoint", "last"]
             train_row(argv, launcher)
         else:
             logger.info("Table 3 row %s: %s holds a finished run; scoring it again", name, folder)
