@@ -184,6 +184,10 @@ NOT_RUN = [
     ),
     (re.compile(r"scripts/train\.py"), "trains (tests/training/test_job.py runs the main job small)"),
     (re.compile(r"push_to_hub\.py(?!.*--dry_run)"), "needs the Hub"),
+    (
+        re.compile(r"import_model\.py --model \w[\w.-]*/[\w.-]+"),
+        "needs the Hub (tests/export/test_import.py imports folders made here)",
+    ),
     (re.compile(r"\bapp\.py\b"), "a web server (tests/app/test_demo.py)"),
 ]
 

@@ -4,9 +4,8 @@ Streams: reads --chunk_size lines at a time (one at a time from a terminal), wri
 order as soon as they are done, so memory stays flat on any length of input. Any bytes are accepted: what is not
 UTF-8 becomes U+FFFD, with a warning naming the line; lines longer than the model takes are cut, with a warning.
 
-Decoding options: --nbest K writes the K best translations of each line in Marian's n-best format; --sampling
-draws one random translation per line (for back-translation); --max_tokens N batches by source tokens rather than
-by lines (fairseq's --max-tokens), with the same translations, faster.
+Decoding options: --nbest K (Marian's n-best format), --sampling (a random translation per line, for
+back-translation), --max_tokens N (fairseq's --max-tokens: batches by source tokens; the same translations, faster).
 
 Controls (docs/constraints.md): --constraints {unordered,ordered} reads fairseq's `source<TAB>term<TAB>term` lines,
 each term forced into that line's translation; --target_prefix_file F forces line i's translation to start with F's
@@ -19,7 +18,6 @@ the lines go to F.partial until all are done, the finished ones past the first u
 command continues where it stopped. Status 1: bad input, or some lines not translated.
 
 echo "The house is small." | python scripts/translate.py --model outputs/run
-python scripts/translate.py --model outputs/run --input text.en > text.de
 python scripts/translate.py --model outputs/run --input big.en --output big.de --threads 1   # resumable
 python scripts/translate.py --model outputs/run --input text.en --nbest 4 > text.nbest
 python scripts/translate.py --model outputs/run --input mono.de --sampling --seed 1 > mono.bt.en
