@@ -11,8 +11,8 @@ from vaswani_mt.cli import export as export_cli
 from vaswani_mt.cli import translate as translate_cli
 
 EXPECTED = {
-    "marian": ["holds a 'marian' model, not a vaswani_mt one: a Marian export (vaswani-mt-export --format marian)",
-               "MarianMTModel.from_pretrained(folder)", "or translate the vaswani_mt folder it came from"],
+    "marian": ["holds a 'marian' model, not a vaswani_mt one: import the MarianMTModel exactly with vaswani-mt-import",
+               "MarianMTModel.from_pretrained(folder)"],
     "ctranslate2": ["holds a CTranslate2 export (model.bin), not a vaswani_mt model",
                     "vaswani-mt-translate and vaswani-mt-evaluate take it as --model",
                     "vaswani_mt.export.ctranslate2.CTranslate2Model(folder) (docs/export.md)"],

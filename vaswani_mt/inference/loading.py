@@ -101,7 +101,8 @@ def _read_config(model: str, folder: Path) -> VaswaniConfig:
     if model_type == "marian":  # an OPUS-MT checkpoint, or what `vaswani-mt-export --format marian` writes
         raise ModelFolderError(
             f"{model} holds a 'marian' model, not a vaswani_mt one: import the MarianMTModel exactly with "
-            f"vaswani-mt-import --model {model} --output OUT (scripts/import_model.py), then use OUT"
+            f"vaswani-mt-import --model {model} --output OUT (scripts/import_model.py) and use OUT, or run it in "
+            "transformers alone (MarianMTModel.from_pretrained(folder))"
         )
     if not model_type and (folder / "model.bin").is_file():  # `--format ctranslate2`: CTranslate2's own config.json
         raise ModelFolderError(
