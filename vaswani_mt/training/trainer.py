@@ -30,6 +30,7 @@ from .alignment_supervision import ALIGNMENT_LAMBDA, alignment_loss
 from .callbacks import SamplerEpochCallback
 from .checkpoints import CheckpointError, describe_write_failure, is_complete
 from .machines import machines
+from .sharding import share_embedding_module
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
         self._weights_written = False  # in `_save_checkpoint`: whether this checkpoint's weights are written
         if max_tokens_per_batch:
             self.add_callback(SamplerEpochCallback(self))
+        if self.is_fsdp_enabled:  # FSDP shards the tied matrix in one group with every module using it (§3.4)
+            share_embedding_module(self.model)
 
     def get_train_dataloader(self) -> DataLoader:
         if not self.max_tokens_per_batch:
