@@ -3,7 +3,8 @@
 Run as `torchrun --nproc_per_node 2 tests/fsdp_worker.py OUT MODE,...` (tests/training/test_sharding.py), each MODE
 in turn into OUT/MODE: `torch` shards with `vaswani_mt.training.sharding.shard_model` (every group resharded after
 its forward), `resharded` the same with the shared matrix's group resharded after the decoder (the loss must gather
-it), `accelerate` with accelerate's own FSDP2 layout (`fsdp2_prepare_model`, transformer layers wrapped, as `accelerate launch --use_fsdp
+it), `bf16` the same with bf16 weights gathered for the step (float32 kept by the optimizer), `accelerate` with
+accelerate's own FSDP2 layout (`fsdp2_prepare_model`, transformer layers wrapped, as `accelerate launch --use_fsdp
 --fsdp_version 2` does on GPUs; accelerate refuses FSDP on CPU processes, so it is called here directly).
 Rank r trains on pairs 2r, 2r+1 of `uneven_pairs()` (step 2: the pairs in reverse order), the loss scaled to the
 global token mean as Trainer does. Rank 0 writes OUT/MODE/result.json (losses, whether the resumed step is
@@ -37,8 +38,8 @@ collate = DataCollatorForSeq2Seq(PaddingOnlyTokenizer(), label_pad_token_id=-100
 
 def sharded(seed: int, mode: str):
     model = make_model(seed=seed, dropout=0.0).train()
-    if mode in ("torch", "resharded"):
-        model = shard_model(model)
+    if mode in ("torch", "resharded", "bf16"):
+        model = shard_model(model, param_dtype=torch.bfloat16 if mode == "bf16" else None)
         if mode == "resharded":  # the shared matrix sharded again before the loss reads it (a torch 2.11 run's case)
             model.model.decoder.register_forward_hook(lambda *_: model.get_input_embeddings().reshard())
     else:

@@ -37,12 +37,13 @@ def unsharded_steps():
     return losses, grads, model
 
 
-MODES = ("torch", "resharded", "accelerate")
+MODES = ("torch", "resharded", "accelerate", "bf16")
 
 
 def test_fsdp2_trains_the_tied_model_like_one_process_and_resumes_bit_exact(tmp_path):
-    """One launch runs the three layouts in turn (`torch`: shard_model; `resharded`: the shared matrix's group
-    resharded before the loss, which then gathers it; `accelerate`: accelerate's FSDP2 layout)."""
+    """One launch runs the layouts in turn (`torch`: shard_model; `resharded`: the shared matrix's group resharded
+    before the loss, which then gathers it; `accelerate`: accelerate's FSDP2 layout; `bf16`: shard_model with bf16
+    weights for the step, against the model cast to bf16 in one process)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}  # fmt: skip
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
@@ -52,8 +53,29 @@ def test_fsdp2_trains_the_tied_model_like_one_process_and_resumes_bit_exact(tmp_
     with rng_kept():
         losses, grads, model = unsharded_steps()
     reference = model.state_dict()
-    for mode in MODES:
+    for mode in MODES[:-1]:
         check(tmp_path / mode, losses, grads, reference)
+    check_bf16(tmp_path / "bf16")
+
+
+def check_bf16(folder: Path) -> None:
+    """bf16 weights gathered once for the step: step 1's loss is the bf16 model's; the gradients, reduced in float32
+    from bf16 ones, within bf16 round-off of its; the weights stay float32 (the optimizer's, and the saved ones)."""
+    sharded = json.loads((folder / "result.json").read_text())
+    collate = DataCollatorForSeq2Seq(PaddingOnlyTokenizer(), label_pad_token_id=-100)
+    with rng_kept():
+        model = make_model(seed=0, dropout=0.0).train().to(torch.bfloat16)
+        loss = model(**collate(uneven_pairs())).loss
+        loss.backward()
+    assert sharded["losses"][0] == pytest.approx(float(loss.detach()), rel=1e-6)
+    assert sharded["bit_exact"] and sharded["resumed_loss"] == sharded["losses"][1]
+    sharded_grads = load_file(folder / "grads.safetensors")
+    for name, p in model.named_parameters():
+        grad = p.grad.float()
+        assert sharded_grads[name].dtype == torch.float32
+        torch.testing.assert_close(sharded_grads[name], grad, atol=2e-2 * float(grad.abs().max()), rtol=0, msg=name)
+    saved = vaswani_mt.VaswaniForConditionalGeneration.from_pretrained(folder / "pretrained")
+    assert {p.dtype for p in saved.parameters()} == {torch.float32}
 
 
 def check(folder: Path, losses, grads, reference) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
@@ -26,7 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 
 def share_embedding_module(model) -> None:
@@ -38,19 +39,24 @@ def share_embedding_module(model) -> None:
     inner.encoder.embed_tokens = inner.decoder.embed_tokens = inner.shared
 
 
-def shard_model(model, mesh=None, reshard_after_forward: bool = True):
+def shard_model(model, mesh=None, reshard_after_forward: bool = True, param_dtype: torch.dtype | None = None):
     """Shards `model` (a `VaswaniForConditionalGeneration`) in place with FSDP2 and returns it.
 
     Each encoder and decoder layer is a group; the shared matrix is one group of its users, the embedding module
     (both stacks call it) and `lm_head`; the root holds the rest (the positional tables, any LayerNorm outside the
-    layers). `mesh`: a 1-D DeviceMesh (default: every rank of the default group, on this device type)."""
-    kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+    layers). `mesh`: a 1-D DeviceMesh (default: every rank of the default group, on this device type).
+
+    `param_dtype` (torch.bfloat16, say): the weights the forward and backward use, cast once per step as they are
+    gathered (FSDP2's `MixedPrecisionPolicy`), instead of at every use as autocast does; the optimizer keeps the
+    float32 weights, and the gradients are reduced in float32."""
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
+    kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward, "mp_policy": policy}
     for stack in (model.model.encoder, model.model.decoder):
         for layer in stack.layers:
             fully_shard(layer, **kwargs)
     share_embedding_module(model)
     fully_shard([model.get_input_embeddings(), model.lm_head], **kwargs)
-    fully_shard(model, mesh=mesh)  # the root keeps its few parameters gathered through the step
+    fully_shard(model, mesh=mesh, mp_policy=policy)  # the root keeps its few parameters gathered through the step
     return model
 
 
