@@ -4,7 +4,10 @@
 #   1. bf16 training throughput (target tokens/s) and MFU at the base and big shapes with sdpa attention:
 #      speed.py train, step mode, 100 pairs x 30 tokens (3,000 target tokens, the per-GPU batch of the 8-GPU recipe),
 #      and base at 800 x 30 (24,000: the one-GPU recipe's 25,000 tokens a step in one batch, where the GPU is full);
-#      ours and MarianMTModel under bf16 autocast, forward + loss + backward + fused AdamW; MFU = tokens/s x the
+#      ours and MarianMTModel under bf16 autocast, forward + loss + backward + fused AdamW; ours also compiled
+#      (torch.compile of the model with its loss, inductor: `vaswani_mt_bf16_compiled`), and at base 3,000 tokens
+#      with CUDA graphs too (mode reduce-overhead: `vaswani_mt_bf16_graphs`); each side profiled for 3 steps
+#      (kernels per step, the device's busy share); MFU = tokens/s x the
 #      training FLOPs per target token counted by vaswani_mt.flops / the device's dense bf16 peak (the table in
 #      vaswani_mt/training/flops.py, by torch.cuda.get_device_name(), or GPU_CHECK_PEAK_TFLOPS);
 #   2. decoding speed against MarianMTModel with the same weights: speed.py decode (synthetic), base shapes,
@@ -13,8 +16,9 @@
 #      to it) and the model's own: modeling, generation, fast paths, training, callbacks, hardware, export, speed
 #      benchmarks (in 4 processes where pytest-xdist is installed; the counts of passed and failed tests are kept);
 #   4. every visible GPU (benchmarks/scale.py gpus): NCCL DDP at base shapes, target tokens/s per GPU and the
-#      weights equal on every rank; and whether the three-way tied matrix (§3.4) survives FSDP2 in the installed
-#      accelerate (it refused shared parameters before accelerate PR #4171), recorded as found.
+#      weights equal on every rank; FSDP2 (accelerate's, the tied matrix of §3.4 in one group) at the same shapes,
+#      its tokens/s per GPU against DDP's and whether the matrix is still tied; with one GPU both run as one process
+#      (FSDP2 against no wrapper);
 #   5. sharded translation: 2,000 lines with a base-shaped model on one GPU, then on every GPU (accelerate launch):
 #      seconds each, and whether the outputs are the same bytes;
 #
@@ -46,7 +50,9 @@ work=$(mktemp -d)
 trap '[[ -n ${GPU_CHECK_LOGS:-} ]] && tar -czf "$GPU_CHECK_LOGS" -C "$work" --exclude translate .; rm -rf "$work"' EXIT
 start=$SECONDS
 
-budget=${GPU_CHECK_SECONDS:-540}
+budget=${GPU_CHECK_SECONDS:-570}
+# inductor's caches for this run's compiled sides (a rerun on the same machine compiles from them)
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-${TMPDIR:-/tmp}/gpu_check_inductor}
 [[ -n ${GPU_CHECK_LOGS:-} && ${GPU_CHECK_LOGS} != /* ]] && GPU_CHECK_LOGS=$PWD/$GPU_CHECK_LOGS
 
 # step NAME LIMIT_SECONDS COMMAND...: runs it with its output in $work/NAME.log and its exit status in $work/NAME.rc
@@ -90,8 +96,11 @@ for run in base big base_24k; do
     [[ $dry_run == 1 ]] || preset_args+=(--preset "${run%_24k}")
     run_shape=("${train_shape[@]}")
     [[ $run == *_24k ]] && run_shape+=(--batch $((8 * ${train_shape[1]})))  # the last --batch wins
-    step "train_$run" 90 "$PYTHON" benchmarks/speed.py train --mode step --device "$device" "${preset_args[@]}" \
-        "${run_shape[@]}" --sides marian_bf16,vaswani_mt_bf16 --no-memory --json "$work/train_$run.json"
+    sides=marian_bf16,vaswani_mt_bf16
+    [[ $dry_run == 1 ]] || sides+=,vaswani_mt_bf16_compiled  # inductor on a CPU: minutes a graph, too long for a dry run
+    [[ $run == base && $device == cuda ]] && sides+=,vaswani_mt_bf16_graphs  # CUDA graphs: where the host limits
+    step "train_$run" 150 "$PYTHON" benchmarks/speed.py train --mode step --device "$device" "${preset_args[@]}" \
+        "${run_shape[@]}" --sides "$sides" --profile 3 --no-memory --json "$work/train_$run.json"
 done
 step decode 120 "$PYTHON" benchmarks/speed.py decode --device "$device" "${shape[@]}" \
     "${decode_shape[@]}" --bf16 --no-memory --json "$work/decode.json"
@@ -101,7 +110,8 @@ if [[ $dry_run != 1 ]]; then
     step tests 180 "$PYTHON" -m pytest -q -p no:cacheprovider "${parallel[@]}" --junitxml="$work/tests.xml" \
         tests/model/test_modeling_vaswani.py tests/model/test_generation.py tests/model/test_fast_paths.py \
         tests/training/test_trainer.py tests/training/test_callbacks.py tests/training/test_hardware.py \
-        tests/export/test_export.py tests/test_speed_benchmarks.py
+        tests/export/test_export.py tests/test_speed_benchmarks.py tests/training/test_compiled_step.py \
+        tests/training/test_sharding.py
 fi
 
 # 4. Every visible GPU: NCCL DDP (tokens/s per GPU, the same weights on every rank), and the tied matrix under FSDP2.
@@ -119,15 +129,13 @@ launch=("$accelerate" launch --num_machines 1 --num_processes "$gpus" --main_pro
 # skip NAME REASON: recorded as skipped (125), not as failed
 skip() { echo "skipped: $2" >"$work/$1.log" && echo 125 >"$work/$1.rc" && echo "== $1: skipped, $2"; }
 one_gpu="one GPU: accelerate's --multi_gpu needs two processes, each on a GPU of its own"
-if ((gpus > 1)); then
-    step multi_gpu_ddp 120 "${launch[@]}" --multi_gpu benchmarks/scale.py gpus --mode ddp "${multi[@]}" \
-        --json "$work/multi_gpu_ddp.json"
-else
-    skip multi_gpu_ddp "$one_gpu"
-fi
+ddp=(--multi_gpu)
+((gpus > 1)) || ddp=()  # one GPU: one process, no wrapper (accelerate's --multi_gpu needs two)
+step multi_gpu_ddp 120 "${launch[@]}" "${ddp[@]}" benchmarks/scale.py gpus --mode ddp "${multi[@]}" \
+    --json "$work/multi_gpu_ddp.json"
 if [[ $dry_run != 1 ]]; then
-    step multi_gpu_fsdp 90 "${launch[@]}" --use_fsdp --fsdp_version 2 benchmarks/scale.py gpus --mode fsdp \
-        "${multi[@]}" --steps 1 --json "$work/multi_gpu_fsdp.json"
+    step multi_gpu_fsdp 120 "${launch[@]}" --use_fsdp --fsdp_version 2 benchmarks/scale.py gpus --mode fsdp \
+        "${multi[@]}" --json "$work/multi_gpu_fsdp.json"
 fi
 
 # 5. Sharded translation (docs/translating.md): a base-shaped model (random weights, a tokenizer of its own) translates
@@ -240,6 +248,14 @@ for run in ("base", "big", "base_24k"):
         }
         if "ratio_of_medians" in row:
             sides[side]["speed_vs_marian_bf16"] = round(row["ratio_of_medians"], 3)
+        profile = row.get("profile") or {}
+        for key in ("kernels_per_step", "device_busy_share"):
+            if key in profile:
+                sides[side][key] = profile[key]
+    eager = sides.get("vaswani_mt_bf16", {}).get("target_tokens_per_s")
+    for side in ("vaswani_mt_bf16_compiled", "vaswani_mt_bf16_graphs"):
+        if eager and side in sides:
+            sides[side]["speed_vs_eager"] = round(sides[side]["target_tokens_per_s"] / eager, 3)
     result["training_bf16"][run] = {
         "shape": record["shape"],
         "target_tokens_per_step": record["target_tokens_per_step"],
@@ -269,6 +285,9 @@ for mode in ("ddp", "fsdp"):
     if status is not None:
         result["steps"][f"multi_gpu_{mode}"] = status
         result[f"multi_gpu_{mode}"] = read(f"multi_gpu_{mode}.json")
+speeds = [(result.get(f"multi_gpu_{mode}") or {}).get("target_tokens_per_s_per_process") for mode in ("fsdp", "ddp")]
+if all(speeds):
+    result["fsdp2_vs_ddp_tokens_per_s"] = round(speeds[0] / speeds[1], 3)
 sharded = {}
 for name in ("translate_one", "translate_all"):
     result["steps"][name] = step_status(name)

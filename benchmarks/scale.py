@@ -39,6 +39,7 @@ from vaswani_mt.training.flops import (
     analytic_training_flops_per_token,
     count_training_flops,
 )
+from vaswani_mt.training.sharding import share_embedding_module
 
 # --- machines: two simulated machines against one --------------------------------------------------------------------
 
@@ -207,10 +208,11 @@ def gpus(argv=None) -> None:
       model of --preset trained --steps steps on random pairs of --length tokens, --batch pairs per GPU, bf16 autocast,
       fused AdamW; records target tokens/s per GPU (median step) and whether the weights are bit-for-bit equal on every
       rank afterwards (a SHA-256 of each rank's parameters, gathered).
-    - `fsdp`: whether the model's three-way tied matrix (source embedding, target embedding, pre-softmax projection,
-      §3.4) survives FSDP in the installed accelerate: one training step under the FSDP plugin the launcher set, then
-      whether the three are still one parameter. FSDP2 refused shared parameters before accelerate PR #4171; the
-      answer, or the error, is recorded.
+    - `fsdp`: the same steps under the FSDP plugin the launcher set (FSDP2: `--use_fsdp --fsdp_version 2`), the
+      encoder and decoder using the shared embedding module (`sharding.share_embedding_module`, as VaswaniTrainer
+      does under FSDP), so that the three-way tied matrix (§3.4) is one group's; records target tokens/s per GPU and
+      whether the three are still one parameter afterwards, or the error.
+    With one GPU either runs as one process (no `--multi_gpu`): FSDP2 against no wrapper at all.
 
     Rank 0 writes the record to --json."""
     import accelerate
@@ -239,12 +241,14 @@ def gpus(argv=None) -> None:
     try:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
                                       fused=not args.cpu)  # fmt: skip
+        if args.mode == "fsdp":
+            share_embedding_module(model)
         model, optimizer = accelerator.prepare(model, optimizer)
-        times = _timed_steps(accelerator, model, optimizer, config, args.steps if args.mode == "ddp" else 1, args)
+        times = _timed_steps(accelerator, model, optimizer, config, args.steps, args)
         unwrapped = accelerator.unwrap_model(model)
+        warm = times[min(3, len(times) - 1) :]
+        record["target_tokens_per_s_per_process"] = round(args.batch * args.length / statistics.median(warm), 1)
         if args.mode == "ddp":
-            warm = times[min(3, len(times) - 1) :]
-            record["target_tokens_per_s_per_process"] = round(args.batch * args.length / statistics.median(warm), 1)
             digest = hashlib.sha256()
             for name, parameter in sorted(unwrapped.state_dict().items()):
                 digest.update(name.encode())

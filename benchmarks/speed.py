@@ -82,6 +82,17 @@ def _report(result: dict, record: MachineRecord, args) -> dict:
 MODELS = ("vaswani_mt", "vaswani_mt_bf16", "marian", "marian_bf16")
 # A step-mode side named with this suffix trains with activation checkpointing (`--gradient_checkpointing`).
 CHECKPOINTED = "_checkpointed"
+# A step-mode side named with one of these suffixes runs its model with the loss compiled (`torch.compile`, inductor;
+# the optimizer step stays eager, as under Trainer's --torch_compile): COMPILED in the default mode, GRAPHS in mode
+# "reduce-overhead" (CUDA graphs, for the small batch where the host is the limit). Compiling is in the warmup steps.
+COMPILED, GRAPHS = "_compiled", "_graphs"
+
+
+def base_side(name: str) -> str:
+    """A side's name without the suffixes of how it runs (`vaswani_mt_bf16_compiled` -> `vaswani_mt_bf16`)."""
+    for suffix in (GRAPHS, COMPILED, CHECKPOINTED):
+        name = name.removesuffix(suffix)
+    return name
 
 
 def train_args(argv=None) -> argparse.Namespace:
@@ -116,10 +127,14 @@ def build_models(config: VaswaniConfig, models: list[str], seed: int, device: st
         else:
             built.append(to_marian(ours))
     for name, model in zip(models, built, strict=True):
-        if name.endswith(CHECKPOINTED):
+        if name.removesuffix(GRAPHS).removesuffix(COMPILED).endswith(CHECKPOINTED):
             # transformers 5.23 renamed gradient_checkpointing_enable (now its deprecated alias)
             (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
-    return [model.to(device).train() for model in built]
+    built = [model.to(device).train() for model in built]
+    for at, name in enumerate(models):
+        if name.endswith((COMPILED, GRAPHS)):
+            built[at] = torch.compile(built[at], mode="reduce-overhead" if name.endswith(GRAPHS) else None)
+    return built
 
 
 def optimizer_for(model: torch.nn.Module, lr: float = 1e-4) -> torch.optim.Optimizer:
@@ -143,7 +158,7 @@ def loss_of(name: str, model: torch.nn.Module, batch: dict) -> torch.Tensor:
 def make_step(name: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
     """One optimizer step as Trainer runs it: forward and loss under autocast for the *_bf16 sides, backward and
     the step outside."""
-    bf16 = name.removesuffix(CHECKPOINTED).endswith("_bf16")
+    bf16 = base_side(name).endswith("_bf16")
     device_type = next(model.parameters()).device.type
 
     def step(batch: dict) -> float:

@@ -342,6 +342,9 @@ class _VaswaniStack(nn.Module):
     def _sinusoids(self, start: int, length: int, like: torch.Tensor) -> torch.Tensor:
         """Rows `start .. start + length - 1` of the §3.5 table: the same values as `sinusoidal_position_encoding`,
         computed once instead of at every step of decoding."""
+        if torch.compiler.is_compiling():  # in the graph (fused, cheap), not a cache whose first fill would recompile
+            positions = torch.arange(start, start + length, device=like.device)
+            return sinusoidal_position_encoding(positions, self.config.d_model, like.dtype)
         table = self._position_table
         if table is None or table.shape[0] < start + length or table.device != like.device or table.dtype != like.dtype:
             size = max(start + length, 256, 0 if table is None else 2 * table.shape[0])
@@ -727,6 +730,14 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
         real = labels.ne(-100)
         if num_items_in_batch is None:
             num_items_in_batch = real.sum().clamp(min=1)
+        _gather_sharded_projection(self.lm_head)
+        if torch.compiler.is_compiling():
+            # torch.compile of the step: the plain computation, one graph over every position (selecting the real
+            # tokens has a data-dependent shape, a graph break); the compiler fuses the log-softmax and the sums.
+            logits = nn.functional.linear(hidden_states, self.lm_head.weight)
+            if self.config.logits_bias:
+                logits = logits + self.final_logits_bias.to(logits.dtype)
+            return self.loss(logits, labels, num_items_in_batch)
         # = self.loss(self.lm_head(hidden_states), labels, num_items_in_batch), without keeping the logits
         return projected_label_smoothed_cross_entropy(
             hidden_states[real],
@@ -736,6 +747,18 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
             1.0 / float(num_items_in_batch),
             bias=self.final_logits_bias[0] if self.config.logits_bias else None,
         )
+
+
+def _gather_sharded_projection(lm_head: nn.Module) -> None:
+    """Under FSDP2 (`fully_shard`), the pre-softmax matrix gathered before the fused loss reads it: the loss calls no
+    module, so no FSDP hook gathers it there. `lm_head.weight` is the gathered tensor while the group holding it (§3.4:
+    with the embedding) is unsharded; where the group was resharded before the loss (tests/fsdp_worker.py's
+    `resharded`; the H200 run's `mixed torch.Tensor and DTensor`, RESULTS.md) it is the sharded DTensor, and the
+    group is gathered again through FSDP's public `unshard`: its backward reduces the gradient and reshards, as for
+    any group. No-op outside FSDP2."""
+    if type(lm_head.weight).__name__ != "DTensor" or not hasattr(lm_head, "unshard"):
+        return
+    lm_head.unshard()
 
 
 VaswaniConfig.register_for_auto_class("AutoConfig")

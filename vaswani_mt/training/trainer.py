@@ -30,6 +30,7 @@ from .alignment_supervision import ALIGNMENT_LAMBDA, alignment_loss
 from .callbacks import SamplerEpochCallback
 from .checkpoints import CheckpointError, describe_write_failure, is_complete
 from .machines import machines
+from .sharding import share_embedding_module
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,14 @@ class VaswaniTrainer(Seq2SeqTrainer):
         self._weights_written = False  # in `_save_checkpoint`: whether this checkpoint's weights are written
         if max_tokens_per_batch:
             self.add_callback(SamplerEpochCallback(self))
+        if self.is_fsdp_enabled:  # FSDP shards the tied matrix in one group with every module using it (§3.4)
+            share_embedding_module(self.model)
+        self._first_step_seconds: float | None = None  # under --torch_compile: the first step, mostly compiling
+        if self.args.torch_compile:
+            # inductor's caches (compiled kernels and graphs) beside the checkpoints, so that a restart or a resume
+            # of the run compiles from them; `_` keeps Trainer's push_to_hub from uploading them
+            if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, _default_inductor_cache()):  # not the user's
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(self.args.output_dir).resolve() / COMPILE_CACHE)
 
     def get_train_dataloader(self) -> DataLoader:
         if not self.max_tokens_per_batch:
@@ -145,12 +154,19 @@ class VaswaniTrainer(Seq2SeqTrainer):
         self._steps += 1 / getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
         self._token_counts[0] += int(inputs["attention_mask"].sum())
         self._token_counts[1] += int(inputs["labels"].ne(-100).sum())
-        return super().training_step(model, inputs, num_items_in_batch)
+        if self._first_step_seconds is not None or not self.args.torch_compile:
+            return super().training_step(model, inputs, num_items_in_batch)
+        start = time.perf_counter()
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self._first_step_seconds = time.perf_counter() - start
+        return loss
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The model's loss, plus `alignment_lambda` times the alignment term where the batch has
         `alignment_targets` (training batches of a run with `alignment_head`)."""
         targets = inputs.pop("alignment_targets", None)
+        if self.args.torch_compile and model.training:
+            _mark_dynamic_lengths(inputs)
         if targets is None or self.alignment_head is None:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         loss, outputs = super().compute_loss(model, {**inputs, "output_attentions": True}, True, num_items_in_batch)
@@ -171,6 +187,9 @@ class VaswaniTrainer(Seq2SeqTrainer):
             logs["train_minutes"] = round((time.perf_counter() - self._train_start) / 60, 6)
             self._token_counts.zero_()
             self._micro_batches, self._steps, self._window_start = 0, 0.0, None
+            logged = any("compile_seconds" in row for row in self.state.log_history)
+            if self._first_step_seconds is not None and not logged:  # once, in the first log (of each start)
+                logs["compile_seconds"] = round(self._first_step_seconds, 3)
             if self._alignment_losses:
                 logs["alignment_loss"] = round(sum(self._alignment_losses) / len(self._alignment_losses), 4)
                 self._alignment_losses.clear()
@@ -294,6 +313,35 @@ class VaswaniTrainer(Seq2SeqTrainer):
         self.model_wrapped = self.model
         self.accelerator.free_memory()  # drops the DDP wrapper, optimizer and loaders accelerate holds; runs gc
         self.accelerator.end_training()  # destroy_process_group; gloo's threads are joined as the group goes
+
+
+# The folder of inductor's caches in --output_dir under --torch_compile (unless TORCHINDUCTOR_CACHE_DIR is set).
+COMPILE_CACHE = "_compile_cache"
+
+
+def _default_inductor_cache() -> str | None:
+    """inductor's own cache folder, which it also writes into TORCHINDUCTOR_CACHE_DIR once it has chosen it."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # a torch that moved it: TORCHINDUCTOR_CACHE_DIR is left as it is
+        return None
+    return os.path.abspath(default_cache_dir())
+
+
+# The batch's tensors whose sizes (sentences, padded length) change from batch to batch.
+_VARYING_INPUTS = ("input_ids", "attention_mask", "labels", "decoder_input_ids", "decoder_attention_mask")
+
+
+def _mark_dynamic_lengths(inputs: dict) -> None:
+    """Under --torch_compile, the batch's sizes marked as varying before the compiled model sees them: the first
+    step then compiles one graph for every batch size and padded length, instead of one for the first shape and a
+    recompile for each size that changes later. torch still specialises a size of 1 (a batch of one sentence, a
+    target of one token), so training compiles at most 3 graphs (tests/training/test_compiled_step.py)."""
+    for name in _VARYING_INPUTS:
+        tensor = inputs.get(name)
+        if isinstance(tensor, torch.Tensor) and tensor.dim() == 2:
+            torch._dynamo.maybe_mark_dynamic(tensor, 0)
+            torch._dynamo.maybe_mark_dynamic(tensor, 1)
 
 
 def _pass_every_batch(loader: DataLoader, sampler) -> None:
