@@ -571,14 +571,25 @@ def count_work(args, model, tokenizer, limit, sources, references) -> dict:
         return step(decoder, sequences, *rest)
 
     search_module._Decoder.next_log_probs = counted_step
+    can_leave, texts, work, nbest = search_module._sentences_can_leave, {}, {}, {}
     try:
-        ours = Translator(model, tokenizer, batch_size=args.batch, num_beams=args.beam, compute_type="float32")
-        texts = {"ours float32": ours.translate(sources)}
+        for side, leave in (("ours float32", can_leave), ("ours float32, every row kept", lambda *_: False)):
+            search_module._sentences_can_leave = leave
+            rows.clear()
+            ours = Translator(model, tokenizer, batch_size=args.batch, num_beams=args.beam, compute_type="float32")
+            texts[side] = ours.translate(sources)
+            work[side] = {"decoder_steps": len(rows), "row_steps": sum(rows), "sentence_steps": sum(rows) // args.beam}
+            nbest[side] = Translator(model, tokenizer, batch_size=args.batch, num_beams=args.beam, nbest=args.beam,
+                                     compute_type="float32").translate(sources)  # fmt: skip
+            work[side]["nbest_row_steps"] = sum(rows) - work[side]["row_steps"]
     finally:
-        search_module._Decoder.next_log_probs = step
-    work = {
-        "ours float32": {"decoder_steps": len(rows), "row_steps": sum(rows), "sentence_steps": sum(rows) // args.beam}
-    }
+        search_module._Decoder.next_log_probs, search_module._sentences_can_leave = step, can_leave
+    pairs = [(a, b) for x, y in zip(*nbest.values(), strict=True) for a, b in zip(x, y, strict=True)]
+    same = [(a, b) for a, b in pairs if a.text == b.text]
+    leaving = {"lines_identical": round(sum(a == b for a, b in zip(*texts.values(), strict=True)) / len(sources), 4),
+               "nbest_hypotheses": len(pairs), "nbest_texts_identical": len(same),
+               "nbest_max_abs_diff_log_prob": max((abs(a.log_prob - b.log_prob) for a, b in same), default=0.0),
+               "nbest_max_abs_diff_score": max((abs(a.score - b.score) for a, b in same), default=0.0)}  # fmt: skip
     ct2 = {"decoder_steps": 0, "row_steps": 0, "sentence_steps": 0}
 
     def ct2_batch(ids, most):  # as `peers`' ct2_search, its hypotheses counted
@@ -600,15 +611,19 @@ def count_work(args, model, tokenizer, limit, sources, references) -> dict:
         row["rows_per_step"] = round(row["row_steps"] / row["decoder_steps"], 2)
         row["bleu"] = round(bleu(texts[side], references)["score"], 2)
     ours_row, theirs = work["ours float32"], work["CTranslate2 float32"]
+    leaving["bleu_diff"] = round(ours_row["bleu"] - work["ours float32, every row kept"]["bleu"], 4)
     ratios = {
         name: round(ours_row[name] / theirs[name], 3) for name in ("decoder_steps", "row_steps", "sentence_steps")
     }
     print_table(f"Work on {len(sources)} test sentences, beam {args.beam}, batches of {args.batch} (counted)",
                 [{"side": side, **row} for side, row in work.items()],
                 ["side", "decoder_steps", "row_steps", "rows_per_step", "sentence_steps", "bleu"])  # fmt: skip
-    identical = sum(a == b for a, b in zip(*texts.values(), strict=True)) / len(sources)
+    ours_lines, ct2_lines = texts["ours float32"], texts["CTranslate2 float32"]
+    identical = sum(a == b for a, b in zip(ours_lines, ct2_lines, strict=True)) / len(sources)
+    print(f"sentences leaving against every row kept: {leaving}")
     return {"model": args.model, "beam": args.beam, "batch": args.batch, "sentences": len(sources),
-            "work": work, "ours_over_ctranslate2": ratios, "identical_lines": round(identical, 4)}  # fmt: skip
+            "work": work, "ours_over_ctranslate2": ratios, "identical_lines": round(identical, 4),
+            "leaving_against_every_row_kept": leaving}  # fmt: skip
 
 
 def peers(argv=None) -> dict:

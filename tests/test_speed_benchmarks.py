@@ -152,6 +152,9 @@ def test_peers_count_work_counts_each_sides_decoder_steps_and_rows_without_timin
         assert ours["sentence_steps"] == theirs["sentence_steps"]
         assert ours["row_steps"] - theirs["row_steps"] == (4 - 1) * len(sources)
     assert "seconds" not in json.dumps(result["work"])
+    kept, leaving = result["work"]["ours float32, every row kept"], result["leaving_against_every_row_kept"]
+    assert kept["sentence_steps"] >= ours["sentence_steps"] and kept["decoder_steps"] == ours["decoder_steps"]
+    assert leaving["nbest_hypotheses"] == 4 * len(sources) and leaving["nbest_max_abs_diff_log_prob"] <= 1e-5
 
 
 def test_peak_memory_is_measured_in_a_separate_process(bench):
