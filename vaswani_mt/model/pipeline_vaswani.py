@@ -51,6 +51,12 @@ _PLACEHOLDER = re.compile(r"\{[^{}\s]*\}|%(?:\([^()\s]*\)|[1-9]\d*\$)?[-+#0'I]*(
                           r"(?:hh|h|ll|l|L|q|j|z|Z|t)?(?:[diouxXeEfFgGaAcspnmr]|<PRI\w+>)")  # fmt: skip
 
 
+# The tokenizer config's list of the words of the training split's target side that `unusual_pieces` would call
+# typos (data/tokenization.py's `record_seen_words` writes it): seen in training, never a typo. A folder without it
+# (an imported model, an older run) has the rule alone.
+SEEN_WORDS = "seen_words"
+
+
 def unusual_pieces(tokenizer, term: str) -> str | None:
     """A warning, or None, for a term with a word that looks like a typo: it splits into 3 or more pieces of under
     2.5 characters on average ("Gebäde": ▁Geb ä de) and a word one letter away takes at least 2 pieces fewer, and at
@@ -58,10 +64,11 @@ def unusual_pieces(tokenizer, term: str) -> str | None:
     alone. A forced term is forced piece by piece as given, so the user is told (the term is still used). Piece counts
     alone are weak evidence: a real word the tokenizer's training saw rarely splits as finely, and sits one letter
     from a common one at its start ("Hürde", "würde"), its ending ("Gesetze", "Gesetz") or its case ("Zuletzt"); a
-    warning on those would be ignored. A word the vocabulary holds whole is never a typo; placeholders (`{0}`, `%s`)
-    are no words."""
+    warning on those would be ignored. A word the vocabulary holds whole, or that training saw (`SEEN_WORDS`), is never
+    a typo; placeholders (`{0}`, `%s`) are no words."""
+    seen = (getattr(tokenizer, "init_kwargs", None) or {}).get(SEEN_WORDS) or ()
     for word in term.split():
-        if _PLACEHOLDER.fullmatch(word):
+        if _PLACEHOLDER.fullmatch(word) or word in seen:
             continue
         pieces = tokenizer.convert_ids_to_tokens(target_ids(tokenizer, " " + word)) if word else []
         if len(pieces) >= 3 and len(word) / len(pieces) < 2.5:
