@@ -559,6 +559,88 @@ def _pair_ratio(rows: dict, side: str, other: str) -> dict:
             "median_of_round_ratios": round(statistics.median(rounds), 3) if rounds else None}  # fmt: skip
 
 
+def count_work(args, model, tokenizer, limit, sources, references) -> dict:
+    """The work ours (`Translator`, float32, the model's saved search) and CTranslate2 (float32, its own ranking, as
+    `peers` runs it) do on the same lines, counted (deterministic, unlike times): decoder steps (calls of the decoder,
+    over all batches), row-steps (the rows each call decodes, summed), rows per step, and sentence-steps (each
+    sentence's steps in the batch, summed). Ours: counted at the search's decoder step. CTranslate2's, from its
+    outputs by its search's rules (decoding.cc's BeamSearch): a hypothesis ending at step s (from 0) has s tokens,
+    `</s>` not counted; a sentence leaves at the step it has `beam` hypotheses (patience 1), so its steps are 1 + its
+    longest hypothesis' tokens (at most the batch's length limit; its `beam` best are returned, and one dropped for a
+    better one at that step would make this a lower bound); the first step decodes one row per sentence (the CPU
+    expands the beams after it), the others `beam` rows per sentence still searched."""
+    import importlib
+
+    import ctranslate2
+
+    from vaswani_mt.evaluation.metrics import bleu
+    from vaswani_mt.export.marian import export_model
+    from vaswani_mt.inference.translator import Translator
+
+    search_module = importlib.import_module(type(model).__module__.rsplit(".", 1)[0] + ".beam_search_vaswani")
+    rows: list[int] = []
+    step = search_module._Decoder.next_log_probs
+
+    def counted_step(decoder, sequences, *rest):
+        rows.append(sequences.shape[0] * sequences.shape[1])
+        return step(decoder, sequences, *rest)
+
+    search_module._Decoder.next_log_probs = counted_step
+    can_leave, texts, work, nbest = search_module._sentences_can_leave, {}, {}, {}
+    try:
+        for side, leave in (("ours float32", can_leave), ("ours float32, every row kept", lambda *_: False)):
+            search_module._sentences_can_leave = leave
+            rows.clear()
+            ours = Translator(model, tokenizer, batch_size=args.batch, num_beams=args.beam, compute_type="float32")
+            texts[side] = ours.translate(sources)
+            work[side] = {"decoder_steps": len(rows), "row_steps": sum(rows), "sentence_steps": sum(rows) // args.beam}
+            nbest[side] = Translator(model, tokenizer, batch_size=args.batch, num_beams=args.beam, nbest=args.beam,
+                                     compute_type="float32").translate(sources)  # fmt: skip
+            work[side]["nbest_row_steps"] = sum(rows) - work[side]["row_steps"]
+    finally:
+        search_module._Decoder.next_log_probs, search_module._sentences_can_leave = step, can_leave
+    pairs = [(a, b) for x, y in zip(*nbest.values(), strict=True) for a, b in zip(x, y, strict=True)]
+    same = [(a, b) for a, b in pairs if a.text == b.text]
+    leaving = {"lines_identical": round(sum(a == b for a, b in zip(*texts.values(), strict=True)) / len(sources), 4),
+               "nbest_hypotheses": len(pairs), "nbest_texts_identical": len(same),
+               "nbest_max_abs_diff_log_prob": max((abs(a.log_prob - b.log_prob) for a, b in same), default=0.0),
+               "nbest_max_abs_diff_score": max((abs(a.score - b.score) for a, b in same), default=0.0)}  # fmt: skip
+    ct2 = {"decoder_steps": 0, "row_steps": 0, "sentence_steps": 0}
+
+    def ct2_batch(ids, most):  # as `peers`' ct2_search, its hypotheses counted
+        found = engine.translate_batch([tokenizer.convert_ids_to_tokens(x) for x in ids], beam_size=args.beam,
+                                       length_penalty=model.generation_config.length_penalty, num_hypotheses=args.beam,
+                                       max_decoding_length=most - 1, max_input_length=0)  # fmt: skip
+        steps = [min(1 + max(len(h) for h in result.hypotheses), most - 1) for result in found]
+        ct2["decoder_steps"] += max(steps)
+        ct2["row_steps"] += len(ids) + sum(args.beam * sum(s > t for s in steps) for t in range(1, max(steps)))
+        ct2["sentence_steps"] += sum(steps)
+        return [tokenizer.convert_tokens_to_ids(result.hypotheses[0]) for result in found]
+
+    with tempfile.TemporaryDirectory(prefix="work-") as scratch:
+        folder = export_model(args.model, "ctranslate2", Path(scratch) / "float32", None)
+        engine = ctranslate2.Translator(str(folder), device="cpu", intra_threads=args.threads, inter_threads=1)
+        texts["CTranslate2 float32"] = _longest_first(tokenizer, args.batch, limit, ct2_batch)(sources)
+    work["CTranslate2 float32"] = ct2
+    for side, row in work.items():
+        row["rows_per_step"] = round(row["row_steps"] / row["decoder_steps"], 2)
+        row["bleu"] = round(bleu(texts[side], references)["score"], 2)
+    ours_row, theirs = work["ours float32"], work["CTranslate2 float32"]
+    leaving["bleu_diff"] = round(ours_row["bleu"] - work["ours float32, every row kept"]["bleu"], 4)
+    ratios = {
+        name: round(ours_row[name] / theirs[name], 3) for name in ("decoder_steps", "row_steps", "sentence_steps")
+    }
+    print_table(f"Work on {len(sources)} test sentences, beam {args.beam}, batches of {args.batch} (counted)",
+                [{"side": side, **row} for side, row in work.items()],
+                ["side", "decoder_steps", "row_steps", "rows_per_step", "sentence_steps", "bleu"])  # fmt: skip
+    ours_lines, ct2_lines = texts["ours float32"], texts["CTranslate2 float32"]
+    identical = sum(a == b for a, b in zip(ours_lines, ct2_lines, strict=True)) / len(sources)
+    print(f"sentences leaving against every row kept: {leaving}")
+    return {"model": args.model, "beam": args.beam, "batch": args.batch, "sentences": len(sources),
+            "work": work, "ours_over_ctranslate2": ratios, "identical_lines": round(identical, 4),
+            "leaving_against_every_row_kept": leaving}  # fmt: skip
+
+
 def peers(argv=None) -> dict:
     """A saved model on the built-in test split, beam 4 and batches of 16, each side as its users run it, --repeats
     rounds interleaved (medians): ours (`Translator`, the model's saved search) in float32, int8 and, where
@@ -589,6 +671,9 @@ def peers(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch's and CTranslate2's")
     parser.add_argument("--ct2_ranking", choices=["ctranslate2", "paper"], default="ctranslate2",
                         help="CTranslate2's own ranking, as users run it, or §6.1's (our back end)")  # fmt: skip
+    parser.add_argument("--count_work", action="store_true",
+                        help="no timing: the decoder steps and rows each side decodes, ours and CTranslate2 float32 "
+                             "(issue 62, item 1: `count_work`)")  # fmt: skip
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     record = MachineRecord()
@@ -618,6 +703,8 @@ def peers(argv=None) -> dict:
         return search_batch
 
     sources, references = split_pairs("test", args.max_sentences)
+    if args.count_work:
+        return record.report(count_work(args, model, tokenizer, limit, sources, references), args.json)
     ours = {ct: Translator(model, tokenizer, batch_size=args.batch, num_beams=args.beam, compute_type=ct)
             for ct in ("float32", "int8", *(("bfloat16",) if native_bf16() else ()))}  # fmt: skip
     result = {"model": args.model, "native_bf16": native_bf16(), "beam": args.beam, "batch": args.batch,

@@ -144,11 +144,22 @@ def typo_check(tokenizer, terms: list[list[str]]) -> dict:
             "false_alarm_examples": warned[:12],
             **{f"typos_{kind}_caught": round(sum(map(rule, made)) / len(made), 4) for kind, made in typos.items()},
         }
-    start = time.perf_counter()
-    for word in words:
-        unusual_pieces(tokenizer, word)
-    result["new"]["ms_per_word"] = round(1000 * (time.perf_counter() - start) / len(words), 2)
     return result
+
+
+def held_out_term_sets(terms: list[list[str]], sources: list[str], references: list[str]) -> dict[str, list]:
+    """The term sets the typo warning is measured on (issue 62, item 7), each a list of per-line term lists: the term
+    test's dictionary terms; the held-back term of each test line (`reference_terms`, what `speed.py peers` forces);
+    and that of each line of benchmarks/markup_heldout.jsonl with a reference (its tags taken out)."""
+    import json
+
+    from vaswani_mt.evaluation.terminology import reference_terms
+
+    rows = [json.loads(line) for line in (Path(__file__).parent / "markup_heldout.jsonl").read_text().splitlines()]
+    rows = [row for row in rows if row.get("reference")]
+    untagged = [[re.sub(r"<[^>]*>", "", row[side]) for row in rows] for side in ("source", "reference")]
+    return {"dictionary terms (term test)": terms, "test split, held-back terms": reference_terms(sources, references),
+            "markup held-out, held-back terms": reference_terms(*untagged)}  # fmt: skip
 
 
 def main() -> None:
@@ -167,7 +178,9 @@ def main() -> None:
     if args.typo_check:
         from transformers import AutoTokenizer
 
-        record.report({"tokenizer": args.model, **typo_check(AutoTokenizer.from_pretrained(args.model), terms)},
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        sets = held_out_term_sets(terms, sources, references)
+        record.report({"tokenizer": args.model, **{name: typo_check(tokenizer, lines) for name, lines in sets.items()}},
                       args.json)  # fmt: skip
         return
     model, tokenizer = load_for_inference(args.model)

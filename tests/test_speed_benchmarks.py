@@ -131,6 +131,32 @@ def test_peers_benchmark_reports_every_sides_bleu_and_the_targets_ratios_from_it
     )
 
 
+@pytest.mark.usefixtures("one_thread")
+def test_peers_count_work_counts_each_sides_decoder_steps_and_rows_without_timing(bench, tmp_path, monkeypatch):
+    """`peers --count_work` (issue 62, item 1): ours and CTranslate2 on the same lines, their decoder steps and rows;
+    where both translate alike, each sentence is searched as many steps on both sides (CTranslate2's counted from its
+    outputs by its rules), and ours decodes `beam` rows per sentence at the first step where CTranslate2 decodes 1."""
+    pytest.importorskip("ctranslate2")
+    speed, common = bench("speed"), bench("speed_common")
+    sources, references = [en for en, _ in common.PAIRS], [de for _, de in common.PAIRS]
+    monkeypatch.setattr(speed, "split_pairs", lambda split, limit=None: (sources, references))
+    out = tmp_path / "work.json"
+    speed.main(["peers", "--model", str(common.tiny_model_folder(tmp_path / "model")), "--batch", "4", "--threads", "1",
+                "--count_work", "--json", str(out)])  # fmt: skip
+    result = json.loads(out.read_text())
+    ours, theirs = result["work"]["ours float32"], result["work"]["CTranslate2 float32"]
+    for row in (ours, theirs):
+        assert row["row_steps"] >= row["decoder_steps"] > 0 and isinstance(row["bleu"], float)
+        assert row["rows_per_step"] == round(row["row_steps"] / row["decoder_steps"], 2)
+    if result["identical_lines"] == 1.0:
+        assert ours["sentence_steps"] == theirs["sentence_steps"]
+        assert ours["row_steps"] - theirs["row_steps"] == (4 - 1) * len(sources)
+    assert "seconds" not in json.dumps(result["work"])
+    kept, leaving = result["work"]["ours float32, every row kept"], result["leaving_against_every_row_kept"]
+    assert kept["sentence_steps"] >= ours["sentence_steps"] and kept["decoder_steps"] == ours["decoder_steps"]
+    assert leaving["nbest_hypotheses"] == 4 * len(sources) and leaving["nbest_max_abs_diff_log_prob"] <= 1e-5
+
+
 def test_peak_memory_is_measured_in_a_separate_process(bench):
     common = bench("speed_common")
     peaks = common.measure_peak_rss(

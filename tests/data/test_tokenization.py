@@ -103,3 +103,22 @@ def test_tokenization_in_several_processes_is_cached_beside_a_corpus_on_disk_and
     assert {path: path.stat().st_mtime_ns for path in cached} == stamps  # not written a second time
     assert again["labels"] == first["labels"]
     assert list(length_array(again, "source_length")) == list(again["source_length"])  # through the filter's mapping
+
+
+def test_a_word_training_saw_is_never_called_a_typo_and_the_record_is_saved_with_the_tokenizer(tmp_path):
+    """Issue 62, item 7: `record_seen_words` keeps, in the tokenizer's config, the training targets' words that the
+    typo warning would question ("Gebaude", one letter from "Gebäude", as a corpus may spell it); the warning then
+    passes them, also after the tokenizer is saved and loaded, and still warns on a word training did not see."""
+    from transformers import AutoTokenizer
+
+    from vaswani_mt.data.tokenization import record_seen_words, train_tokenizer
+    from vaswani_mt.model.pipeline_vaswani import unusual_pieces
+
+    texts = ["er würde das Gebäude sehen", "das Gesetz und zuletzt das Gebäude", "sie würde zuletzt gehen"] * 40
+    tokenizer = train_tokenizer([*texts, "H ü r d e G s t z Z l e t a b c"], vocab_size=80)
+    assert unusual_pieces(tokenizer, "Gebaude") is not None and unusual_pieces(tokenizer, "Gebude") is not None
+    assert record_seen_words(tokenizer, [*texts, "Das Gebaude, sagte sie."]) == ["Gebaude"]
+    tokenizer.save_pretrained(tmp_path)
+    for loaded in (tokenizer, AutoTokenizer.from_pretrained(tmp_path)):
+        assert unusual_pieces(loaded, "Gebaude") is None
+        assert unusual_pieces(loaded, "Gebude") is not None  # not seen in training: still a typo

@@ -492,9 +492,11 @@ _HOOKS = ("_beam_search", "_update_finished_beams", "_check_early_stop_heuristic
      {"num_beams": 4, "no_repeat_ngram_size": 2, "bad_words_ids": [[5], [6, 7]], "min_length": 6},
      {"num_beams": 4, "output_logits": True, "max_len_b": 3}],
 )  # fmt: skip
-def test_our_beam_search_returns_what_transformers_search_with_the_papers_rules_returns(options):
+def test_our_beam_search_returns_what_transformers_search_with_the_papers_rules_returns(options, monkeypatch):
     """Tokens, `sequences_scores`, `beam_indices`, every step's `scores` and `logits`: equal, bit for bit, on random
-    tiny models and padded batches."""
+    tiny models and padded batches, with every row kept as transformers keeps them (finished sentences leaving the
+    batch change the shapes, and the left rows' scores: tests/model/test_sentences_leave_the_batch.py)."""
+    monkeypatch.setattr(beam_search_vaswani, "_sentences_can_leave", lambda *args: False)
     for seed in range(3):
         ours = make_model(seed=seed, vocab_size=60)
         oracle = HookedTransformersSearch(ours.config).eval()

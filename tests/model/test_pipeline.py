@@ -108,6 +108,21 @@ def test_a_tab_and_a_term_in_many_short_pieces_are_named(model, tokenizer, caplo
     assert "Kaffee" not in caplog.text
 
 
+def test_a_real_word_one_letter_from_a_common_one_at_its_start_ending_or_case_is_no_typo():
+    """Issue 62, item 7: the near word that makes a typo is one edit inside the word; "Hürde" is not a typo of
+    "würde", "Gesetze" of "Gesetz", "Zuletzt" of "zuletzt" (real words a rare split put one letter from common ones),
+    while "Gebäde" and "Gebaude" still are of "Gebäude"."""
+    from vaswani_mt.data.tokenization import train_tokenizer
+    from vaswani_mt.model.pipeline_vaswani import _nearer_word
+
+    texts = ["er würde das Gebäude sehen", "das Gesetz und zuletzt das Gebäude", "sie würde zuletzt gehen"] * 40
+    tokenizer = train_tokenizer([*texts, "H ü r d e G s t z Z l e t a b c"], vocab_size=80)
+    assert [len(tokenizer.tokenize(" " + word)) for word in ("würde", "Gesetz", "zuletzt", "Gebäude")] == [1] * 4
+    for word in ("Hürde", "Gesetze", "Zuletzt"):
+        assert _nearer_word(tokenizer, word, 1) is None, word
+    assert _nearer_word(tokenizer, "Gebäde", 1) == _nearer_word(tokenizer, "Gebaude", 1) == ("Gebäude", 1)
+
+
 def test_blank_inputs_translate_to_empty_strings_without_generating(model, tokenizer, monkeypatch):
     translator = TranslationPipeline(model=model, tokenizer=tokenizer)
 

@@ -126,7 +126,7 @@ class _RowCounter(LogitsProcessor):
 
 @pytest.mark.parametrize(
     "options",
-    [{"output_scores": True}, {"output_logits": True}, {"output_attentions": True},
+    [{"output_logits": True}, {"output_attentions": True},
      {"output_hidden_states": True}, {"stopping_criteria": StoppingCriteriaList([MaxLengthCriteria(40)])},
      {"logits_processor": LogitsProcessorList([_RowCounter()])}],
 )  # fmt: skip
@@ -146,6 +146,45 @@ def test_where_every_row_is_needed_the_search_keeps_them_all(record, options):
     for step in steps:
         first = step if torch.is_tensor(step) else step[0]
         assert first.shape[0] == 16
+
+
+def test_with_early_stopping_a_sentence_leaves_once_it_has_num_beams_finished(record, monkeypatch):
+    """fairseq's rule (early_stopping=True): a sentence whose `num_beams` finished hypotheses are all taken can no
+    longer change, so it leaves at once, with what it has. (The heuristic of `can_improve` is turned off here, so that
+    only this rule and the length limit make a sentence leave; EOS is made likely by suppressing most tokens.)"""
+    monkeypatch.setattr(beam_search_vaswani, "can_improve", lambda *, improvable, **_: improvable)
+    model = make_model(seed=1, vocab_size=60)
+    ids, mask = padded_batch(seed=2, lengths=LENGTHS, vocab=60)
+    kwargs = dict(input_ids=ids, attention_mask=mask, max_len_b=5, return_dict_in_generate=True, output_scores=True,
+                  suppress_tokens=[t for t in range(60) if t not in (2, 4, 5)], early_stopping=True)  # fmt: skip
+    leaving, left = record(model, **kwargs)
+    kept, all_kept = record(model, leave=False, **kwargs)
+    assert torch.equal(leaving.sequences, kept.sequences)
+    torch.testing.assert_close(leaving.sequences_scores, kept.sequences_scores, atol=1e-5, rtol=0)
+    # Sentences left before any reached its length limit (max(LENGTHS) + 5 steps with every row, as before).
+    limit = min(LENGTHS) + 5
+    assert left.rows[:limit] != all_kept.rows[:limit] and sum(left.rows) < sum(all_kept.rows)
+    assert len(left.rows) <= len(all_kept.rows)
+
+
+def test_n_best_scores_leave_the_batch_too(record):
+    """`output_scores` (what n-best lists ask) no longer keeps every row: the steps' scores come back in the whole
+    batch's rows, and each hypothesis' log P (`sequences_log_probs`, kept by the search), its GNMT score and the sum
+    of its steps' scores (`compute_transition_scores`) are those of the search that keeps every row, within 1e-5."""
+    model = make_model(seed=1, vocab_size=60)
+    ids, mask = padded_batch(seed=1, lengths=LENGTHS, vocab=60)
+    kwargs = dict(input_ids=ids, attention_mask=mask, max_len_b=5, return_dict_in_generate=True, output_scores=True,
+                  num_return_sequences=3)  # fmt: skip
+    leaving, left = record(model, **kwargs)
+    kept, all_kept = record(model, leave=False, **kwargs)
+    assert searched(left.rows) and all_kept.rows == [16] * len(all_kept.rows)
+    assert torch.equal(leaving.sequences, kept.sequences) and torch.equal(leaving.beam_indices, kept.beam_indices)
+    assert all(step.shape == (16, 60) for step in leaving.scores) and len(leaving.scores) == len(kept.scores)
+    steps = model.compute_transition_scores(leaving.sequences, leaving.scores, leaving.beam_indices).sum(-1)
+    kept_steps = model.compute_transition_scores(kept.sequences, kept.scores, kept.beam_indices).sum(-1)
+    for found in (steps, leaving.sequences_log_probs, kept.sequences_log_probs):
+        torch.testing.assert_close(found, kept_steps, atol=1e-5, rtol=0)
+    torch.testing.assert_close(leaving.sequences_scores, kept.sequences_scores, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize(

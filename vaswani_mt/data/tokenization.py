@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -21,6 +22,9 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from .corpus import remove_damaged_cache_files
 
 logger = logging.getLogger(__name__)
+
+# A word as the typo warning takes one (`record_seen_words`): letters, with inner hyphens or apostrophes.
+_WORD = re.compile(r"[^\W\d_]+(?:[-'’][^\W\d_]+)*")
 
 SPECIAL_TOKENS = {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}
 
@@ -109,11 +113,28 @@ def build_tokenizer(
         rows = np.random.default_rng(0).choice(len(train), sample, replace=False)
         train = train.select(np.sort(rows))
     trained = train_tokenizer(side_texts(train, languages), vocab_size=vocab_size)
+    record_seen_words(trained, side_texts(train, languages[1:]))
     tmp = Path(output_dir) / "tokenizer.tmp"
     trained.save_pretrained(tmp)
     os.replace(tmp, saved)  # whole or not at all: a resumed run must find the very same vocabulary
     logger.info("trained a %d-token BPE vocabulary on %d sentences", len(trained), len(train) * 2)
     return trained
+
+
+def record_seen_words(tokenizer, targets: Iterable[str]) -> list[str]:
+    """Records in `tokenizer`'s config (`SEEN_WORDS`, saved with it) the words of `targets` (the training split's
+    target side) that the typo warning for terms (`unusual_pieces`) would question: seen in training, none is ever
+    called a typo. Only those go in (1% of the words of the built-in corpus's target side); returns them."""
+    from vaswani_mt.model.constraints_vaswani import target_ids
+    from vaswani_mt.model.pipeline_vaswani import SEEN_WORDS, unusual_pieces
+
+    words = sorted({word for text in targets for word in _WORD.findall(text)})
+    pieces = target_ids(tokenizer, [" " + word for word in words]) if words else []
+    finely = [word for word, ids in zip(words, pieces, strict=True) if len(ids) >= 3 and len(word) / len(ids) < 2.5]
+    tokenizer.init_kwargs[SEEN_WORDS] = []
+    seen = [word for word in finely if unusual_pieces(tokenizer, word) is not None]
+    tokenizer.init_kwargs[SEEN_WORDS] = seen
+    return seen
 
 
 def tokenizer_content(tokenizer) -> str:
@@ -197,6 +218,7 @@ __all__ = [
     "SPECIAL_TOKENS",
     "build_tokenizer",
     "config_token_ids",
+    "record_seen_words",
     "side_texts",
     "tokenize_corpus",
     "train_tokenizer",

@@ -170,9 +170,12 @@ class TorchBackend:
             output_logits=beams == 1,
         )  # fmt: skip
         if beams > 1:
-            # Beam search's scores are log-softmax outputs; a finished beam's steps past its end are 0 here.
-            steps = model.compute_transition_scores(output.sequences, output.scores, output.beam_indices)
-            log_probs, scores = steps.sum(-1), output.sequences_scores
+            # The search keeps each hypothesis' log P (so sentences still leave the batch); a model saved before it
+            # did: the sum of its steps' (log-softmax outputs; a finished beam's steps past its end are 0 here).
+            log_probs, scores = getattr(output, "sequences_log_probs", None), output.sequences_scores
+            if log_probs is None:
+                steps = model.compute_transition_scores(output.sequences, output.scores, output.beam_indices)
+                log_probs = steps.sum(-1)
         else:
             # Greedy search's scores are processed logits (sampling noise): log-probabilities come from the raw logits.
             steps = model.compute_transition_scores(output.sequences, output.logits, normalize_logits=True)

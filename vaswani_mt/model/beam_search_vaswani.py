@@ -197,13 +197,15 @@ class _Candidates(NamedTuple):
 
 class _Finished(NamedTuple):
     """The best finished hypotheses, (B, K, ...): sequences, GNMT scores (§6.1), the keys that rank them (the scores,
-    or under constraints unmet ones last), origins as `_Beams`', and `done`: a hypothesis, not an empty slot."""
+    or under constraints unmet ones last), origins as `_Beams`', `done`: a hypothesis, not an empty slot, and each
+    one's log P(Y|X) (what n-best lists report, kept here so that they need no per-step scores of every row)."""
 
     sequences: torch.Tensor
     scores: torch.Tensor
     keys: torch.Tensor
     origins: torch.Tensor
     done: torch.Tensor
+    log_probs: torch.Tensor
 
 
 def _start(batch: int, config: GenerationConfig, eos: torch.Tensor, device) -> tuple[_Beams, _Finished]:
@@ -217,7 +219,8 @@ def _start(batch: int, config: GenerationConfig, eos: torch.Tensor, device) -> t
     origins = torch.full((batch, num_beams, max_length - 1), -1, dtype=torch.int32, device=device)
     empty = torch.full((batch, num_beams), _DEAD, device=device)
     done = torch.zeros(batch, num_beams, dtype=torch.bool, device=device)
-    return _Beams(sequences, scores, origins), _Finished(sequences.clone(), empty, empty.clone(), origins.clone(), done)
+    finished = _Finished(sequences.clone(), empty, empty.clone(), origins.clone(), done, empty.clone())
+    return _Beams(sequences, scores, origins), finished
 
 
 class _Decoder:
@@ -244,7 +247,8 @@ class _Decoder:
         self.cache = _new_cache(model, config, config.max_length, self.mask.shape[1]) if self.use_cache else None
         self.forward = model
         self.scores, self.logits, self.self_attentions, self.cross_attentions, self.hidden = [], [], [], [], []
-        self.sentences = torch.arange(input_ids.shape[0], device=self.device)
+        self.batch = input_ids.shape[0]
+        self.sentences = torch.arange(self.batch, device=self.device)
 
     def next_log_probs(self, sequences: torch.Tensor, generated: int, restrict) -> torch.Tensor:
         """(B * K, V) log P of the `generated`-th token after each running hypothesis (`sequences`, (B, K, ...)):
@@ -263,7 +267,7 @@ class _Decoder:
         if self.want["output_logits"]:
             self.logits.append(logits.clone())
         if self.want["output_scores"]:
-            self.scores.append(log_probs.clone())
+            self.scores.append((log_probs.clone(), self.sentences))  # the rows of the sentences still searched
         if self.want["output_attentions"]:
             self.self_attentions.append(outputs.decoder_attentions)
             self.cross_attentions.append(outputs.cross_attentions)
@@ -280,8 +284,21 @@ class _Decoder:
         return log_probs.masked_fill((forced >= 0)[:, None] & others, -float("inf"))
 
     def scores_so_far(self) -> tuple | None:
-        """The steps' scores, for stopping criteria (None unless `output_scores`, as transformers passes them)."""
-        return tuple(self.scores) if self.want["output_scores"] else None
+        """The steps' scores, each (batch * num_beams, V) as transformers returns them (None unless `output_scores`):
+        the rows of a sentence that had left the batch are -inf (its hypotheses had all finished: `beam_indices` is
+        -1 there, so `compute_transition_scores` reads none of them)."""
+        if not self.want["output_scores"]:
+            return None
+        return tuple(self._whole_batch(step, sentences) for step, sentences in self.scores)
+
+    def _whole_batch(self, step: torch.Tensor, sentences: torch.Tensor) -> torch.Tensor:
+        """`step` (the rows of `sentences`' beams) in the whole batch's rows."""
+        if sentences.numel() == self.batch:
+            return step
+        beams = self.config.num_beams
+        rows = (sentences[:, None] * beams + torch.arange(beams, device=sentences.device)).reshape(-1)
+        whole = step.new_full((self.batch * beams, step.shape[-1]), -float("inf"))
+        return whole.index_copy_(0, rows, step)
 
     def reorder(self, beam_idx: torch.Tensor) -> None:
         """Moves the cache's keys and values with the beams (`beam_idx`: the flat beam each one continues)."""
@@ -318,13 +335,14 @@ _ROW_WISE_PROCESSORS = (
 def _sentences_can_leave(config: GenerationConfig, decoder: _Decoder,
                          stopping_criteria: StoppingCriteriaList | None) -> bool:  # fmt: skip
     """Whether finished sentences may leave the batch, as in fairseq's `SequenceGenerator`: not where something needs
-    every row at every step: per-step outputs (of shape (batch * num_beams, ...)), a stopping criterion (it may keep
-    state per row), a logits processor with state per row that it cannot shrink (`keep_sentences`), a static cache
-    or a compiled forward of fixed shapes (one compiled with `dynamic=True` on the dynamic cache lets them leave)."""
+    every row at every step: per-step outputs (of shape (batch * num_beams, ...)) but the scores (`scores_so_far`
+    puts them back in the whole batch's rows), a stopping criterion (it may keep state per row), a logits processor
+    with state per row that it cannot shrink (`keep_sentences`), a static cache or a compiled forward of fixed shapes
+    (one compiled with `dynamic=True` on the dynamic cache lets them leave)."""
     compile_config = getattr(config, "compile_config", None)
     if compile_config is not None and getattr(compile_config, "dynamic", None) is not True:
         return False
-    if any(decoder.want.values()) or stopping_criteria:
+    if any(wanted for name, wanted in decoder.want.items() if name != "output_scores") or stopping_criteria:
         return False
     if getattr(config, "cache_implementation", None) not in (None, "dynamic"):
         return False
@@ -436,7 +454,7 @@ def _merge_finished(finished: _Finished, candidates: _Candidates, scores: torch.
     return _Finished(
         sequences=merged(finished.sequences, candidates.sequences), scores=merged(finished.scores, scores),
         keys=_gather(merged_keys, best), origins=merged(finished.origins, candidates.origins),
-        done=merged(finished.done, finishing),
+        done=merged(finished.done, finishing), log_probs=merged(finished.log_probs, candidates.scores),
     ), best  # fmt: skip
 
 
@@ -494,10 +512,12 @@ def beam_search(
     them. `target_prefix` ((batch, Lp), -1 after a row's prefix; a row of -1 is no prefix): tokens each output starts
     with, their log-probabilities counted.
 
-    A sentence that can no longer improve leaves the batch, as in fairseq's `SequenceGenerator`: its rows of the
-    running beams, encoder states, cache and per-sentence controls go, so that later steps decode only the sentences
-    still searched; its finished hypotheses are kept, and the output is the batch's in its order. Unless something
-    needs every row at every step (`_sentences_can_leave`: per-step outputs, stopping criteria, fixed shapes)."""
+    A sentence that can no longer improve (with `early_stopping=True`: once `num_beams` hypotheses have finished,
+    fairseq's rule) leaves the batch, as in fairseq's `SequenceGenerator`: its rows of the running beams, encoder
+    states, cache and per-sentence controls go, so that later steps decode only the sentences still searched; its
+    finished hypotheses are kept, and the output is the batch's in its order. Unless something needs every row at
+    every step (`_sentences_can_leave`: per-step outputs but the scores, stopping criteria, fixed shapes). With
+    `return_dict_in_generate`, `sequences_log_probs` holds each returned hypothesis' log P(Y|X)."""
     batch, device, num_beams = input_ids.shape[0], input_ids.device, config.num_beams
     eos = torch.tensor([config.eos_token_id] if isinstance(config.eos_token_id, int) else config.eos_token_id,
                        device=device)  # fmt: skip
@@ -534,6 +554,8 @@ def beam_search(
         if setup.settle is not None:
             improvable = improvable & ~settled(setup.settle, running.scores.amax(-1, keepdim=True), finished.keys,
                                                finished.done, generated, config.max_length - 1)  # fmt: skip
+        if config.early_stopping is True:  # fairseq's rule: a sentence with `num_beams` finished ones is done now
+            improvable = improvable & ~finished.done.all(dim=-1, keepdim=True)
         done = not improvable.any() or (finished.done.all() and config.early_stopping is True) or candidates.ends.all()
         # The flat beam each running one continues, in the decoder's rows.
         beam_idx = _gather(candidates.beams, chosen) + torch.arange(chosen.shape[0], device=device)[:, None] * num_beams
@@ -577,6 +599,8 @@ def _output(finished: _Finished, decoder: _Decoder, choice, config: GenerationCo
     names = GenerateBeamEncoderDecoderOutput.__dataclass_fields__
     fields.update({name: decoder.cache for name in ("cache", "past_key_values") if name in names})
     output = GenerateBeamEncoderDecoderOutput(**fields)
+    # Each returned hypothesis' log P(Y|X), as the search summed it (an attribute, as `constraints_met`).
+    output.sequences_log_probs = finished.log_probs[:, :returned].reshape(batch * returned)
     if constraints_met is not None:
         output.constraints_met = constraints_met
     return output

@@ -51,18 +51,28 @@ _PLACEHOLDER = re.compile(r"\{[^{}\s]*\}|%(?:\([^()\s]*\)|[1-9]\d*\$)?[-+#0'I]*(
                           r"(?:hh|h|ll|l|L|q|j|z|Z|t)?(?:[diouxXeEfFgGaAcspnmr]|<PRI\w+>)")  # fmt: skip
 
 
+# The tokenizer config's list of the words of the training split's target side that `unusual_pieces` would call
+# typos (data/tokenization.py's `record_seen_words` writes it): seen in training, never a typo. A folder without it
+# (an imported model, an older run) has the rule alone.
+SEEN_WORDS = "seen_words"
+
+
 def unusual_pieces(tokenizer, term: str) -> str | None:
     """A warning, or None, for a term with a word that looks like a typo: it splits into 3 or more pieces of under
-    2.5 characters on average ("Gebäde": ▁Geb ä de) and a word one letter away takes at least 2 pieces fewer
-    ("Gebäude": ▁Gebäude). A forced term is forced piece by piece as given, so the user is told (the term is still
-    used). Short pieces alone are no sign: a real word the tokenizer's training saw rarely splits so too, and a warning
-    on those (1 line in 10 of the terminology test) would be ignored. Placeholders (`{0}`, `%s`) are no words."""
+    2.5 characters on average ("Gebäde": ▁Geb ä de) and a word one letter away takes at least 2 pieces fewer, and at
+    most 2 ("Gebäude": ▁Gebäude), by an edit inside the word: its first letter and its last two kept, and not by case
+    alone. A forced term is forced piece by piece as given, so the user is told (the term is still used). Piece counts
+    alone are weak evidence: a real word the tokenizer's training saw rarely splits as finely, and sits one letter
+    from a common one at its start ("Hürde", "würde"), its ending ("Gesetze", "Gesetz") or its case ("Zuletzt"); a
+    warning on those would be ignored. A word the vocabulary holds whole, or that training saw (`SEEN_WORDS`), is never
+    a typo; placeholders (`{0}`, `%s`) are no words."""
+    seen = (getattr(tokenizer, "init_kwargs", None) or {}).get(SEEN_WORDS) or ()
     for word in term.split():
-        if _PLACEHOLDER.fullmatch(word):
+        if _PLACEHOLDER.fullmatch(word) or word in seen:
             continue
         pieces = tokenizer.convert_ids_to_tokens(target_ids(tokenizer, " " + word)) if word else []
         if len(pieces) >= 3 and len(word) / len(pieces) < 2.5:
-            near = _nearer_word(tokenizer, word, len(pieces) - 2)
+            near = _nearer_word(tokenizer, word, min(2, len(pieces) - 2))
             if near is not None:
                 return (f"{word!r} splits into {len(pieces)} short pieces ({' '.join(pieces)}) where {near[0]!r} takes "
                         f"{near[1]}: a typo? Forced as given")  # fmt: skip
@@ -74,13 +84,15 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyzäöüß"
 
 def _nearer_word(tokenizer, word: str, pieces: int) -> tuple[str, int] | None:
     """(a word one edit from `word`, its piece count) where one takes at most `pieces` pieces: a letter left out,
-    added, replaced or swapped with the next (the fewest pieces, then the first in that order); None if none does."""
+    added, replaced or swapped with the next, inside the word (its first letter and last two kept; not a change of
+    case alone), the fewest pieces, then the first in that order; None if none does."""
     letters = sorted(set(_LETTERS + word.lower()))
-    near = [word[:i] + word[i + 1 :] for i in range(len(word))]
-    near += [word[:i] + word[i + 1] + word[i] + word[i + 2 :] for i in range(len(word) - 1)]
-    near += [word[:i] + c + word[i:] for i in range(len(word) + 1) for c in letters]
-    near += [word[:i] + c + word[i + 1 :] for i in range(len(word)) for c in letters if c != word[i].lower()]
-    near = [candidate for candidate in dict.fromkeys(near) if candidate.strip() and candidate != word]
+    last = len(word) - 2  # edits stay within word[1:last]: the first letter and the ending are kept
+    near = [word[:i] + word[i + 1 :] for i in range(1, last)]
+    near += [word[:i] + word[i + 1] + word[i] + word[i + 2 :] for i in range(1, last - 1)]
+    near += [word[:i] + c + word[i:] for i in range(1, last + 1) for c in letters]
+    near += [word[:i] + c + word[i + 1 :] for i in range(1, last) for c in letters if c != word[i].lower()]
+    near = [candidate for candidate in dict.fromkeys(near) if candidate.strip() and candidate.lower() != word.lower()]
     if not near:
         return None
     encoded = target_ids(tokenizer, [" " + candidate for candidate in near])
