@@ -144,6 +144,15 @@ def accelerate_launch(*argv: str) -> list[str]:
             str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no", *argv]  # fmt: skip
 
 
+def exit_code(main, argv: list[str]) -> str | int | None:
+    """The exit code of a command's `main(argv)` run in this process: None when it returned."""
+    try:
+        main(argv)
+    except SystemExit as exit:
+        return exit.code
+    return None
+
+
 def run_main(module, argv: list[str], monkeypatch, stdin: bytes = b"") -> tuple[str, str | int | None]:
     """(stdout, exit code: None when main returned) of a command's `module.main(argv)` in this process, with `stdin`
     as its standard input."""

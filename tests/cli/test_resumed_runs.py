@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import ENGLISH, stop_at_batch
+from conftest import ENGLISH, exit_code, stop_at_batch
 from safetensors.torch import load_file, save_file
 
 from vaswani_mt.cli import translate as translate_cli
@@ -16,11 +16,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _main(argv: list[str]):
-    try:
-        translate_cli.main(argv)
-    except SystemExit as exit:
-        return exit.code
-    return None
+    return exit_code(translate_cli.main, argv)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ENGLISH, accelerate_launch, free_port, stop_at_batch
+from conftest import ENGLISH, accelerate_launch, exit_code, free_port, stop_at_batch
 
 from vaswani_mt.cli import translate as translate_cli
 from vaswani_mt.inference.backends import TorchBackend
@@ -68,11 +68,7 @@ def long_corpus(tmp_path_factory, fitted_folder):
 
 
 def _call(argv: list[str]):
-    try:
-        translate_cli.main(argv)
-    except SystemExit as exit:
-        return exit.code
-    return None
+    return exit_code(translate_cli.main, argv)
 
 
 def test_shards_are_whole_chunks_with_about_equal_tokens(tmp_path, tokenizer):
