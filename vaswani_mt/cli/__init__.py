@@ -218,12 +218,12 @@ def _card_language(model: str) -> list[str]:
     return [str(languages[1])] if isinstance(languages, list) and len(languages) == 2 else []
 
 
-def translate_catalog_file(args: argparse.Namespace, options) -> None:
+def translate_catalog_file(args: argparse.Namespace, options, load_translator, report_controls) -> None:
     """Translates the catalog --input into --output (or standard output); what cannot be done is one line, `error:
     ...`. The output appears whole once every entry is done (OUTPUT.partial until then). A stop by a signal leaves
     the entries finished in OUTPUT.partial, and the same command continues from there (only empty msgstrs are
-    filled); to standard output it writes nothing."""
-    from vaswani_mt.cli.translate import load_translator, report_controls
+    filled); to standard output it writes nothing. `load_translator` and `report_controls` are translate.py's (given,
+    not imported: translate.py imports this package)."""
     from vaswani_mt.inference.catalogs import catalog_language, read_catalog, read_glossary, translate_catalog
     from vaswani_mt.inference.controls import ControlReport
     from vaswani_mt.system.signals import TranslationInterrupted, interruptible

@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if catalog_format(args) == "po":
         with stopping_on_signals():
-            translate_catalog_file(args, options)
+            translate_catalog_file(args, options, load_translator, report_controls)
         return
 
     written = None
