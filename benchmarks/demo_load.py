@@ -33,7 +33,6 @@ leaks per request, a bounded server's quarters level off and its slope is near 0
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -67,30 +66,6 @@ SERVE = (
     "launch(sys.argv[1], '127.0.0.1', int(sys.argv[2]), workers=int(sys.argv[3]), queue_size=int(sys.argv[4]), "
     "quiet=True)"
 )
-# --diagnose: on SIGUSR1 the server writes one JSON line to $DEMO_LOAD_REPORT: its RSS, then again after a garbage
-# collection and `malloc_trim(0)` (memory glibc holds free, not objects), the live Python objects and the most
-# numerous types. What grows from wave to wave there is what the server keeps.
-DIAGNOSE = """
-import collections, ctypes, gc, json, os, signal, threading, psutil
-def _report():
-    process, mib = psutil.Process(), 2**20
-    row = {"rss_mb": process.memory_info().rss / mib}
-    gc.collect()
-    objects = gc.get_objects()
-    row["python_objects"] = len(objects)
-    row["types"] = collections.Counter(type(o).__name__ for o in objects).most_common(40)
-    events = [o for o in objects if type(o).__name__ == "Event" and type(o).__module__.startswith("gradio")]
-    inputs = [getattr(getattr(e, "data", None), "data", None) or [] for e in events]
-    row["gradio_events"] = len(events)
-    row["gradio_event_input_chars"] = sum(len(x) for data in inputs for x in data if isinstance(x, str))
-    del objects
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    row["rss_after_gc_and_trim_mb"] = process.memory_info().rss / mib
-    row["threads"] = threading.active_count()
-    with open(os.environ["DEMO_LOAD_REPORT"], "a") as out:
-        out.write(json.dumps(row) + "\\n")
-signal.signal(signal.SIGUSR1, lambda *_: _report())
-"""
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -107,7 +82,6 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--waves", type=int, default=1, help="waves of clients x requests, idle RSS after each")
     parser.add_argument("--workers", type=int, default=DEMO_WORKERS, help="the demo's translations at a time")
     parser.add_argument("--queue_size", type=int, default=DEMO_QUEUE_SIZE, help="the demo's longest queue")
-    parser.add_argument("--diagnose", action="store_true", help="after each wave, the server's objects (DIAGNOSE)")
     return parser.parse_args(argv)
 
 
@@ -177,12 +151,11 @@ def start_server(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.Po
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     env.pop("GRADIO_SERVER_NAME", None)
-    env["DEMO_LOAD_REPORT"] = str(workdir / "report.jsonl")
     log = workdir / "server.log"
     model = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model  # the server runs in workdir
     with open(log, "w") as out:  # a file, not a pipe: a pipe nobody reads would fill and stall the server
         server = subprocess.Popen(
-            [sys.executable, "-c", (DIAGNOSE if args.diagnose else "") + SERVE, model, str(port), str(args.workers),
+            [sys.executable, "-c", SERVE, model, str(port), str(args.workers),
              str(args.queue_size)],
             cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -300,7 +273,6 @@ def run_load(args: argparse.Namespace) -> dict:
             sampler.start()
             started = time.perf_counter()
             idle: list[int] = []  # the server's RSS after each wave, nothing in flight
-            diagnosis: list[dict] = []  # --diagnose: the server's report after each wave
             for wave in range(args.waves):
                 clients = [threading.Thread(target=client_loop, args=(i, wave)) for i in range(args.clients)]
                 for thread in clients:
@@ -309,13 +281,6 @@ def run_load(args: argparse.Namespace) -> dict:
                     thread.join()
                 time.sleep(1.0)  # the last answers' buffers go back
                 idle.append(process.memory_info().rss)
-                if args.diagnose:
-                    report = Path(workdir) / "report.jsonl"
-                    written = len(report.read_text().splitlines()) if report.exists() else 0
-                    server.send_signal(signal.SIGUSR1)
-                    while not report.exists() or len(report.read_text().splitlines()) == written:
-                        time.sleep(0.2)
-                    diagnosis.append(json.loads(report.read_text().splitlines()[-1]))
             wall = time.perf_counter() - started
             done.set()
             sampler.join()
@@ -339,7 +304,7 @@ def run_load(args: argparse.Namespace) -> dict:
             "rss_by_round_mb": [round(value / mib) for value in rounds], "waves": args.waves,
             "rss_idle_by_wave_mb": [round(value / mib, 1) for value in idle],
             "rss_trend": rss_trend([value / mib for value in idle], args.clients * args.requests),
-            **({"diagnosis": diagnosis} if args.diagnose else {}), "over_long_notes": sorted(notes)}  # fmt: skip
+            "over_long_notes": sorted(notes)}  # fmt: skip
 
 
 def main(argv=None) -> dict:

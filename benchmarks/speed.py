@@ -6,6 +6,7 @@ our own decoding options, each side run as its users run it; one command per fig
     python benchmarks/speed.py decode ...     # generate() against Marian's at forced lengths (float32, bf16)
     python benchmarks/speed.py batching ...   # translate.py with token-budget against fixed-size batches
     python benchmarks/speed.py peers ...      # one run: ours (float32, int8, bf16, terms), Marian, CTranslate2
+    python benchmarks/speed.py commands ...   # translate.py on ours, on its CTranslate2 export, a plain CT2 script
 
 `python benchmarks/speed.py COMMAND --help` describes each. The harness (machine record, interleaving, ratios, the
 side-by-side runner, peak memory in a child process) is speed_common.py's.
@@ -13,7 +14,6 @@ side-by-side runner, peak memory in a child process) is speed_common.py's.
 
 import argparse
 import copy
-import itertools
 import json
 import statistics
 import subprocess
@@ -39,11 +39,9 @@ from speed_common import (
     split_pairs,
     synthetic_batch,
 )
-from transformers import DataCollatorForSeq2Seq
 from transformers.trainer_pt_utils import LabelSmoother
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani_mt.data.tokenization import config_token_ids
 from vaswani_mt.export.marian import hidden_permutation, to_marian
 
 
@@ -51,7 +49,7 @@ def _shape_parser(command, repeats: int) -> argparse.ArgumentParser:
     """The options `train` and `decode` share: the model's shape, the timed rounds, the device, peak memory."""
     parser = command_parser(command)
     parser.add_argument("--preset", default="base", help="the model's shape (VaswaniConfig.from_preset)")
-    parser.add_argument("--vocab_size", type=int, default=37000, help="data mode: the BPE trained is of this size")
+    parser.add_argument("--vocab_size", type=int, default=37000, help="the vocabulary's size")
     parser.add_argument("--length", type=int, default=30, help="tokens per synthetic sentence (decode: the source)")
     parser.add_argument("--repeats", type=int, default=repeats, help="timed calls per side (and case)")
     parser.add_argument("--threads", type=int, default=2, help="torch's threads")
@@ -79,7 +77,6 @@ def _report(result: dict, record: MachineRecord, args) -> dict:
 # --- train: the training step ----------------------------------------------------------------------------------------
 
 
-MODELS = ("vaswani_mt", "vaswani_mt_bf16", "marian", "marian_bf16")
 # A step-mode side named with this suffix trains with activation checkpointing (`--gradient_checkpointing`).
 CHECKPOINTED = "_checkpointed"
 # A step-mode side named with one of these suffixes runs its model with the loss compiled (`torch.compile`, inductor;
@@ -97,21 +94,14 @@ def base_side(name: str) -> str:
 
 def train_args(argv=None) -> argparse.Namespace:
     parser = _shape_parser(train, repeats=10)
-    parser.add_argument("--mode", choices=["step", "data"], default="step", help="one synthetic batch, or real ones")
+    parser.add_argument("--mode", choices=["step"], default="step", help="one synthetic batch (real ones: removed)")
     parser.add_argument("--dropout", type=float, default=None, help="default: the preset's")
-    parser.add_argument("--batch", type=int, default=32, help="step mode: pairs per batch")
+    parser.add_argument("--batch", type=int, default=32, help="pairs per batch")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per side first")
-    parser.add_argument("--sides", default=None, help="comma-separated; step: models, data: MODEL:BATCHING")
-    parser.add_argument("--seconds", type=float, default=300, help="data mode: wall seconds per side")
-    parser.add_argument("--work_dir", default="outputs/bench-speed", help="where a trained tokenizer is kept")
-    parser.add_argument("--profile", type=int, default=0, help="step mode: also profile this many steps per side "
+    parser.add_argument("--sides", default="vaswani_mt,vaswani_mt_bf16,marian", help="comma-separated models")
+    parser.add_argument("--profile", type=int, default=0, help="also profile this many steps per side "
                         "(device busy time, kernels per step, the top ops)")  # fmt: skip
-    args = _parse(parser, argv)
-    if args.sides is None:
-        args.sides = (
-            "vaswani_mt,vaswani_mt_bf16,marian" if args.mode == "step" else "vaswani_mt:tokens=4096,marian:sentences=8"
-        )
-    return args
+    return _parse(parser, argv)
 
 
 def build_models(config: VaswaniConfig, models: list[str], seed: int, device: str = "cpu") -> list[torch.nn.Module]:
@@ -258,121 +248,13 @@ def profile_steps(step, count: int) -> dict:
             "top_ops_ms_per_step": {op.key[:80]: round(getattr(op, own) / count / 1e3, 3) for op in top}}  # fmt: skip
 
 
-# data mode: real batches
-
-
-def parse_side(spec: str) -> tuple[str, str, int]:
-    """`MODEL:tokens=N` or `MODEL:sentences=N` -> (model, batching, N)."""
-    model, _, batching = spec.partition(":")
-    kind, _, size = batching.partition("=")
-    if model not in MODELS or kind not in ("tokens", "sentences") or not size.isdigit():
-        raise SystemExit(f"bad side {spec!r}: expected MODEL:tokens=N or MODEL:sentences=N, MODEL in {MODELS}")
-    return model, kind, int(size)
-
-
-def load_training_rows(args):
-    """The built-in corpus's training split, tokenized with a BPE trained on it (kept in --work_dir for reuse)."""
-    from vaswani_mt.data.corpus import load_corpus
-    from vaswani_mt.data.tokenization import build_tokenizer, tokenize_corpus
-
-    train = load_corpus("ding")["train"]
-    work = Path(args.work_dir) / f"bpe-{args.vocab_size}-{len(train)}"
-    tokenizer = build_tokenizer({"train": train}, ("en", "de"), work, vocab_size=args.vocab_size)
-    tokenized = tokenize_corpus({"train": train}, tokenizer, "en", "de")["train"]
-    rows = tokenized.select_columns(["input_ids", "attention_mask", "labels"]).to_list()
-    return tokenizer, rows, tokenized["source_length"], tokenized["target_length"]
-
-
-def batch_stream(kind: str, size: int, source_lengths, target_lengths, seed: int):
-    """Endless index lists: token-budget batches (§5.1) or Trainer's default (shuffled, `size` sentences each)."""
-    from vaswani_mt.data.batching import TokenBudgetBatchSampler
-
-    if kind == "tokens":
-        sampler = TokenBudgetBatchSampler(source_lengths, target_lengths, size, shuffle=True, seed=seed)
-    for epoch in itertools.count():
-        if kind == "tokens":
-            sampler.set_epoch(epoch)
-            yield from sampler
-        else:
-            order = torch.randperm(len(source_lengths), generator=torch.Generator().manual_seed(seed + epoch)).tolist()
-            yield from (order[start : start + size] for start in range(0, len(order), size))
-
-
-class DataSide:
-    """One side of a real-data run: its model, optimizer, batching and counters."""
-
-    def __init__(self, spec: str, model, tokenizer, rows, lengths, seed: int):
-        self.name = spec
-        self.model_name, kind, size = parse_side(spec)
-        self.device = next(model.parameters()).device
-        self.rows = rows
-        self.batches = batch_stream(kind, size, *lengths, seed)
-        self.collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
-        self.step_fn = make_step(self.model_name, model, optimizer_for(model))
-        self.seconds = 0.0
-        self.steps = self.sentences = self.target_tokens = self.padded_target_tokens = 0
-
-    def step(self, timed: bool = True) -> float:
-        start = time.perf_counter()
-        indices = next(self.batches)
-        batch = self.collator([self.rows[i] for i in indices])
-        keep = ("input_ids", "attention_mask", "decoder_input_ids", "labels")
-        batch = {k: v.to(self.device) for k, v in batch.items() if k in keep}
-        self.step_fn(batch)
-        elapsed = time.perf_counter() - start
-        if timed:
-            self.seconds += elapsed
-            self.steps += 1
-            self.sentences += len(indices)
-            self.target_tokens += int(batch["labels"].ne(-100).sum())
-            self.padded_target_tokens += batch["labels"].numel()
-        return elapsed
-
-    def summary(self) -> dict:
-        steps = max(self.steps, 1)
-        return {"steps": self.steps, "seconds": round(self.seconds, 1),
-                "sentences_per_batch": round(self.sentences / steps, 1),
-                "target_tokens_per_batch": round(self.target_tokens / steps, 1),
-                "padding_share": round(1 - self.target_tokens / max(self.padded_target_tokens, 1), 3),
-                "target_tokens_per_s": round(self.target_tokens / max(self.seconds, 1e-9), 1)}  # fmt: skip
-
-
-def run_data_mode(args) -> dict:
-    """Alternating time slices: the first side takes one step, every other side steps until it has used as long."""
-    tokenizer, rows, source_lengths, target_lengths = load_training_rows(args)
-    specs = args.sides.split(",")
-    config = model_config(args, **config_token_ids(tokenizer))
-    models = build_models(config, [parse_side(spec)[0] for spec in specs], args.seed, args.device)
-    sides = [DataSide(spec, model, tokenizer, rows, (source_lengths, target_lengths), args.seed)
-             for spec, model in zip(specs, models, strict=True)]  # fmt: skip
-    shape = f"{args.preset}, vocab {config.vocab_size}, dropout {config.dropout}, {len(rows)} training pairs"
-    for side in sides:
-        for _ in range(args.warmup):
-            side.step(timed=False)
-    while min(side.seconds for side in sides) < args.seconds:
-        slice_seconds = sides[0].step()
-        for side in sides[1:]:
-            used = 0.0
-            while used < slice_seconds:
-                used += side.step()
-    summary = {side.name: side.summary() for side in sides}
-    baseline = next((side.name for side in sides if side.model_name == "marian"), sides[-1].name)
-    for name, row in summary.items():
-        if name != baseline:
-            row["ratio"] = row["target_tokens_per_s"] / summary[baseline]["target_tokens_per_s"]
-    rows = [{"side": name, **row} for name, row in summary.items()]
-    print_table(f"Real batches ({shape}), alternating time slices, {args.seconds:.0f} s per side, baseline {baseline}",
-                rows, list(rows[0]))  # fmt: skip
-    return {"mode": "data", "shape": shape, "baseline": baseline, "sides": summary}
-
-
 def train(argv=None) -> dict | None:
     """The training step, ours (float32, `_bf16` autocast, `_checkpointed`) beside MarianMTModel's with the same
-    weights: --mode step times one synthetic batch after a same-loss check, --mode data the corpus's real batches."""
+    weights: one synthetic batch, timed after a same-loss check."""
     args = train_args(argv)
     torch.set_num_threads(args.threads)
     record = MachineRecord()
-    result = run_step_mode(args) if args.mode == "step" else run_data_mode(args)
+    result = run_step_mode(args)
     return None if args.rss_child else _report(result, record, args)
 
 
@@ -486,6 +368,29 @@ def decode(argv=None) -> dict | None:
     return _report(result, record, args)
 
 
+def _run_commands(commands: dict[str, list[str]], repeats: int) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Each command `repeats` times, interleaved, a whole process each (start-up included): seconds per run, and each
+    side's standard output (a side whose runs disagree is an error)."""
+    outputs: dict[str, str] = {}
+
+    def run(name: str) -> None:
+        done = subprocess.run(commands[name], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(commands[name])} failed:\n{done.stderr[-3000:]}")
+        if outputs.setdefault(name, done.stdout) != done.stdout:
+            raise AssertionError(f"{name}: another run gave other translations")
+
+    return interleave({name: partial(run, name) for name in commands}, repeats, warmup=0), outputs
+
+
+def _split_file(folder: str, limit: int | None = None) -> tuple[str, int]:
+    """The test split's English side (its first `limit` lines) written to a file in `folder`: (path, lines)."""
+    sources = split_pairs("test", limit)[0]
+    path = Path(folder) / "test.en"
+    path.write_text("\n".join(sources) + "\n", encoding="utf-8")
+    return str(path), len(sources)
+
+
 def batching(argv=None) -> dict:
     """scripts/translate.py with token-budget batches (--max_tokens) against fixed-size ones (--batch_size) on the
     test split, each run a whole command, interleaved: the same output lines, and sentences/s of each."""
@@ -498,38 +403,98 @@ def batching(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of each command")
     args = parser.parse_args(argv)
     record = MachineRecord()
-    sources = split_pairs("test")[0]
-    lines, first = len(sources), []
     with tempfile.TemporaryDirectory() as tmp:
-        source = Path(tmp) / "test.en"
-        source.write_text("\n".join(sources) + "\n", encoding="utf-8")
-        base = [sys.executable, TRANSLATE_PY, "--model", args.model, "--input", str(source)]
+        source, lines = _split_file(tmp)
+        base = [sys.executable, TRANSLATE_PY, "--model", args.model, "--input", source]
         commands = {f"batch_size {args.batch_size}": [*base, "--batch_size", str(args.batch_size)],
                     f"max_tokens {args.max_tokens}": [*base, "--max_tokens", str(args.max_tokens)]}  # fmt: skip
-
-        def run(name: str, command: list[str]) -> None:
-            done = subprocess.run(command, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
-            first[:] = first or [done.stdout]
-            if done.stdout != first[0]:
-                differ = sum(a != b for a, b in zip(done.stdout.splitlines(), first[0].splitlines(), strict=True))
-                raise AssertionError(f"{name}: {differ} of {lines} translations differ from the first run's")
-
-        times = interleave({name: partial(run, name, command) for name, command in commands.items()}, args.repeats, 0)
+        times, outputs = _run_commands(commands, args.repeats)
+    if len(set(outputs.values())) > 1:
+        raise AssertionError("token-budget batches gave other translations than fixed-size ones")
     result = {"model": args.model, "sentences": lines, "native_bf16": native_bf16(), "outputs_identical": True,
               "commands": {name: " ".join(["python", *command[1:]]) for name, command in commands.items()},
               "sides": rates(times, lines, f"batch_size {args.batch_size}")}  # fmt: skip
     return record.report(result, args.json)
 
 
+# Issue 66's reference: CTranslate2 as its users script it (tokenize, translate_batch, detokenize, write). Arguments:
+# the folder, the input, intra_threads (0: CTranslate2's default), the beam.
+PLAIN_CTRANSLATE2 = """import sys, ctranslate2, transformers
+folder, source, threads, beam = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+translator = ctranslate2.Translator(folder, device="cpu", intra_threads=threads)
+lines = open(source, encoding="utf-8").read().splitlines()
+tokens = [tokenizer.convert_ids_to_tokens(tokenizer.encode(line)) for line in lines]
+found = translator.translate_batch(tokens, beam_size=beam, max_batch_size=64)
+ids = [tokenizer.convert_tokens_to_ids(result.hypotheses[0]) for result in found]
+sys.stdout.write("".join(text + "\\n" for text in tokenizer.batch_decode(ids, skip_special_tokens=True)))
+"""
+
+
+def commands(argv=None) -> dict:
+    """Whole commands on the test split, wall time with start-up, --repeats rounds interleaved (issue 66): translate.py
+    on our float32 model; translate.py on its CTranslate2 float32 export and a plain CTranslate2 script
+    (`PLAIN_CTRANSLATE2`: translate_batch at beam 4, max_batch_size 64) at each of --threads (`default`: translate.py
+    without --threads, the script with CTranslate2's intra_threads 0). Issue 66's targets: the export through
+    translate.py takes at most 1.2x the script's time, and less than translate.py on our model."""
+    from vaswani_mt.export.marian import export_model
+
+    parser = command_parser(commands)
+    parser.add_argument("--model", required=True, help="a saved vaswani_mt folder (the main job's: outputs/ding-cpu)")
+    parser.add_argument("--export", default=None, help="its CTranslate2 float32 export (default: exported anew)")
+    parser.add_argument("--threads", default="1,2,default", help="comma-separated thread counts, or default")
+    parser.add_argument("--beam", type=int, default=4, help="beams of every side")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of each command")
+    parser.add_argument("--max_sentences", type=int, default=None, help="the first N test sentences (a quick look)")
+    args = parser.parse_args(argv)
+    record = MachineRecord()
+    with tempfile.TemporaryDirectory(prefix="commands-") as tmp:
+        source, lines = _split_file(tmp, args.max_sentences)
+        export = args.export or str(export_model(args.model, "ctranslate2", Path(tmp) / "ct2", None))
+        ours = "translate.py, ours float32"
+        sides = {ours: [sys.executable, TRANSLATE_PY, "--model", args.model, "--input", source, "--num_beams",
+                        str(args.beam)]}  # fmt: skip
+        for threads in args.threads.split(","):
+            flag = [] if threads == "default" else ["--threads", threads]
+            sides[f"translate.py, CTranslate2 export, threads {threads}"] = [*sides[ours][:3], export,
+                                                                             *sides[ours][4:], *flag]  # fmt: skip
+            sides[f"plain CTranslate2 script, threads {threads}"] = [
+                sys.executable, "-c", PLAIN_CTRANSLATE2, export, source, "0" if threads == "default" else threads,
+                str(args.beam)]  # fmt: skip
+        times, outputs = _run_commands(sides, args.repeats)
+    rows = rates(times, lines, ours)
+    ratios = {}
+    for threads in args.threads.split(","):
+        export_side, script = (f"translate.py, CTranslate2 export, threads {threads}",
+                               f"plain CTranslate2 script, threads {threads}")  # fmt: skip
+        for other, at_least in ((script, 1 / 1.2), (ours, 1.0)):
+            ratio = _pair_ratio(rows, export_side, other)
+            ratios[f"{export_side} / {other}"] = {**ratio, "target": round(at_least, 3),
+                                                  "met": ratio["ratio_of_medians"] >= at_least}  # fmt: skip
+    same = {side: round(sum(a == b for a, b in zip(text.splitlines(), outputs[ours].splitlines(), strict=True))
+                        / lines, 4) for side, text in outputs.items()}  # fmt: skip
+    print_table(f"Whole commands on {lines} test sentences, beam {args.beam}, start-up included (issue 66)",
+                [{"side": side, **row, "identical_to_ours": same[side]} for side, row in rows.items()],
+                ["side", "median_s", "sentences_per_s", "ratio_of_medians", "identical_to_ours"])  # fmt: skip
+    print_table("Issue 66's targets (ratio of speeds, medians)", [{"ratio": n, **r} for n, r in ratios.items()],
+                ["ratio", "ratio_of_medians", "median_of_round_ratios", "target", "met"])  # fmt: skip
+    result = {"model": args.model, "export": args.export, "sentences": lines, "beam": args.beam, "sides": rows,
+              "identical_to_ours": same, "ratios": ratios, "plain_script": PLAIN_CTRANSLATE2}  # fmt: skip
+    return record.report(result, args.json)
+
+
 # --- peers: ours beside MarianMTModel and CTranslate2 as their users run them, in one run (issue 52, item 6) ---------
 
-# The ratios issue 52 sets targets on: (side, against it, at least).
+# The ratios issues 52 and 66 set targets on: (side, against it, at least).
+THROUGH = "CTranslate2 float32 through translate.py"
 PEER_TARGETS = {"ours float32 / MarianMTModel float32": ("ours float32", "MarianMTModel float32", 1.5),
                 "ours float32 / CTranslate2 float32": ("ours float32", "CTranslate2 float32", 1.0),
                 "ours int8 / CTranslate2 int8": ("ours int8", "CTranslate2 int8", 1.0),
-                "ours one term / ours no terms": ("ours one term", "ours no terms", 0.7)}  # fmt: skip
+                "ours one term / ours no terms": ("ours one term", "ours no terms", 0.7),
+                # issue 66: CTranslate2 through translate.py (our Translator, the paper's ranking)
+                "CTranslate2 through translate.py / ours float32": (THROUGH, "ours float32", 1.0),
+                "CTranslate2 through translate.py / its own ranking": (THROUGH, f"{THROUGH}, own ranking",
+                                                                       1 / 1.15)}  # fmt: skip
 
 
 def _longest_first(tokenizer, batch: int, limit, search):
@@ -647,10 +612,10 @@ def peers(argv=None) -> dict:
     `native_bf16()`, bfloat16 (the compute types against float32); MarianMTModel's generate() (`to_marian` of the
     same weights, its own stopping rule); CTranslate2's translate_batch (the model exported in float32 and int8, its
     own ranking log P / |Y|^alpha); both peers in batches of 16, longest first, at most |X| + 50 tokens (the longest
-    source's). With `--ct2_ranking paper`, CTranslate2 as our back end instead (`CTranslate2Model` in a
-    `Translator`: its hypotheses re-ranked by §6.1's score, the share of lines it makes ours). Then ours on the test
+    source's). Beside them the float32 export through translate.py (`THROUGH`: our `Translator` on it, as the command
+    runs it: its batches, §6.1's ranking), and the same with CTranslate2's own ranking. Then ours on the test
     sentences with a reference term (`reference_terms`), each with its one term, beside the same sentences without.
-    Sentences/s, BLEU, the ratios of issue 52's targets and whether each is met."""
+    Sentences/s, BLEU, the ratios of issues 52's and 66's targets and whether each is met."""
     import logging
 
     import ctranslate2
@@ -669,8 +634,6 @@ def peers(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the whole split per side")
     parser.add_argument("--max_sentences", type=int, default=None, help="the first N test sentences (a quick look)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch's and CTranslate2's")
-    parser.add_argument("--ct2_ranking", choices=["ctranslate2", "paper"], default="ctranslate2",
-                        help="CTranslate2's own ranking, as users run it, or §6.1's (our back end)")  # fmt: skip
     parser.add_argument("--count_work", action="store_true",
                         help="no timing: the decoder steps and rows each side decodes, ours and CTranslate2 float32 "
                              "(issue 62, item 1: `count_work`)")  # fmt: skip
@@ -708,18 +671,18 @@ def peers(argv=None) -> dict:
     ours = {ct: Translator(model, tokenizer, batch_size=args.batch, num_beams=args.beam, compute_type=ct)
             for ct in ("float32", "int8", *(("bfloat16",) if native_bf16() else ()))}  # fmt: skip
     result = {"model": args.model, "native_bf16": native_bf16(), "beam": args.beam, "batch": args.batch,
-              "alpha": alpha, "ctranslate2": ctranslate2.__version__, "ct2_ranking": args.ct2_ranking}  # fmt: skip
+              "alpha": alpha, "ctranslate2": ctranslate2.__version__}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="peers-") as scratch:
         sides = {**{f"ours {ct}": translator.translate for ct, translator in ours.items()},
                  "MarianMTModel float32": _longest_first(tokenizer, args.batch, limit, marian_search)}  # fmt: skip
         for ct in ("float32", "int8"):
             folder = export_model(args.model, "ctranslate2", Path(scratch) / ct, None if ct == "float32" else ct)
-            if args.ct2_ranking == "paper":
-                engine = CTranslate2Model(folder, intra_threads=args.threads, inter_threads=1)
-                sides[f"CTranslate2 {ct}"] = Translator(engine, batch_size=args.batch, num_beams=args.beam).translate
-            else:
-                engine = ctranslate2.Translator(str(folder), device="cpu", intra_threads=args.threads, inter_threads=1)
-                sides[f"CTranslate2 {ct}"] = _longest_first(tokenizer, args.batch, limit, ct2_search(engine))
+            engine = ctranslate2.Translator(str(folder), device="cpu", intra_threads=args.threads, inter_threads=1)
+            sides[f"CTranslate2 {ct}"] = _longest_first(tokenizer, args.batch, limit, ct2_search(engine))
+            if ct == "float32":  # issue 66: through translate.py, as the command runs it, and with its own ranking
+                sides[THROUGH] = Translator(str(folder), num_beams=args.beam, threads=args.threads).translate
+                own = CTranslate2Model(folder, ranking="ctranslate2", intra_threads=args.threads)
+                sides[f"{THROUGH}, own ranking"] = Translator(own, num_beams=args.beam).translate
         torch.set_num_threads(args.threads)  # a CTranslate2 translator sets the OpenMP thread count, torch's too
         print(f"\n{len(sources)} test sentences, beam {args.beam}, batches of {args.batch}, {args.threads} threads")
         rows = run_sides(sides, sources, references, args.repeats, "ours float32")[0]
@@ -742,13 +705,15 @@ def peers(argv=None) -> dict:
     result["ratios"] = {name: {**_pair_ratio(rows, side, other), "target": at_least,
                                "met": rows[side]["sentences_per_s"] >= at_least * rows[other]["sentences_per_s"]}
                         for name, (side, other, at_least) in PEER_TARGETS.items()}  # fmt: skip
-    print_table("Issue 52's targets (ratio of medians)", [{"ratio": n, **r} for n, r in result["ratios"].items()],
+    targets = [{"ratio": name, **ratio} for name, ratio in result["ratios"].items()]
+    print_table("Issues 52 and 66: targets (ratio of medians)", targets,
                 ["ratio", "ratio_of_medians", "median_of_round_ratios", "target", "met"])  # fmt: skip
     return record.report(result, args.json)
 
 
 def main(argv=None):
-    return dispatch(__doc__, {"train": train, "decode": decode, "batching": batching, "peers": peers}, argv)
+    commands_ = {"train": train, "decode": decode, "batching": batching, "peers": peers, "commands": commands}
+    return dispatch(__doc__, commands_, argv)
 
 
 if __name__ == "__main__":

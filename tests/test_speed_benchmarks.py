@@ -115,8 +115,8 @@ def test_peers_benchmark_reports_every_sides_bleu_and_the_targets_ratios_from_it
     from vaswani_mt.system import native_bf16
 
     assert set(sides) == {"ours float32", "ours int8", "MarianMTModel float32", "CTranslate2 float32",
-                          "CTranslate2 int8", "ours no terms", "ours one term",
-                          *(["ours bfloat16"] if native_bf16() else [])}  # fmt: skip
+                          "CTranslate2 int8", "ours no terms", "ours one term", speed.THROUGH,
+                          f"{speed.THROUGH}, own ranking", *(["ours bfloat16"] if native_bf16() else [])}  # fmt: skip
     for row in sides.values():
         assert isinstance(row["bleu"], float) and row["sentences_per_s"] > 0 and len(row["seconds"]) == 2
     with_term = sum(bool(terms) for terms in reference_terms(sources, references))
@@ -166,32 +166,6 @@ def test_peak_memory_is_measured_in_a_separate_process(bench):
         "decode",
     )
     assert 50 < peaks["marian"] < 4000
-
-
-def test_real_data_mode_batches_each_side_its_own_way(bench, tmp_path, monkeypatch):
-    train = bench("speed")
-    pairs = [(f"the house number {i} is small .", f"das haus nummer {i} ist klein .") for i in range(60)]
-    monkeypatch.setattr(train, "load_training_rows", lambda args: _rows(pairs))
-    out = tmp_path / "data.json"
-    train.main(
-        ["train", "--mode", "data", "--preset", "tiny", "--seconds", "0.3", "--warmup", "1", "--threads", "1",
-         "--sides", "vaswani_mt:tokens=128,marian:sentences=8", "--json", str(out)]
-    )  # fmt: skip
-    sides = json.loads(out.read_text())["sides"]
-    assert 7 <= sides["marian:sentences=8"]["sentences_per_batch"] <= 8  # an epoch ends with a short batch
-    assert sides["vaswani_mt:tokens=128"]["sentences_per_batch"] > 8 and sides["vaswani_mt:tokens=128"]["ratio"] > 0
-
-
-def _rows(pairs):
-    from vaswani_mt.data.tokenization import train_tokenizer
-
-    tokenizer = train_tokenizer([side for pair in pairs for side in pair], vocab_size=300, min_frequency=1)
-    encoded = tokenizer([en for en, _ in pairs], text_target=[de for _, de in pairs])
-    rows = [
-        {"input_ids": ids, "attention_mask": mask, "labels": labels}
-        for ids, mask, labels in zip(encoded["input_ids"], encoded["attention_mask"], encoded["labels"], strict=True)
-    ]
-    return tokenizer, rows, [len(r["input_ids"]) for r in rows], [len(r["labels"]) for r in rows]
 
 
 def test_checkpoint_curve_names_runs_of_one_folder_name_apart(bench, tmp_path):

@@ -55,3 +55,36 @@ def test_the_commands_take_a_ctranslate2_folder_with_prefixes_and_refuse_constra
         )
         assert message.startswith(expected) and "\n" not in message
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_stopped_run_on_a_ctranslate2_folder_resumes_to_the_bytes_of_one_run_and_of_a_call_per_sentence(
+    folders, tmp_path, monkeypatch, restore_threads
+):
+    """Issue 66: translate.py gives a CTranslate2 folder CTranslate2's batches (64 lines sorted by source tokens, a
+    call each where the limits allow it): a run stopped in its second batch, then the same command, writes the bytes
+    of one run (n-best lists of prefixed lines), and --batch_size 1 (a call per line, each at its own |X| + 50
+    tokens: today's call per limit) the same n-best lists."""
+    from conftest import exit_code, stop_at_batch
+
+    from vaswani_mt.cli import translate as translate_cli
+    from vaswani_mt.inference.ctranslate2 import CTranslate2Model
+
+    source, prefixes = tmp_path / "in.en", tmp_path / "prefix.de"
+    source.write_text("".join(f"{line}\n" for line in (SOURCES * 15)[:100]))  # 100 lines: batches of 64 and 36
+    prefixes.write_text("".join("Das\n" if i % 3 == 0 else "\n" for i in range(100)))
+    argv = ["--model", str(folders[1]), "--input", str(source), "--target_prefix_file", str(prefixes), "--nbest", "2",
+            "--threads", "1"]  # fmt: skip
+    outputs = {name: tmp_path / f"{name}.de" for name in ("whole", "stopped", "alone")}
+    assert exit_code(translate_cli.main, [*argv, "--output", str(outputs["whole"])]) is None
+    with monkeypatch.context() as patch:
+        searched = stop_at_batch(patch, CTranslate2Model, batch=2)
+        assert exit_code(translate_cli.main, [*argv, "--output", str(outputs["stopped"])]) == 130
+    assert searched == [64, 36]  # the second batch started, and was stopped
+    assert exit_code(translate_cli.main, [*argv, "--output", str(outputs["stopped"])]) is None
+    assert exit_code(translate_cli.main, [*argv, "--batch_size", "1", "--output", str(outputs["alone"])]) is None
+    whole = outputs["whole"].read_bytes()
+    assert whole.count(b"\n") == 200 and outputs["stopped"].read_bytes() == whole
+    # A call per line: the same hypotheses, in the same order; log P undone from each call's lp, to round-off
+    alone = [line.split(" ||| ") for line in outputs["alone"].read_text().splitlines()]
+    for ours, theirs in zip([line.split(" ||| ") for line in whole.decode().splitlines()], alone, strict=True):
+        assert ours[:2] == theirs[:2] and float(ours[3]) == pytest.approx(float(theirs[3]), abs=1e-4)

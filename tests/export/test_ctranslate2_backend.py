@@ -27,7 +27,15 @@ def engine(folders, restore_threads):
     # restore_threads: a CTranslate2 translator sets the OpenMP thread count, which is torch's too
     from vaswani_mt.export.ctranslate2 import CTranslate2Model
 
-    return CTranslate2Model(folders[1], intra_threads=1)
+    engine = CTranslate2Model(folders[1], intra_threads=1)
+    engine.folder = folders[1]
+    return engine
+
+
+def _search(engine):
+    from vaswani_mt.export.ctranslate2 import ctranslate2_search
+
+    return ctranslate2_search(engine.folder)
 
 
 def _sources(engine, sentences):
@@ -40,10 +48,10 @@ def test_undone_scores_are_the_log_probs_score_batch_gives_and_the_best_is_the_b
     sources = _sources(engine, SOURCES)
     prefix = engine.tokenizer.convert_ids_to_tokens(engine.tokenizer(text_target="Das")["input_ids"])[:-1]
     prefixes = [prefix if i % 2 else [] for i in range(len(sources))]
-    ranked = ctranslate2_nbest(engine.translator, sources, engine.search_options, prefixes, length_penalty=ALPHA)
+    ranked = ctranslate2_nbest(engine.translator, sources, _search(engine), prefixes, length_penalty=ALPHA)
     reordered = 0
     for source, hypotheses, own_prefix in zip(sources, ranked, prefixes, strict=True):
-        assert len(hypotheses) == engine.search_options["beam_size"]
+        assert len(hypotheses) == _search(engine)["beam_size"]
         tokens = [h[0] for h in hypotheses]
         assert all(t[: len(own_prefix)] == own_prefix for t in tokens)
         # Computed independently: score_batch scores the whole target, prefix and </s> included
@@ -100,9 +108,9 @@ def test_an_nbest_list_keeps_k_entries_when_a_prefix_forces_beams(engine):
             return engine.translator.score_batch(*args, **kwargs)
 
     sources = _sources(engine, SOURCES[:3])
-    ranked = ctranslate2_nbest(Forcing(), sources, engine.search_options, length_penalty=ALPHA)
-    assert [len(row) for row in ranked] == [engine.search_options["beam_size"]] * 3
-    expected = ctranslate2_nbest(engine.translator, sources, engine.search_options, length_penalty=ALPHA)
+    ranked = ctranslate2_nbest(Forcing(), sources, _search(engine), length_penalty=ALPHA)
+    assert [len(row) for row in ranked] == [_search(engine)["beam_size"]] * 3
+    expected = ctranslate2_nbest(engine.translator, sources, _search(engine), length_penalty=ALPHA)
     assert [[h[0] for h in row] for row in ranked] == [[h[0] for h in row] for row in expected]
     assert [h[1] for row in ranked for h in row] == pytest.approx([h[1] for row in expected for h in row], abs=1e-4)
 
@@ -185,3 +193,79 @@ def test_what_a_ctranslate2_folder_lacks_is_refused_in_one_line_when_the_transla
     message = str(error.value)
     assert message.startswith(start) and f"the CTranslate2 folder {folders[1]}" in message and "\n" not in message
     assert message.endswith("; translate the vaswani_mt folder it came from")
+
+
+class _Counting:
+    """The engine's translator, with the sentences of each translate_batch call recorded."""
+
+    def __init__(self, translator):
+        self.translator, self.calls = translator, []
+
+    def translate_batch(self, sources, *args, **kwargs):
+        self.calls.append(len(sources))
+        return self.translator.translate_batch(sources, *args, **kwargs)
+
+    def score_batch(self, *args, **kwargs):
+        return self.translator.score_batch(*args, **kwargs)
+
+
+def test_one_call_at_the_longest_limit_finds_what_a_call_at_each_sentences_own_limit_finds(engine):
+    """Issue 66: a batch is searched in one translate_batch call at its longest limit, then again at its own limit
+    each sentence whose search reached its own last step; every sentence gets the hypotheses and scores of a call at
+    its own limit (today's call per limit), here with limits that cut half of them (|X| + 1 tokens, the others
+    |X| + 12), under the paper's ranking's options, CTranslate2's own, greedy search, prefixes and blocked phrases."""
+    from vaswani_mt.inference.ctranslate2 import _translate
+
+    sources = _sources(engine, SOURCES)
+    limits = [len(source) + (1 if i % 2 else 12) for i, source in enumerate(sources)]
+    prefix = engine.tokenizer.convert_ids_to_tokens(engine.tokenizer(text_target="Das")["input_ids"])[:-1]
+    paper = {"beam_size": 4, "num_hypotheses": 4, "return_scores": True, "min_decoding_length": 0,
+             "length_penalty": 0.8}  # fmt: skip
+    cases = {"paper": (paper, None), "own": ({"beam_size": 4, "num_hypotheses": 4, "length_penalty": ALPHA}, None),
+             "greedy": ({"beam_size": 1, "return_scores": True}, None),
+             "prefixes": (paper, [prefix if i % 3 else [] for i in range(len(sources))]),
+             "blocked": ({**paper, "suppress_sequences": [prefix]}, None)}  # fmt: skip
+    kept = redone = 0
+    for name, (options, prefixes) in cases.items():
+        counting = _Counting(engine.translator)
+        found = _translate(counting, sources, limits, dict(options), prefixes)
+        alone = [engine.translator.translate_batch([source], None if prefixes is None else [prefixes[i]],
+                                                   max_input_length=0, max_decoding_length=limits[i], **options)[0]
+                 for i, source in enumerate(sources)]  # fmt: skip
+        assert [r.hypotheses for r in found] == [r.hypotheses for r in alone], name
+        assert [r.scores for r in found] == [pytest.approx(r.scores, abs=1e-4) for r in alone], name
+        assert counting.calls[0] == len(sources), name  # the first call holds every sentence
+        redone += sum(counting.calls[1:])
+        kept += sum(limit < max(limits) for limit in limits) - sum(counting.calls[1:])
+    assert redone > 0 and kept > 0  # some searches reached their own limit, others were taken from the one call
+
+
+def test_the_translator_batches_a_ctranslate2_folder_as_ctranslate2_does_with_the_lines_of_a_call_per_limit(folders):
+    """The Translator hands a CTranslate2 folder batches of 64 sentences sorted by source tokens (CTranslate2's own
+    batching), one call each where the limits allow it; the lines and n-best lists are those of a batch per sentence
+    (each searched at its own |X| + 50 tokens, as today's call per limit), with prefixes, blocked phrases and
+    --max_tokens."""
+    from vaswani_mt.export.ctranslate2 import CTranslate2Model
+    from vaswani_mt.inference.translator import Translator
+
+    lines = SOURCES * 3
+    prefixes = ["Das" if i % 4 == 0 else "" for i in range(len(lines))]
+    cases = {"plain": {}, "own ranking": {"ranking": "ctranslate2"}, "nbest": {"nbest": 3},
+             "blocked": {"block": ("Das",), "nbest": 2}, "max_tokens": {"max_tokens": 40, "nbest": 2},
+             "greedy": {"num_beams": 1}}  # fmt: skip
+    for name, options in {**cases, "prefixes": {"nbest": 2}}.items():
+        ranking = options.pop("ranking", "paper")
+        translators = [Translator(CTranslate2Model(folders[1], ranking=ranking, intra_threads=1), **extra, **options)
+                       for extra in ({}, {"batch_size": 1})]  # fmt: skip
+        counting = translators[0].backend.translator = _Counting(translators[0].backend.translator)
+        given = {"prefixes": prefixes} if name == "prefixes" else {}
+        batched, alone = (translator.translate(lines, **given) for translator in translators)
+        if "nbest" in options:  # log P undone from each call's lp: equal to float32 round-off
+            assert [[h.text for h in row] for row in batched] == [[h.text for h in row] for row in alone], name
+            numbers = [number for row in alone for h in row for number in (h.log_prob, h.score)]
+            assert [number for row in batched for h in row for number in (h.log_prob, h.score)] == pytest.approx(
+                numbers, abs=1e-4)  # fmt: skip
+        else:
+            assert batched == alone, name
+        if "max_tokens" not in options:
+            assert counting.calls[0] == len(lines), name  # 30 lines: one batch, one call (and a call per redo)

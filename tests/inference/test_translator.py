@@ -167,7 +167,6 @@ BAD_OPTIONS = {
     "constraints with sampling": ({"constraints": "unordered", "sampling": True}, "constraints need beam search"),
     "markup with alignments": ({"markup": "xml", "alignments": "hard"}, "markup and alignments do not go together"),
     "markup with nbest": ({"markup": "xml", "nbest": 2}, "markup and n-best lists do not go together"),
-    "no row limit": ({"batch_size": None}, "batch_size=None (no limit on rows) needs max_tokens"),
     "chunk of 0": ({"chunk_size": 0}, "chunk_size must be at least 1, got 0"),
     "unknown compute type": ({"compute_type": "int4"}, "unknown compute type 'int4'"),
     "unknown order": ({"constraints": "sorted"}, "constraint order must be one of"),
@@ -246,3 +245,18 @@ def test_a_backend_is_asked_with_one_typed_request_it_reads_in_its_own_terms(fit
     assert request.blocked and request.unk == tokenizer.unk_token_id
     assert request.prefixes[0] == tokenizer(text_target="Das", add_special_tokens=False)["input_ids"]
     assert request.prefixes[1] == [] and request.generate_kwargs()["target_prefix"] == request.prefixes
+
+
+def test_a_search_requests_length_limit_is_generates_rule_the_one_the_controls_and_ctranslate2_read():
+    """`Search.limits` (issue 61: one implementation of the per-sentence limit): tokens a translation may have,
+    `</s>` counted, as `generate()` limits them; the controls' room is one less, CTranslate2's limit too."""
+    from transformers import GenerationConfig
+
+    from vaswani_mt.inference.backends import Search
+
+    saved = GenerationConfig(max_length=20, max_len_a=1, max_len_b=50)  # the paper's |X| + 50, saved
+    assert Search(TranslationOptions()).limits(saved, [3, 9]) == [53, 59]
+    assert Search(TranslationOptions(max_len_a=0.5, max_len_b=4)).limits(saved, [3, 9]) == [5, 8]
+    assert Search(TranslationOptions(max_new_tokens=7)).limits(saved, [3, 9]) == [7, 7]
+    assert Search(TranslationOptions(generate_kwargs={"max_length": 12})).limits(saved, [3]) == [11]
+    assert Search(TranslationOptions()).limits(GenerationConfig(max_length=20), [3]) == [19]  # no rule saved

@@ -126,8 +126,9 @@ def add_compute_type(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--threads", type=int, default=None, metavar="N",
-        help="CPU threads of the matrix products (CTranslate2's intra_threads; default: torch's, one per core): on a "
-        "busy machine 1 can be several times faster than 2",
+        help="CPU threads of the matrix products (default: torch's, one per core; a CTranslate2 folder: its "
+        "intra_threads, default `THREADS` in inference/ctranslate2.py): on a busy machine 1 can be several times "
+        "faster than 2",
     )  # fmt: skip
 
 

@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> None:
     old_name(parser, "--source_file", "source_file")
     parser.add_argument("--reference_file", help="the references of --input, line by line")
     parser.add_argument("--max_samples", type=int, default=None, help="score only the first N sentences")
-    parser.add_argument("--batch_size", type=int, default=None, help="default 32; with --max_tokens: no limit")
+    parser.add_argument("--batch_size", type=int, default=None,
+                        help="default 32, a CTranslate2 folder's 64; with --max_tokens: no limit")  # fmt: skip
     parser.add_argument("--num_beams", type=int, default=None, help="beam size (default: the model's)")
     parser.add_argument("--output", help="also write the translations here")
     add_decoding_options(parser, sampling=False)
@@ -77,8 +78,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if bool(args.nbest) != bool(args.nbest_file):
         sys.exit("error: --nbest and --nbest_file go together")
-    if args.batch_size is None and args.max_tokens is None:
-        args.batch_size = 32
 
     if bool(args.hypotheses) != bool(args.references):
         parser.error("--hypotheses and --references go together")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple, Protocol
 
 import torch
@@ -25,6 +25,7 @@ from vaswani_mt.inference.alignments import align_outputs, supervised_head
 from vaswani_mt.inference.ensemble import VaswaniEnsemble
 from vaswani_mt.inference.options import BackendFacts, Hypothesis, Sampling, TranslationOptions
 from vaswani_mt.model.beam_search_vaswani import gnmt_length_penalty
+from vaswani_mt.model.generation_vaswani import sentence_limits
 from vaswani_mt.model.pipeline_vaswani import default_max_source_tokens, single_line
 
 
@@ -40,6 +41,22 @@ class Search(NamedTuple):
     terms: list | None = None
     order: str = "unordered"
     prefixes: list | None = None
+
+    def limits(self, config, source_tokens: Iterable[int]) -> list[int]:
+        """Tokens each translation of sources of `source_tokens` tokens may have, `</s>` counted, as our `generate()`
+        limits them: `max_new_tokens`; `max_length` less the decoder start; §6.1's `max_len_a · |X| + max_len_b`
+        (`sentence_limits`: the options', else the model's `config`, its generation config); else the config's
+        `max_length`. The one rule: a line's room for its controls (controls.py) and CTranslate2's limits."""
+        kwargs, lengths = self.options.search_kwargs(), list(source_tokens)
+        if kwargs.get("max_new_tokens") is not None:
+            return [int(kwargs["max_new_tokens"])] * len(lengths)
+        if kwargs.get("max_length") is not None:
+            return [int(kwargs["max_length"]) - 1] * len(lengths)
+        a = kwargs.get("max_len_a", getattr(config, "max_len_a", None))
+        b = kwargs.get("max_len_b", getattr(config, "max_len_b", None))
+        if b is None:
+            return [int(config.max_length) - 1] * len(lengths)
+        return sentence_limits(a, b, torch.tensor(lengths)).tolist()
 
     def generate_kwargs(self) -> dict:
         """The request as `generate()`'s keywords (our models' search)."""

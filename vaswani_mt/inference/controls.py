@@ -13,10 +13,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import torch
-
 from vaswani_mt.model.constraints_vaswani import ORDERS, phrase_forms
-from vaswani_mt.model.generation_vaswani import sentence_limits
 from vaswani_mt.model.pipeline_vaswani import unusual_pieces
 
 logger = logging.getLogger(__name__)
@@ -119,14 +116,14 @@ class LineControls:
         `<unk>` of `search` (`backends.Search`) is dropped from `encoded`, reported and logged as an error."""
         prepared = {}
         banned = [list(form) for form in search.blocked] + ([[search.unk]] if search.unk is not None else [])
-        kwargs = search.options.search_kwargs()
         for i in list(encoded):
             terms = self.terms[i] if self.terms is not None else []
             prefix = self.prefixes[i] if self.prefixes is not None else ""
             if not terms and not prefix:
                 continue
             try:
-                prepared[i] = self._line(tokenizer, terms, prefix, self._room(model, len(encoded[i]), kwargs), banned)
+                room = search.limits(model.generation_config, [len(encoded[i])])[0] - 1  # tokens before </s>
+                prepared[i] = self._line(tokenizer, terms, prefix, room, banned)
             except ValueError as error:
                 fail(self.report, first_line + i, str(error))
                 del encoded[i]
@@ -168,20 +165,6 @@ class LineControls:
             what += [f"constraints of {need - len(prefix_ids)}"] if forms else []
             raise ValueError(f"{' and '.join(what)} tokens, more than the {room} its length limit leaves before EOS")
         return forms, prefix_ids
-
-    @staticmethod
-    def _room(model, source_tokens: int, kwargs: dict) -> int:
-        """Output tokens a line may have before EOS: `generate()`'s limit for a source of `source_tokens` tokens."""
-        config = model.generation_config
-        if kwargs.get("max_new_tokens") is not None:
-            return int(kwargs["max_new_tokens"]) - 1
-        if kwargs.get("max_length") is not None:
-            return int(kwargs["max_length"]) - 2
-        a = kwargs.get("max_len_a", getattr(config, "max_len_a", None))
-        b = kwargs.get("max_len_b", getattr(config, "max_len_b", None))
-        if b is None:
-            return int(config.max_length) - 2
-        return int(sentence_limits(a, b, torch.tensor(source_tokens))) - 1
 
     def batch_controls(self, chunk: Sequence[int], prepared: dict) -> dict:
         """The `Search` fields of a batch of lines (indices `chunk`): `terms`, `order`, `prefixes`; empty where none

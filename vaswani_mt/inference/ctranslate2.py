@@ -1,6 +1,6 @@
 """Translating with a CTranslate2 export (`vaswani-mt-export --format ctranslate2`; the converter is
 export/ctranslate2.py): `CTranslate2Model(folder)`, a backend of the `Translator` (backends.py's protocol), searches
-with the model's own search (`ctranslate2_search`) and ranks as the paper ranks (`ctranslate2_nbest`: CTranslate2's
+with the model's own search (its generation config) and ranks as the paper ranks (`ctranslate2_nbest`: CTranslate2's
 hypotheses re-ranked by §6.1's GNMT score; `ranking="ctranslate2"`: its own). The commands take such a folder as
 `--model` (`load_ctranslate2`). `ctranslate2_generate` translates batches of our token ids. `ctranslate2` is an
 optional dependency (`pip install vaswani-mt[ctranslate2]`), imported when used. How to run it: docs/export.md.
@@ -9,73 +9,90 @@ optional dependency (`pip install vaswani-mt[ctranslate2]`), imported when used.
 from __future__ import annotations
 
 import json
+import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
-from vaswani_mt.inference.backends import Batch
+from vaswani_mt.inference.backends import Batch, Search
+from vaswani_mt.inference.batching import token_budget_batches
 from vaswani_mt.inference.loading import ModelFolderError
 from vaswani_mt.inference.options import OWN_SEARCH, BackendFacts, Hypothesis, TranslationOptions
 from vaswani_mt.model.beam_search_vaswani import gnmt_length_penalty
-from vaswani_mt.model.generation_vaswani import PAPER_SEARCH, sentence_limits
+from vaswani_mt.model.generation_vaswani import PAPER_SEARCH
 from vaswani_mt.model.pipeline_vaswani import single_line
 from vaswani_mt.system.messages import error_line
 
-# The generation_config.json keys of the model's search (§6.1), and their names among translate_batch's options.
-_SEARCH_OPTIONS = {"num_beams": "beam_size", "length_penalty": "length_penalty"}
-_LENGTH_RULE = ("max_len_a", "max_len_b")
-# The paper's search in those names: what `ctranslate2_nbest` searches with where a folder saved none.
-_PAPER_SEARCH = {_SEARCH_OPTIONS.get(name, name): value for name, value in PAPER_SEARCH.items()}
+# CTranslate2's `intra_threads` where --threads is not given, the one place to set it: 0 is CTranslate2's own
+# default (one thread per core, at most 4), which ran issue 66's test split 2.6x slower than 1 on 2 cores.
+THREADS = 1
+# Rows of a batch where the options give none: CTranslate2's users' `max_batch_size` (its batches sort by length).
+BATCH_SIZE = 64
 # CTranslate2 marks the beams a target prefix forces beside the first with a score of -1e10: `score_batch` scores
 # them, so that an n-best list still has its K entries, each with its true log-probability.
 _FORCED_BEAM = -1.0e9
 
 
 def ctranslate2_search(folder: str | Path) -> dict:
-    """The model's search, from the generation_config.json that `export_model` writes beside the CTranslate2 model:
-    `beam_size` and `length_penalty` (translate_batch's names) and the per-sentence length rule `max_len_a`,
-    `max_len_b` (at most a·|X| + b tokens, `</s>` included; §6.1: |X| + 50). {} where the folder has none."""
+    """The model's search, from the generation_config.json that `export_model` writes beside the CTranslate2 model,
+    in translate_batch's words: `beam_size`, `length_penalty` (GNMT alpha) and the per-sentence length rule
+    `max_len_a`, `max_len_b` (at most a·|X| + b tokens, `</s>` included; §6.1: |X| + 50). {} where it has none."""
     path = Path(folder) / "generation_config.json"
-    if not path.is_file():
-        return {}
-    saved = json.loads(path.read_text(encoding="utf-8"))
-    search = {theirs: saved[ours] for ours, theirs in _SEARCH_OPTIONS.items() if saved.get(ours) is not None}
-    return {**search, **{name: saved[name] for name in _LENGTH_RULE if saved.get(name) is not None}}
+    saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    search = {"beam_size": saved.get("num_beams"), "length_penalty": saved.get("length_penalty"),
+              "max_len_a": saved.get("max_len_a"), "max_len_b": saved.get("max_len_b")}  # fmt: skip
+    return {name: value for name, value in search.items() if value is not None}
 
 
-def _decoding_limits(sources: list[list[str]], search: Mapping, options: Mapping) -> list[int] | None:
-    """Each source's `max_decoding_length` under `search`'s length rule, None without one or where `options` give
-    their own: our limit counts `</s>`, which CTranslate2 does not count, so a translation cut at the limit has
-    `limit - 1` tokens in both."""
-    a, b = (search.get(name) for name in _LENGTH_RULE)
-    if b is None or "max_decoding_length" in options:
-        return None
-    return (sentence_limits(a, b, torch.tensor([len(tokens) for tokens in sources])) - 1).tolist()
+def _limits(sources: list[list[str]], search: Mapping, options: dict) -> list[int]:
+    """Each source's `max_decoding_length`: `options`' own (taken out of them), else `search`'s length rule
+    (`Search.limits`, less the `</s>` CTranslate2 does not count: a translation cut there has `limit - 1` tokens in
+    both), else CTranslate2's default, 256."""
+    given = options.pop("max_decoding_length", None)
+    if given is None and search.get("max_len_b") is not None:
+        rule = TranslationOptions(max_len_a=search.get("max_len_a"), max_len_b=search["max_len_b"])
+        return [limit - 1 for limit in Search(rule).limits(None, [len(tokens) for tokens in sources])]
+    return [256 if given is None else given] * len(sources)
 
 
-def _translate_batch(translator, sources: list[list[str]], search: Mapping | None, options: dict,
-                     target_prefix: list[list[str]] | None = None,
-                     group_options: Callable[[list[int]], dict] | None = None) -> list:  # fmt: skip
-    """`translator.translate_batch(sources, target_prefix)` with `search`'s options under `options`. With a length
-    rule (and no `max_decoding_length` in `options`) the sentences of one limit (`_decoding_limits`) go together, as
-    translate_batch takes one limit per call; `group_options(group)`, options of the call that translates the
-    sentences `group` (indices)."""
-    search = dict(search or {})
-    limits = _decoding_limits(sources, search, options)
-    options = {**{k: v for k, v in search.items() if k not in _LENGTH_RULE}, **options}
-    groups = [list(range(len(sources)))] if limits is None else [
-        [i for i, own in enumerate(limits) if own == limit] for limit in sorted(set(limits))
-    ]  # fmt: skip
+def _candidates(beam: int, patience: float) -> int:
+    """CTranslate2's `beam_size · patience` hypotheses, rounded as its `get_max_candidates` rounds (half up)."""
+    return max(1, math.floor(beam * patience + 0.5)) if beam > 1 else 1
+
+
+def _translate(translator, sources: list[list[str]], limits: list[int], options: dict,
+               prefixes: list[list[str]] | None = None) -> list:  # fmt: skip
+    """`translator.translate_batch(sources, prefixes, **options)` with each sentence's own `max_decoding_length`
+    (`limits`), in one call at the longest of them, then again at its own limit for each sentence whose search
+    reached its own last step. Exact: the limit enters CTranslate2's search only as a sentence's last step
+    (`is_last_step`, src/decoding.cc), so until then its search is the same under any longer limit; and a sentence
+    leaves once `num_hypotheses` = beam·patience hypotheses have ended (greedy: its one), the last of them among those
+    returned, so a sentence whose hypotheses all have fewer than `limit - 1` tokens left before its own last step.
+    Where that rule does not hold (length penalty 0 stops at the top beam, fewer hypotheses, coverage penalty,
+    sampling, alternatives), one call per limit."""
+    options = {"max_input_length": 0, **options}
+    beam = options.get("beam_size", 2)
+    wanted = _candidates(beam, options.get("patience", 1))
+    stops_alike = beam == 1 or (options.get("num_hypotheses", 1) == wanted and options.get("length_penalty", 1) != 0
+                                and not options.get("coverage_penalty"))  # fmt: skip
+    one_call = stops_alike and options.get("sampling_topk", 1) == 1 and not options.get("return_alternatives")
     results: list = [None] * len(sources)
-    for group in groups:
-        own = {} if limits is None else {"max_decoding_length": limits[group[0]]}
-        own.update(group_options(group) if group_options is not None else {})
-        prefixes = None if target_prefix is None else [target_prefix[i] for i in group]
-        found = translator.translate_batch([sources[i] for i in group], prefixes, **{**options, **own})
-        for i, result in zip(group, found, strict=True):
+
+    def run(rows: list[int], limit: int) -> None:
+        chosen = None if prefixes is None else [prefixes[i] for i in rows]
+        found = translator.translate_batch([sources[i] for i in rows], chosen, **options, max_decoding_length=limit)
+        for i, result in zip(rows, found, strict=True):
             results[i] = result
+
+    todo = list(range(len(sources)))
+    if one_call and todo:
+        longest = max(limits)
+        run(todo, longest)
+        todo = [i for i in todo if limits[i] < longest and max(map(len, results[i].hypotheses)) >= limits[i] - 1]
+    for limit in sorted({limits[i] for i in todo}):
+        run([i for i in todo if limits[i] == limit], limit)
     return results
 
 
@@ -87,7 +104,8 @@ def ctranslate2_nbest(
     first as our search ranks them (§6.1): `(tokens, log P(Y|X), score)` with `score = log P / ((5 + |Y|) / 6)^alpha`
     (`gnmt_length_penalty`), |Y| the tokens with `</s>`, log P counting `</s>` and the target prefix (`target_prefix`:
     a token list per source, [] for none; the tokens start with it). The search is `search`'s
-    (`ctranslate2_search`; the paper's beam, alpha and |X| + 50 where it has none); translate_batch's `options` win.
+    (`ctranslate2_search`; the paper's beam, alpha and |X| + 50 where it has none); translate_batch's `options` win,
+    `max_batch_size` (with `batch_type`) batching as its own does: sorted by length, a call per batch (0: one).
 
     CTranslate2 returns its own `score = log P' / |Y|^lp` (`finalize_hypothesis_score`, src/decoding.cc of
     CTranslate2 4.x; lp its `length_penalty`), where |Y| counts `</s>` (translations are searched with
@@ -102,22 +120,37 @@ def ctranslate2_nbest(
     the best by ours, each call's lp is alpha · n / (5 + n), n its mean source length: |Y|^lp then grows as GNMT's
     ((5 + |Y|) / 6)^alpha does at |Y| = n, a translation's expected length (lp = alpha lost more of them: issue 44,
     item 5)."""
-    search = {**_PAPER_SEARCH, **(search or {})}
+    paper = {"beam_size": PAPER_SEARCH["num_beams"], "length_penalty": PAPER_SEARCH["length_penalty"],
+             "max_len_a": PAPER_SEARCH["max_len_a"], "max_len_b": PAPER_SEARCH["max_len_b"]}  # fmt: skip
+    search = {**paper, **(search or {})}
     beam = options.pop("beam_size", search["beam_size"])
     alpha = options.pop("length_penalty", search["length_penalty"])
-    kept = max(1, round(beam * patience)) if beam > 1 else 1
-    options = {"beam_size": beam, "patience": patience, "num_hypotheses": kept, "return_scores": True,
-               "min_decoding_length": 0, "max_input_length": 0, **options}  # fmt: skip
-    limits = _decoding_limits(sources, search, options) or [options.get("max_decoding_length", 256)] * len(sources)
-    lps = [0.0] * len(sources)
+    limits = _limits(sources, search, options)
+    rows, tokens = options.pop("max_batch_size", 0), options.pop("batch_type", "examples") == "tokens"
+    lengths = [len(source) for source in sources]
+    if rows and tokens:
+        batches = token_budget_batches(lengths, rows)
+    else:
+        order, size = sorted(range(len(sources)), key=lambda i: -lengths[i]), rows or max(1, len(sources))
+        batches = [order[start : start + size] for start in range(0, len(order), size)]
+    ranked: list = [None] * len(sources)
+    for batch in batches:
+        prefixes = None if target_prefix is None else [target_prefix[i] for i in batch]
+        found = _ranked(translator, [sources[i] for i in batch], [limits[i] for i in batch], beam, alpha, patience,
+                        prefixes, dict(options))  # fmt: skip
+        for i, row in zip(batch, found, strict=True):
+            ranked[i] = row
+    return ranked
 
-    def group_length_penalty(group: list[int]) -> dict:
-        length = sum(len(sources[i]) for i in group) / len(group)
-        for i in group:
-            lps[i] = alpha * length / (5.0 + length)
-        return {"length_penalty": lps[group[0]]}
 
-    results = _translate_batch(translator, sources, search, options, target_prefix, group_length_penalty)
+def _ranked(translator, sources: list[list[str]], limits: list[int], beam: int, alpha: float, patience: float,
+            target_prefix: list[list[str]] | None, options: dict) -> list[list[tuple]]:  # fmt: skip
+    """`ctranslate2_nbest` of one batch, searched in one call (`_translate`): its lp from its mean source length."""
+    mean = sum(len(tokens) for tokens in sources) / len(sources)
+    lp = alpha * mean / (5.0 + mean)
+    options = {"beam_size": beam, "patience": patience, "num_hypotheses": _candidates(beam, patience),
+               "return_scores": True, "min_decoding_length": 0, "length_penalty": lp, **options}  # fmt: skip
+    results = _translate(translator, sources, limits, options, target_prefix)
     prefixes = target_prefix or [[] for _ in sources]
     prefix_log_probs = [0.0] * len(sources)
     prefixed = [i for i, prefix in enumerate(prefixes) if prefix]
@@ -133,7 +166,7 @@ def ctranslate2_nbest(
         for tokens, score in zip(result.hypotheses, result.scores, strict=True):
             if len(tokens) >= limits[i] or score <= _FORCED_BEAM:  # a beam a prefix forced is scored whole too
                 cut.append((i, len(row)))
-            row.append([tokens, score * (len(tokens) + 1) ** lps[i] + prefix_log_probs[i]])
+            row.append([tokens, score * (len(tokens) + 1) ** lp + prefix_log_probs[i]])
         found.append(row)
     if cut:
         scored = translator.score_batch([sources[i] for i, _ in cut], [found[i][k][0] for i, k in cut],
@@ -158,7 +191,10 @@ def ctranslate2_generate(
         tokenizer.convert_ids_to_tokens(ids[mask.bool()].tolist())
         for ids, mask in zip(input_ids, attention_mask, strict=True)
     ]
-    results = _translate_batch(translator, sources, search, options)
+    search = dict(search or {})
+    limits = _limits(sources, search, options)
+    options = {**{name: search[name] for name in ("beam_size", "length_penalty") if name in search}, **options}
+    results = _translate(translator, sources, limits, options)
     return [tokenizer.convert_tokens_to_ids(result.hypotheses[0]) for result in results]
 
 
@@ -174,11 +210,12 @@ def _keywords(ctranslate2) -> frozenset[str]:
 
 class CTranslate2Model:
     """A CTranslate2 export as a `Translator` backend: its `translator` (`ctranslate2.Translator`;
-    `translator_options` such as device="cuda", compute_type="int8", intra_threads=2), its `tokenizer`, its `search`
-    (`ctranslate2_search`) and its `generation_config` (the folder's generation_config.json, or the paper's search),
-    which options are checked against. `ranking`: "paper" (`ctranslate2_nbest`, GNMT, with `patience`) or
+    `translator_options` such as device="cuda", compute_type="int8", intra_threads=2: `THREADS` where not given), its
+    `tokenizer` and its `generation_config` (the folder's generation_config.json, or the paper's search), the search
+    it runs and options are checked against. `ranking`: "paper" (`ctranslate2_nbest`, GNMT, with `patience`) or
     "ctranslate2" (its own score, log P / |Y|^alpha). It takes target prefixes, blocked phrases and `<unk>` kept out;
-    not constraints, sampling, alignments or ensembles (`TranslationOptions.check`)."""
+    not constraints, sampling, alignments or ensembles (`TranslationOptions.check`). Its batches are CTranslate2's:
+    `BATCH_SIZE` rows sorted by source tokens, a translate_batch call each (`_translate`)."""
 
     def __init__(self, folder: str | Path, patience: float = 1.0, ranking: str = "paper", **translator_options):
         import ctranslate2
@@ -186,9 +223,9 @@ class CTranslate2Model:
 
         if ranking not in RANKINGS:
             raise ValueError(f"ranking must be 'paper' or 'ctranslate2', not {ranking!r}")
-        self.translator = ctranslate2.Translator(str(folder), **{"device": "cpu", **translator_options})
+        translator_options = {"device": "cpu", "intra_threads": THREADS, **translator_options}
+        self.translator = ctranslate2.Translator(str(folder), **translator_options)
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
-        self.search_options = ctranslate2_search(folder)
         if (Path(folder) / "generation_config.json").is_file():
             self.generation_config = GenerationConfig.from_pretrained(folder)
         else:
@@ -197,35 +234,38 @@ class CTranslate2Model:
         limit = self.tokenizer.model_max_length
         self.max_source_tokens = limit if 0 < (limit or 0) < 10**9 else 1024
         self.facts = BackendFacts(f"the CTranslate2 folder {folder}", self.generation_config.num_beams or 1,
-                                  tuple(OWN_SEARCH), nbest_lists=ranking == "paper",
-                                  keywords=_keywords(ctranslate2))  # fmt: skip
+                                  tuple(OWN_SEARCH), nbest_lists=ranking == "paper", keywords=_keywords(ctranslate2),
+                                  batch_size=BATCH_SIZE, by_tokens=True)  # fmt: skip
 
     def search(self, batch: Batch, options: TranslationOptions) -> tuple[list, None]:
-        """The batch's translations (n-best lists with `options.nbest`) by CTranslate2, ranked by `ranking`."""
-        request, tokens = batch.search, self.tokenizer.convert_ids_to_tokens
-        given = {"beam_size": options.beams_given, "length_penalty": options.length_penalty,
-                 "max_len_a": options.max_len_a, "max_len_b": options.max_len_b}  # fmt: skip
-        search = {**self.search_options, **{name: value for name, value in given.items() if value is not None}}
+        """The batch's translations (n-best lists with `options.nbest`) by CTranslate2, ranked by `ranking`: the
+        request's beam, alpha and each sentence's length limit (`Search.limits`) as translate_batch takes them."""
+        request, tokens, config = batch.search, self.tokenizer.convert_ids_to_tokens, self.generation_config
+        beam = options.beams_given or config.num_beams or 1
+        alpha = options.length_penalty if options.length_penalty is not None else config.length_penalty
         kwargs = {name: value for name, value in options.generate_kwargs.items() if name != "num_beams"}
-        if options.max_new_tokens is not None:  # the same count: tokens generated, </s> among them
-            kwargs["max_decoding_length"] = options.max_new_tokens
+        sources = [tokens(ids) for ids in batch.ids]
+        # Less the `</s>` our search ends a sentence with at its §6.1 limit, which CTranslate2 does not count; at
+        # max_new_tokens both cut.
+        limits = [limit - (options.max_new_tokens is None) for limit in request.limits(config, map(len, batch.ids))]
+        if "max_decoding_length" in kwargs:
+            limits = [kwargs.pop("max_decoding_length")] * len(sources)
         prefixes = None if request.prefixes is None else [tokens(prefix) for prefix in request.prefixes]
         if request.blocked:
             kwargs["suppress_sequences"] = [tokens(list(form)) for form in request.blocked]
         if request.unk is not None:
             kwargs["disable_unk"] = True
-        if options.max_tokens is not None:
-            kwargs.update(max_batch_size=options.max_tokens, batch_type="tokens")
-        sources = [tokens(ids) for ids in batch.ids]
-        if self.ranking == "ctranslate2":
-            found = _translate_batch(self.translator, sources, search, {"max_input_length": 0, **kwargs}, prefixes)
-            texts = [self._text(result.hypotheses[0]) for result in found]
+        if self.ranking == "ctranslate2":  # its best of beam hypotheses (all of them: `_translate` reads their lengths)
+            kwargs = {"beam_size": beam, "length_penalty": alpha, "num_hypotheses": _candidates(beam, 1.0)
+                      if alpha != 0 else 1, **kwargs}  # fmt: skip
+            texts = [self._text(result.hypotheses[0]) for result in _translate(self.translator, sources, limits,
+                                                                                kwargs, prefixes)]  # fmt: skip
             return (texts if options.nbest is None else [[Hypothesis(t, 0.0, 0.0)] for t in texts]), None
-        ranked = ctranslate2_nbest(self.translator, sources, search, prefixes, self.patience, **kwargs)
-        lists = [[Hypothesis(self._text(t), log_prob, score) for t, log_prob, score in row] for row in ranked]
-        if options.nbest is None:
-            return [row[0].text for row in lists], None
-        return [row[: options.nbest] for row in lists], None
+        ranked = _ranked(self.translator, sources, limits, beam, alpha, self.patience, prefixes, kwargs)
+        if options.nbest is None:  # only the best is decoded
+            return [self._text(row[0][0]) for row in ranked], None
+        return [[Hypothesis(self._text(t), log_prob, score) for t, log_prob, score in row[: options.nbest]]
+                for row in ranked], None  # fmt: skip
 
     def _text(self, tokens: list[str]) -> str:
         """A hypothesis's tokens as our search's are decoded: special tokens dropped, one line."""
@@ -237,9 +277,10 @@ def load_ctranslate2(model: str | Path, compute_type: str | None = None, models:
                      threads: int | None = None) -> CTranslate2Model:  # fmt: skip
     """A CTranslate2 export (`export_model(..., "ctranslate2", ...)`) as a `CTranslate2Model`, what the commands
     translate with when --model names one: `compute_type` is CTranslate2's ("float32", "int8", "bfloat16", "auto",
-    ...; None: the type it was saved in), `threads` its `intra_threads`; on this process's GPU where there is one.
-    A folder that cannot serve raises `ModelFolderError`, one line: a missing tokenizer.json, a bad
-    generation_config.json, no `ctranslate2` package, a compute type this machine lacks, an ensemble (`models` > 1)."""
+    ...; None: the type it was saved in), `threads` its `intra_threads` (None: `THREADS`); on this process's GPU
+    where there is one. A folder that cannot serve raises `ModelFolderError`, one line: a missing tokenizer.json, a
+    bad generation_config.json, no `ctranslate2` package, a compute type this machine lacks, an ensemble (`models` >
+    1)."""
     from vaswani_mt.inference.loading import check_ctranslate2_folder
 
     if models > 1:
@@ -262,5 +303,5 @@ def load_ctranslate2(model: str | Path, compute_type: str | None = None, models:
         raise ModelFolderError(f"{model}: CTranslate2 cannot load it ({error_line(error)})") from error
 
 
-__all__ = ["RANKINGS", "CTranslate2Model", "ctranslate2_generate", "ctranslate2_nbest", "ctranslate2_search",
-           "load_ctranslate2"]  # fmt: skip
+__all__ = ["BATCH_SIZE", "RANKINGS", "THREADS", "CTranslate2Model", "ctranslate2_generate", "ctranslate2_nbest",
+           "ctranslate2_search", "load_ctranslate2"]  # fmt: skip

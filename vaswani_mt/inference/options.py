@@ -76,8 +76,9 @@ OWN_SEARCH = {
 class BackendFacts(NamedTuple):
     """What `check` needs to know of a backend: its `name` (the folder, for messages), its search's beam
     (`num_beams`), what of `OWN_SEARCH` it `lacks`, the decoder depth of each member, and whether every member has
-    a supervised alignment head, whether its n-best lists have K entries (`nbest_lists`), and the keywords its
-    search takes (`keywords`; None: any of `generate()`'s)."""
+    a supervised alignment head, whether its n-best lists have K entries (`nbest_lists`), the keywords its
+    search takes (`keywords`; None: any of `generate()`'s), and its batches where the options give no size: rows
+    (`batch_size`), longest first by characters or, as CTranslate2's own, by source tokens (`by_tokens`)."""
 
     name: str
     num_beams: int
@@ -86,6 +87,8 @@ class BackendFacts(NamedTuple):
     supervised: bool = False
     nbest_lists: bool = True
     keywords: frozenset[str] | None = None
+    batch_size: int = 32
+    by_tokens: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,8 @@ class TranslationOptions:
     Outputs: `nbest` (lists of `Hypothesis`), `alignments` ("hard" or "soft", with `alignment_method`), `markup`
     ("xml": tags, entities and format directives carried through; "directives": format directives only).
 
-    Batching: `batch_size` rows (None: the token budget alone), `max_tokens` (fairseq's token budget), `chunk_size`
+    Batching: `batch_size` rows (None: the backend's, 32, a CTranslate2 folder's 64; with `max_tokens` the budget
+    alone), `max_tokens` (fairseq's token budget), `chunk_size`
     lines read at a time (None: 16 batches, or 1024 lines with `max_tokens`), `max_source_tokens` (longer sources are
     cut, with a warning; None: the model's). Compute: `compute_type` (CTranslate2's names; None: as saved, unlike
     "float32", which a CTranslate2 int8 export runs in), `threads` (None: torch's or CTranslate2's default).
@@ -128,7 +132,7 @@ class TranslationOptions:
     alignments: str | None = None
     alignment_method: str | None = None
     markup: str | None = None
-    batch_size: int | None = 32
+    batch_size: int | None = None
     max_tokens: int | None = None
     chunk_size: int | None = None
     max_source_tokens: int | None = None
@@ -177,8 +181,6 @@ class TranslationOptions:
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value < 1):
                 raise ValueError(f"{name} must be at least 1, got {value}")
-        if self.batch_size is None and self.max_tokens is None:
-            raise ValueError("batch_size=None (no limit on rows) needs max_tokens")
         if self.compute_type is not None and self.compute_type not in {*COMPUTE_TYPES, *CTRANSLATE2_COMPUTE_TYPES}:
             raise ValueError(f"unknown compute type {self.compute_type!r}: use {', '.join(COMPUTE_TYPES)} (a "
                              f"CTranslate2 folder: {', '.join(CTRANSLATE2_COMPUTE_TYPES)})")  # fmt: skip

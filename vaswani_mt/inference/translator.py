@@ -222,12 +222,13 @@ class Translator:
         return plans[i].line
 
     def _batches(self, texts: list[str], todo: list[int], encoded: dict, first_line: int) -> list[list[int]]:
-        """The lines `todo` in batches: by `max_tokens`, or longest first `batch_size` at a time, so that a batch
-        holds sentences of similar length (little padding)."""
-        options = self.options
+        """The lines `todo` in batches: by `max_tokens`, or longest first `batch_size` at a time (the backend's
+        size and length where the options give none), so that a batch holds sentences of similar length."""
+        options, facts = self.options, self.backend.facts
         if options.max_tokens is None:
-            order = sorted(todo, key=lambda i: len(texts[i]), reverse=True)
-            return [order[start : start + options.batch_size] for start in range(0, len(order), options.batch_size)]
+            rows = options.batch_size or facts.batch_size
+            order = sorted(todo, key=lambda i: len(encoded[i] if facts.by_tokens else texts[i]), reverse=True)
+            return [order[start : start + rows] for start in range(0, len(order), rows)]
         lengths = [len(encoded[i]) for i in todo]
         batches = [[todo[k] for k in batch]
                    for batch in token_budget_batches(lengths, options.max_tokens, options.batch_size)]  # fmt: skip
