@@ -100,7 +100,10 @@ def side_peaks(args) -> dict:
             return loss
 
         loss = step()  # compiles
-        result[name] = {"peak_mib": round(peak_bytes(step, args.device) / 2**20, 1), "loss": round(float(loss), 6)}
+        result[name] = {
+            "peak_mib": round(peak_bytes(step, args.device) / 2**20, 1),
+            "loss": round(float(loss.detach()), 6),
+        }
         if args.device != "cpu":  # a quiet GPU's time; a CPU shared with others gives none worth keeping
             times = []
             for _ in range(5):
