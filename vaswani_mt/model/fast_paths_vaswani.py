@@ -84,8 +84,10 @@ def _project(linear: nn.Linear, states: torch.Tensor) -> torch.Tensor:
         and states.dtype == torch.float32 == linear.weight.dtype
         and not (linear._forward_hooks or linear._forward_pre_hooks or "forward" in linear.__dict__)
     ):
-        if linear.training and _PACKED_WEIGHTS:
-            _PACKED_WEIGHTS.pop(linear, None)  # back to training after generating: drop the stale copy
+        # back to training after generating: drop the stale copy (not while compiling: dynamo cannot trace a weak
+        # dictionary's change, and a stale copy is never used, its key naming the weight's version)
+        if linear.training and _PACKED_WEIGHTS and not torch.compiler.is_compiling():
+            _PACKED_WEIGHTS.pop(linear, None)
         return linear(states)
     weight = linear.weight
     key = (rows, id(weight), weight.data_ptr(), weight._version, tuple(weight.shape))
