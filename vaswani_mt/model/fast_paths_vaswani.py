@@ -84,9 +84,9 @@ def _project(linear: nn.Linear, states: torch.Tensor) -> torch.Tensor:
         and states.dtype == torch.float32 == linear.weight.dtype
         and not (linear._forward_hooks or linear._forward_pre_hooks or "forward" in linear.__dict__)
     ):
-        # back to training after generating: drop the stale copy (not while compiling: dynamo cannot trace a weak
-        # dictionary's change, and a stale copy is never used, its key naming the weight's version)
-        if linear.training and _PACKED_WEIGHTS and not torch.compiler.is_compiling():
+        # back to training after generating: drop the stale copy (not while compiling: a weak dictionary's size can
+        # change between dynamo's passes over the code; a stale copy is never used, its key naming the weight's version)
+        if not torch.compiler.is_compiling() and linear.training and _PACKED_WEIGHTS:
             _PACKED_WEIGHTS.pop(linear, None)
         return linear(states)
     weight = linear.weight
