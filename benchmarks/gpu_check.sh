@@ -6,20 +6,25 @@
 #      and base at 800 x 30 (24,000: the one-GPU recipe's 25,000 tokens a step in one batch, where the GPU is full);
 #      ours and MarianMTModel under bf16 autocast, forward + loss + backward + fused AdamW; ours also compiled
 #      (torch.compile of the model with its loss, inductor: `vaswani_mt_bf16_compiled`), and at base 3,000 tokens
-#      with CUDA graphs too (mode reduce-overhead: `vaswani_mt_bf16_graphs`); each side profiled for 3 steps
-#      (kernels per step, the device's busy share); MFU = tokens/s x the
+#      with CUDA graphs too (mode reduce-overhead: `vaswani_mt_bf16_graphs`); ours with bf16 weights cast once per
+#      step (--bf16_weights: `vaswani_mt_bf16_weights` under autocast, `vaswani_mt_weights` all in bf16); each side
+#      profiled for 3 steps (kernels per step, the device's busy share); MFU = tokens/s x the
 #      training FLOPs per target token counted by vaswani_mt.flops / the device's dense bf16 peak (the table in
 #      vaswani_mt/training/flops.py, by torch.cuda.get_device_name(), or GPU_CHECK_PEAK_TFLOPS);
-#   2. decoding speed against MarianMTModel with the same weights: speed.py decode (synthetic), base shapes,
-#      beam 4 and greedy at batch 1, 16 and 64, float32 and bf16 weights;
-#   3. the tests that run differently where CUDA is visible (Trainer trains on the GPU, the speed benchmarks default
-#      to it) and the model's own: modeling, generation, fast paths, training, callbacks, hardware, export, speed
-#      benchmarks (in 4 processes where pytest-xdist is installed; the counts of passed and failed tests are kept);
-#   4. every visible GPU (benchmarks/scale.py gpus): NCCL DDP at base shapes, target tokens/s per GPU and the
+#   2. the loss over the vocabulary at 24,000 positions x 37,000 words, bf16 (benchmarks/loss_memory.py): peak memory
+#      and milliseconds of the compiled loss in chunks, in one chunk, the plain log-softmax it replaced, eager's;
+#   3. every visible GPU (benchmarks/scale.py gpus): NCCL DDP at base shapes, target tokens/s per GPU and the
 #      weights equal on every rank; FSDP2 (accelerate's, the tied matrix of §3.4 in one group) at the same shapes,
 #      its tokens/s per GPU against DDP's and whether the matrix is still tied; with one GPU both run as one process
 #      (FSDP2 against no wrapper);
-#   5. sharded translation: 2,000 lines with a base-shaped model on one GPU, then on every GPU (accelerate launch):
+#   4. the same under VaswaniTrainer (scripts/train.py, 3,000-token batches, 60 steps): DDP against
+#      `accelerate launch --use_fsdp --fsdp_version 2`, target tokens/s from the Trainer's logs;
+#   5. decoding speed against MarianMTModel with the same weights: speed.py decode (synthetic), base shapes,
+#      beam 4 and greedy at batch 1, 16 and 64, float32 and bf16 weights;
+#   6. the tests that run differently where CUDA is visible (Trainer trains on the GPU, the speed benchmarks default
+#      to it) and the model's own: modeling, generation, fast paths, training, callbacks, hardware, export, speed
+#      benchmarks (in 4 processes where pytest-xdist is installed; the counts of passed and failed tests are kept);
+#   7. sharded translation: 2,000 lines with a base-shaped model on one GPU, then on every GPU (accelerate launch):
 #      seconds each, and whether the outputs are the same bytes;
 #
 #   bash benchmarks/gpu_check.sh OUT.json
@@ -28,7 +33,8 @@
 # (less 30 s for the summary), and one that would get under 20 s is skipped and recorded so.
 # Environment: PYTHON (default .venv/bin/python, else python3); GPU_CHECK_PEAK_TFLOPS (the peak, where the device
 # is not in the table); GPU_CHECK_LOGS (a .tar.gz to keep every step's log in); GPU_CHECK_DRY_RUN=1 runs the steps
-# at tiny shapes on any device, without the tests (a check of this script itself, for machines without a GPU).
+# at tiny shapes on any device, without the tests, compiling with aot_eager and without FSDP (a check of this script
+# itself, for machines without a GPU).
 # Without CUDA (and no dry run) it exits with status 2 and one line saying so. A step that fails is recorded in the
 # JSON and the others still run; the exit status is then 1.
 set -euo pipefail
@@ -84,37 +90,34 @@ if [[ $dry_run == 1 ]]; then
     train_length=6
     train_shape=(--batch 4 --length $train_length --repeats 2 --warmup 1)
     decode_shape=(--length 6 --steps 4 --batches 1,3 --repeats 1)
+    loss_shape=(--rows 600 --vocab 300 --d_model 32)
+    compile_backend=aot_eager  # the graph without inductor's code generation: minutes a graph on a CPU
 else
     device=cuda
     shape=(--vocab_size 37000)
     train_length=30
     train_shape=(--batch 100 --length $train_length --repeats 20 --warmup 3)
     decode_shape=(--length 30 --steps 30 --batches 1,16,64 --repeats 3)
+    loss_shape=(--rows 24000 --vocab 37000 --d_model 512 --bf16)  # the 1-GPU recipe's batch
+    compile_backend=inductor
 fi
 for run in base big base_24k; do
     preset_args=("${shape[@]}")
     [[ $dry_run == 1 ]] || preset_args+=(--preset "${run%_24k}")
     run_shape=("${train_shape[@]}")
     [[ $run == *_24k ]] && run_shape+=(--batch $((8 * ${train_shape[1]})))  # the last --batch wins
-    sides=marian_bf16,vaswani_mt_bf16
-    [[ $dry_run == 1 ]] || sides+=,vaswani_mt_bf16_compiled  # inductor on a CPU: minutes a graph, too long for a dry run
+    # bf16 weights (--bf16_weights): under autocast, and the whole step in bf16
+    sides=marian_bf16,vaswani_mt_bf16,vaswani_mt_bf16_compiled,vaswani_mt_bf16_weights,vaswani_mt_weights
     [[ $run == base && $device == cuda ]] && sides+=,vaswani_mt_bf16_graphs  # CUDA graphs: where the host limits
     step "train_$run" 150 "$PYTHON" benchmarks/speed.py train --mode step --device "$device" "${preset_args[@]}" \
-        "${run_shape[@]}" --sides "$sides" --profile 3 --no-memory --json "$work/train_$run.json"
+        "${run_shape[@]}" --sides "$sides" --profile 3 --no-memory --compile_backend "$compile_backend" \
+        --json "$work/train_$run.json"
 done
-step decode 120 "$PYTHON" benchmarks/speed.py decode --device "$device" "${shape[@]}" \
-    "${decode_shape[@]}" --bf16 --no-memory --json "$work/decode.json"
-if [[ $dry_run != 1 ]]; then
-    parallel=()
-    "$PYTHON" -c 'import xdist' 2>/dev/null && parallel=(-n 4)
-    step tests 180 "$PYTHON" -m pytest -q -p no:cacheprovider "${parallel[@]}" --junitxml="$work/tests.xml" \
-        tests/model/test_modeling_vaswani.py tests/model/test_generation.py tests/model/test_fast_paths.py \
-        tests/training/test_trainer.py tests/training/test_callbacks.py tests/training/test_hardware.py \
-        tests/export/test_export.py tests/test_speed_benchmarks.py tests/training/test_compiled_step.py \
-        tests/training/test_sharding.py
-fi
-
-# 4. Every visible GPU: NCCL DDP (tokens/s per GPU, the same weights on every rank), and the tied matrix under FSDP2.
+# 2. The loss over the vocabulary: the peak memory (and on a GPU the time) of the compiled loss in chunks, against one
+# chunk, the plain log-softmax the compiled step used before, and eager's fused loss
+step loss_memory 120 "$PYTHON" benchmarks/loss_memory.py --device "$device" "${loss_shape[@]}" \
+    --backend "$compile_backend" --json "$work/loss_memory.json"
+# 3. Every visible GPU: NCCL DDP (tokens/s per GPU, the same weights on every rank), and the tied matrix under FSDP2.
 # The dry run: 2 CPU processes (gloo), no FSDP (accelerate's FSDP needs GPUs).
 accelerate=$(dirname "$PYTHON")/accelerate
 [[ -x $accelerate ]] || accelerate=accelerate
@@ -138,8 +141,7 @@ if [[ $dry_run != 1 ]]; then
         "${multi[@]}" --json "$work/multi_gpu_fsdp.json"
 fi
 
-# 5. Sharded translation (docs/translating.md): a base-shaped model (random weights, a tokenizer of its own) translates
-# 2,000 lines with one GPU, then with every GPU (accelerate launch); the two outputs must be the same bytes.
+# The data of 4 and 7: a base-shaped model (random weights, a tokenizer of its own), 2,000 lines, and pairs of them.
 "$PYTHON" - "$work/translate" "$dry_run" <<'PYTHON'
 import random, sys
 from pathlib import Path
@@ -154,7 +156,44 @@ config = VaswaniConfig.from_preset("tiny" if dry_run else "base", vocab_size=len
 VaswaniForConditionalGeneration(config).save_pretrained(folder / "model")
 tokenizer.save_pretrained(folder / "model")
 (folder / "in.txt").write_text("".join(f"{line}\n" for line in lines))
+# pairs for the Trainer runs below: a line and its words reversed
+pairs = lines * 10
+(folder / "pairs.tsv").write_text("en\tde\n" + "".join(f"{x}\t{' '.join(x.split()[::-1])}\n" for x in pairs))
 PYTHON
+
+# 4. The same comparison under VaswaniTrainer, as users train (scripts/train.py: token-budget batches of 3,000 target
+# tokens a GPU, bf16, at base shapes): DDP (one process with no wrapper where there is one GPU) against FSDP2
+# (accelerate's --use_fsdp --fsdp_version 2, the tied matrix in one group); target tokens/s from the Trainer's logs.
+# The dry run: DDP on 2 CPU processes (gloo) only, as accelerate refuses FSDP on CPU processes.
+trainer=(scripts/train.py --dataset "$work/translate/pairs.tsv" --tokenizer "$work/translate/model" --save_strategy no
+         --test_bleu false --average_last 1 --report_to none --disable_tqdm true --dataloader_num_workers 0)
+if [[ $dry_run == 1 ]]; then
+    trainer+=(--preset tiny --max_tokens_per_batch 128 --max_steps 4 --logging_steps 2 --use_cpu)
+else
+    trainer+=(--preset base --max_tokens_per_batch 3000 --max_steps 60 --logging_steps 10 --bf16 true)
+fi
+step trainer_ddp 120 "${launch[@]}" "${ddp[@]}" "${trainer[@]}" --output_dir "$work/trainer_ddp"
+if [[ $dry_run != 1 ]]; then
+    step trainer_fsdp 120 "${launch[@]}" --use_fsdp --fsdp_version 2 --fsdp_state_dict_type FULL_STATE_DICT \
+        "${trainer[@]}" --output_dir "$work/trainer_fsdp"
+else
+    skip trainer_fsdp "accelerate's FSDP needs GPUs (a dry run has CPU processes)"
+fi
+# 5, 6. Decoding against Marian, and the tests that run differently with CUDA (after the measurements above).
+step decode 120 "$PYTHON" benchmarks/speed.py decode --device "$device" "${shape[@]}" \
+    "${decode_shape[@]}" --bf16 --no-memory --json "$work/decode.json"
+if [[ $dry_run != 1 ]]; then
+    parallel=()
+    "$PYTHON" -c 'import xdist' 2>/dev/null && parallel=(-n 4)
+    step tests 180 "$PYTHON" -m pytest -q -p no:cacheprovider "${parallel[@]}" --junitxml="$work/tests.xml" \
+        tests/model/test_modeling_vaswani.py tests/model/test_generation.py tests/model/test_fast_paths.py \
+        tests/training/test_trainer.py tests/training/test_callbacks.py tests/training/test_hardware.py \
+        tests/export/test_export.py tests/test_speed_benchmarks.py tests/training/test_compiled_step.py \
+        tests/training/test_sharding.py tests/training/test_bf16_weights.py
+fi
+
+# 7. Sharded translation (docs/translating.md): the base-shaped model translates the 2,000 lines with one GPU, then
+# with every GPU (accelerate launch); the two outputs must be the same bytes.
 translate=(--model "$work/translate/model" --input "$work/translate/in.txt")
 [[ $dry_run == 1 ]] && translate+=(--num_beams 1)  # random weights write to the length limit: keep the check short
 step translate_one 120 "$PYTHON" scripts/translate.py "${translate[@]}" --output "$work/translate/one.txt"
@@ -173,6 +212,8 @@ status=0
 import json
 import os
 import platform
+import re
+import statistics
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -253,7 +294,7 @@ for run in ("base", "big", "base_24k"):
             if key in profile:
                 sides[side][key] = profile[key]
     eager = sides.get("vaswani_mt_bf16", {}).get("target_tokens_per_s")
-    for side in ("vaswani_mt_bf16_compiled", "vaswani_mt_bf16_graphs"):
+    for side in ("vaswani_mt_bf16_compiled", "vaswani_mt_bf16_graphs", "vaswani_mt_bf16_weights", "vaswani_mt_weights"):
         if eager and side in sides:
             sides[side]["speed_vs_eager"] = round(sides[side]["target_tokens_per_s"] / eager, 3)
     result["training_bf16"][run] = {
@@ -280,6 +321,24 @@ if decode is not None:
             for case in decode["cases"]
         ],
     }
+trainer = {}
+for mode in ("ddp", "fsdp"):
+    result["steps"][f"trainer_{mode}"] = status = step_status(f"trainer_{mode}")
+    log = work / f"trainer_{mode}.log"
+    # the Trainer's logs, every --logging_steps: all processes' target tokens over the wall seconds since the last
+    rates = [float(x) for x in re.findall(r"'target_tokens_per_second': '?([0-9.]+)", log.read_text(errors="replace"))
+             ] if log.exists() else []  # fmt: skip
+    if status and not status["skipped"]:
+        later = rates[1:] or rates  # the first window holds the start (and any compiling)
+        trainer[mode] = {"logs": len(rates), "target_tokens_per_s": round(statistics.median(later), 1) if later else None}
+if trainer:
+    trainer["processes"] = int(gpus)  # with one, "ddp" is that process without a wrapper
+    speeds = [trainer.get(mode, {}).get("target_tokens_per_s") for mode in ("fsdp", "ddp")]
+    if all(speeds):
+        trainer["fsdp2_vs_ddp_tokens_per_s"] = round(speeds[0] / speeds[1], 3)
+    result["trainer_ddp_vs_fsdp2"] = trainer
+result["steps"]["loss_memory"] = step_status("loss_memory")
+result["loss_memory"] = read("loss_memory.json")
 for mode in ("ddp", "fsdp"):
     status = step_status(f"multi_gpu_{mode}")
     if status is not None:

@@ -15,6 +15,7 @@ side-by-side runner, peak memory in a child process) is speed_common.py's.
 import argparse
 import copy
 import json
+import itertools
 import statistics
 import subprocess
 import sys
@@ -43,6 +44,7 @@ from transformers.trainer_pt_utils import LabelSmoother
 
 from vaswani_mt import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_mt.export.marian import hidden_permutation, to_marian
+from vaswani_mt.training.bf16_weights import Bf16Weights
 
 
 def _shape_parser(command, repeats: int) -> argparse.ArgumentParser:
@@ -83,11 +85,15 @@ CHECKPOINTED = "_checkpointed"
 # the optimizer step stays eager, as under Trainer's --torch_compile): COMPILED in the default mode, GRAPHS in mode
 # "reduce-overhead" (CUDA graphs, for the small batch where the host is the limit). Compiling is in the warmup steps.
 COMPILED, GRAPHS = "_compiled", "_graphs"
+# A step-mode side of ours named with this suffix (before those above) trains as `--bf16_weights` does: forward and
+# backward on bf16 copies of the weights cast once per optimizer step, the optimizer on the float32 weights;
+# `vaswani_mt_weights` runs the rest of the step in bf16 too, `vaswani_mt_bf16_weights` under autocast.
+WEIGHTS = "_weights"
 
 
 def base_side(name: str) -> str:
     """A side's name without the suffixes of how it runs (`vaswani_mt_bf16_compiled` -> `vaswani_mt_bf16`)."""
-    for suffix in (GRAPHS, COMPILED, CHECKPOINTED):
+    for suffix in (GRAPHS, COMPILED, CHECKPOINTED, WEIGHTS):
         name = name.removesuffix(suffix)
     return name
 
@@ -101,12 +107,15 @@ def train_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sides", default="vaswani_mt,vaswani_mt_bf16,marian", help="comma-separated models")
     parser.add_argument("--profile", type=int, default=0, help="also profile this many steps per side "
                         "(device busy time, kernels per step, the top ops)")  # fmt: skip
+    parser.add_argument("--compile_backend", default="inductor", help="torch.compile backend of the _compiled sides "
+                        "(aot_eager: the same graph without code generation, for a quick check)")  # fmt: skip
     return _parse(parser, argv)
 
 
-def build_models(config: VaswaniConfig, models: list[str], seed: int, device: str = "cpu") -> list[torch.nn.Module]:
+def build_models(config: VaswaniConfig, models: list[str], seed: int, device: str = "cpu",
+                 backend: str = "inductor") -> list[torch.nn.Module]:  # fmt: skip
     """One model per name, all with the same weights: ours, copies of it, and its exact Marian conversion; built on
-    the CPU, then moved to `device`."""
+    the CPU, then moved to `device`; the _compiled and _graphs sides compiled by `backend`."""
     torch.manual_seed(seed)
     ours = VaswaniForConditionalGeneration(config)
     built, ours_used = [], False
@@ -123,7 +132,8 @@ def build_models(config: VaswaniConfig, models: list[str], seed: int, device: st
     built = [model.to(device).train() for model in built]
     for at, name in enumerate(models):
         if name.endswith((COMPILED, GRAPHS)):
-            built[at] = torch.compile(built[at], mode="reduce-overhead" if name.endswith(GRAPHS) else None)
+            mode = "reduce-overhead" if name.endswith(GRAPHS) else None
+            built[at] = torch.compile(built[at], backend=backend, mode=mode)
     return built
 
 
@@ -146,15 +156,18 @@ def loss_of(name: str, model: torch.nn.Module, batch: dict) -> torch.Tensor:
 
 
 def make_step(name: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
-    """One optimizer step as Trainer runs it: forward and loss under autocast for the *_bf16 sides, backward and
-    the step outside."""
+    """One optimizer step as Trainer runs it: forward and loss under autocast for the *_bf16 sides (on bf16 copies of
+    the weights for the WEIGHTS sides), backward and the step outside."""
     bf16 = base_side(name).endswith("_bf16")
     device_type = next(model.parameters()).device.type
+    copies = Bf16Weights(model) if name.removesuffix(GRAPHS).removesuffix(COMPILED).endswith(WEIGHTS) else None
+    steps = itertools.count()
 
     def step(batch: dict) -> float:
         # float() waits for the step's kernels on an accelerator, so a step's time includes all of its work
+        run = model if copies is None else copies.bind(model, next(steps))
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
-            loss = loss_of(name, model, batch)
+            loss = loss_of(name, run, batch)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -195,11 +208,11 @@ def run_step_mode(args) -> dict:
     sides = args.sides.split(",")
     batch = synthetic_batch(config, args.batch, args.length, args.seed, args.device)
     if args.rss_child:  # one side alone, for its peak memory
-        (model,) = build_models(config, [args.rss_child], args.seed, args.device)
+        (model,) = build_models(config, [args.rss_child], args.seed, args.device, args.compile_backend)
         child_peak(args.rss_child, partial(make_step(args.rss_child, model, optimizer_for(model)), batch), 3)
         return {}
     shape = f"{args.preset}, vocab {config.vocab_size}, {args.batch} x {args.length} tokens, dropout {config.dropout}"
-    models = dict(zip(sides, build_models(config, sides, args.seed, args.device), strict=True))
+    models = dict(zip(sides, build_models(config, sides, args.seed, args.device, args.compile_backend), strict=True))
     check = None
     if "vaswani_mt" in models and "marian" in models:
         check = check_same_function(models["vaswani_mt"], models["marian"], batch)

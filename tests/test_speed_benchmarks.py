@@ -223,15 +223,23 @@ def test_gpu_check_and_its_multi_gpu_worker_parse():
 
 @pytest.mark.slow
 def test_gpu_check_dry_run_writes_one_json_with_every_figure(tmp_path):
-    """The script's own check on any machine: every step at tiny shapes, without the tests (about 45 s)."""
+    """The script's own check on any machine: every step at tiny shapes, without the tests, compiled by aot_eager,
+    FSDP skipped (about 2 minutes)."""
     out = tmp_path / "gpu.json"
     env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_DRY_RUN": "1", "GPU_CHECK_PEAK_TFLOPS": "0.2"}
-    done = subprocess.run(["bash", str(GPU_CHECK), str(out)], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(["bash", str(GPU_CHECK), str(out)], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["failed_steps"] == [] and set(result["steps"]) == {"train_base", "train_big", "train_base_24k",
-                                                                      "decode", "multi_gpu_ddp", "translate_one",
+                                                                      "loss_memory", "multi_gpu_ddp", "trainer_ddp",
+                                                                      "trainer_fsdp", "decode", "translate_one",
                                                                       "translate_all"}  # fmt: skip
+    assert result["skipped_steps"] == ["trainer_fsdp"]  # accelerate's FSDP needs GPUs
+    trainer = result["trainer_ddp_vs_fsdp2"]
+    assert trainer["processes"] == 2 and trainer["ddp"]["logs"] >= 2 and trainer["ddp"]["target_tokens_per_s"] > 0
+    losses = {name: side["loss"] for name, side in result["loss_memory"]["sides"].items()}
+    assert set(losses) == {"compiled_chunked", "compiled_one_chunk", "compiled_plain_before", "eager_fused"}
+    assert max(losses.values()) - min(losses.values()) < 1e-4, losses  # one loss, four ways
     assert result["sharded_translation_seconds"]["same_bytes"] is True  # one process and two: the same bytes
     ddp = result["multi_gpu_ddp"]
     assert ddp["processes"] == 2 and ddp["backend"] == "gloo" and ddp["weights_equal_on_every_rank"] is True
@@ -241,7 +249,9 @@ def test_gpu_check_dry_run_writes_one_json_with_every_figure(tmp_path):
         "target_tokens_per_step"]  # fmt: skip
     for preset in ("base", "big", "base_24k"):
         training = result["training_bf16"][preset]
-        assert training["flops_per_target_token"] > 0 and set(training["sides"]) == {"marian_bf16", "vaswani_mt_bf16"}
+        assert training["flops_per_target_token"] > 0 and set(training["sides"]) == {
+            "marian_bf16", "vaswani_mt_bf16", "vaswani_mt_bf16_compiled", "vaswani_mt_bf16_weights",
+            "vaswani_mt_weights"}  # fmt: skip
         assert all(side["target_tokens_per_s"] > 0 and 0 < side["mfu"] < 1 for side in training["sides"].values())
     cases = result["decoding"]["cases"]
     assert len(cases) == 4 and all(case["identical_tokens_fp32"] for case in cases)

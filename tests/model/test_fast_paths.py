@@ -183,3 +183,60 @@ def test_without_torchs_private_functions_every_fast_path_falls_back_to_the_same
     assert model.train()(input_ids=ids, attention_mask=mask, labels=LABELS).loss.item() == pytest.approx(loss, abs=1e-6)
     with torch.no_grad():
         assert torch.equal(model.eval().generate(input_ids=ids, attention_mask=mask, max_len_b=6), tokens)
+
+
+def compiled_training_loss(model, ids, mask, labels, num_items):
+    """The model's training loss under torch.compile (aot_eager: the graph inductor would get): a graph break
+    raises (fullgraph). Returns the loss and the number of graphs compiled."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    before = counters["stats"]["unique_graphs"]
+    run = torch.compile(model, backend="aot_eager", fullgraph=True, dynamic=True)
+    loss = run(input_ids=ids, attention_mask=mask, labels=labels, num_items_in_batch=num_items).loss
+    return loss, counters["stats"]["unique_graphs"] - before
+
+
+def test_compiled_training_loss_is_one_graph_equal_to_cross_entropy_on_logits_in_float64(monkeypatch):
+    """In 4 chunks (a row budget that splits the tiny vocabulary so: ceil(200 * 2^20 / 2^26)); the 21 positions are
+    padded to 24."""
+    monkeypatch.setattr(fast_paths, "_COMPILED_LOSS_ROWS", 2**20)
+    model = make_model(seed=1, dropout=0.0).double().train()
+    ids, mask = padded_batch(seed=2, lengths=(7, 4, 5))
+    loss, graphs = compiled_training_loss(model, ids, mask, LABELS, torch.tensor(40))
+    assert graphs == 1
+    (3.0 * loss).backward()
+    compiled = gradients(model)
+    reference = reference_loss(model, ids, mask, LABELS, 40)
+    (3.0 * reference).backward()
+    assert abs(loss.item() - reference.item()) < 1e-12
+    for name, grad in gradients(model).items():
+        assert (compiled[name] - grad).abs().max().item() < 1e-12, name
+
+
+def test_compiled_training_loss_holds_one_chunk_of_log_probabilities_not_the_batchs(monkeypatch):
+    """The peak of torch's CPU allocations over the compiled loss's forward and backward (aot_eager), at 1,024
+    positions x 2,048 words (8 MiB of float32 log-probabilities): in 16 chunks under half of them, in one chunk (the
+    same function, the measure's control) above them."""
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from loss_memory import inputs, peak_bytes
+
+    hidden, weight, labels, scale = inputs(rows=1024, vocab=2048, d_model=16, padding=0.1)
+    whole = 1024 * 2048 * 4
+    peaks = {}
+    for rows in (2**19, 1):  # 16 chunks: ceil(2048 * 2^19 / 2^26); 1 chunk
+        monkeypatch.setattr(fast_paths, "_COMPILED_LOSS_ROWS", rows)
+        torch._dynamo.reset()
+        run = torch.compile(fast_paths.chunked_label_smoothed_cross_entropy, backend="aot_eager", dynamic=True)
+
+        def step(run=run):
+            hidden.grad = weight.grad = None
+            run(hidden, weight, labels, 0.1, scale).backward()
+
+        step()
+        peaks[rows] = peak_bytes(step)
+    sys.modules.pop("loss_memory", None)
+    assert peaks[2**19] < whole / 2 < whole < peaks[1], peaks

@@ -1,8 +1,9 @@
 """The training step compiled (issue 64, item 1): `--torch_compile` (Seq2SeqTrainingArguments' own option, off by
 default) compiles the model with its loss as one graph under VaswaniTrainer. On the tiny model: the loss and the
 gradient equal eager's within float32 round-off, and the token-budget batches' changing shapes compile at most 3
-graphs. The backend here is `aot_eager` (the graph traced and differentiated as inductor gets it, without generating
-C++, which takes minutes a graph on this machine); inductor's figures come from benchmarks/gpu_check.sh."""
+graphs. The compiled loss runs over the vocabulary in chunks of rows (tests/model/test_fast_paths.py). The backend
+here is `aot_eager` (the graph traced and differentiated as inductor gets it, without generating C++, which takes
+minutes a graph on this machine); inductor's figures come from benchmarks/gpu_check.sh."""
 
 import os
 from unittest.mock import patch
@@ -13,6 +14,7 @@ from conftest import PaddingOnlyTokenizer, make_model, one_sgd_step_arguments, r
 from torch._dynamo.utils import counters
 from transformers import DataCollatorForSeq2Seq
 
+import vaswani_mt.model.fast_paths_vaswani as fast_paths
 from vaswani_mt.training.trainer import COMPILE_CACHE, VaswaniTrainer
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -35,8 +37,10 @@ def train(tmp_path, rows, per_device: int, compiled: bool, max_steps: int = 1, s
     return model, trainer.state.log_history
 
 
-def test_the_compiled_step_gives_eager_loss_and_gradient(tmp_path):
-    """One SGD step at lr 1 on 4 pairs of unequal lengths: equal updates are equal gradients."""
+def test_the_compiled_step_gives_eager_loss_and_gradient(tmp_path, monkeypatch):
+    """One SGD step at lr 1 on 4 pairs of unequal lengths: equal updates are equal gradients. The compiled loss in 4
+    chunks of rows (a row budget that splits the tiny vocabulary so), eager's in one."""
+    monkeypatch.setattr(fast_paths, "_COMPILED_LOSS_ROWS", 2**20)
     eager, eager_logs = train(tmp_path / "eager", uneven_pairs(), 4, compiled=False)
     before = counters["stats"]["unique_graphs"]
     compiled, compiled_logs = train(tmp_path / "compiled", uneven_pairs(), 4, compiled=True)
@@ -51,10 +55,11 @@ def test_the_compiled_step_gives_eager_loss_and_gradient(tmp_path):
         "model.decoder.layers.0.ffn.fc1.weight"])  # fmt: skip
 
 
-def test_padded_length_buckets_compile_at_most_three_graphs(tmp_path):
+def test_padded_length_buckets_compile_at_most_three_graphs(tmp_path, monkeypatch):
     """Batches of 3 pairs over every length from 2 to 13 tokens, then a last batch of one pair: one graph for every
     batch size and length above 1, one more for the batch of 1 (torch specialises a size of 1); at most 3 in all,
-    with a one-token target side."""
+    with a one-token target side. The loss in 4 chunks: rows that do not divide evenly compile no graph of their own."""
+    monkeypatch.setattr(fast_paths, "_COMPILED_LOSS_ROWS", 2**20)
     rows = []
     for i in range(13):
         g = torch.Generator().manual_seed(i)

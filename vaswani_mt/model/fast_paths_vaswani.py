@@ -3,7 +3,8 @@
 - `apply_dropout`: `nn.functional.dropout`, with a keep mask drawn by `torch.rand` on a CPU (`_CpuDropout`).
 - `_project`: `linear(states)`, in CPU float32 inference through a weight packed once for MKL's GEMM.
 - `projected_label_smoothed_cross_entropy`: the pre-softmax projection and the label-smoothed cross-entropy in one
-  pass over chunks of rows, without keeping the logits.
+  pass over chunks of rows, without keeping the logits; `chunked_label_smoothed_cross_entropy`, the same as
+  torch.compile traces it (a fixed number of chunks, so one graph for every batch shape).
 
 Private torch functions are feature-checked once, with the public operation as fallback. Self-contained (torch
 only), so that `save_pretrained` copies it as Hub remote code.
@@ -83,8 +84,10 @@ def _project(linear: nn.Linear, states: torch.Tensor) -> torch.Tensor:
         and states.dtype == torch.float32 == linear.weight.dtype
         and not (linear._forward_hooks or linear._forward_pre_hooks or "forward" in linear.__dict__)
     ):
-        if linear.training and _PACKED_WEIGHTS:
-            _PACKED_WEIGHTS.pop(linear, None)  # back to training after generating: drop the stale copy
+        # back to training after generating: drop the stale copy (not while compiling: a weak dictionary's size can
+        # change between dynamo's passes over the code; a stale copy is never used, its key naming the weight's version)
+        if not torch.compiler.is_compiling() and linear.training and _PACKED_WEIGHTS:
+            _PACKED_WEIGHTS.pop(linear, None)
         return linear(states)
     weight = linear.weight
     key = (rows, id(weight), weight.data_ptr(), weight._version, tuple(weight.shape))
@@ -185,4 +188,77 @@ def projected_label_smoothed_cross_entropy(
     return _ProjectedLabelSmoothedCrossEntropy.apply(hidden, weight, labels, label_smoothing, scale, chunk_rows, bias)
 
 
-__all__ = ["apply_dropout", "projected_label_smoothed_cross_entropy"]
+# The compiled loss splits the rows into a number of chunks fixed by the vocabulary alone (a number that depended on
+# the batch would compile a graph for each): ceil(V * _COMPILED_LOSS_ROWS / _LOSS_CHUNK_ELEMENTS), so that a batch of
+# up to this many target positions holds at most eager's chunk of logits at once (256 MB in float32).
+_COMPILED_LOSS_ROWS = 2**14
+
+
+class _ChunkedLabelSmoothedCrossEntropy(torch.autograd.Function):
+    """`_ProjectedLabelSmoothedCrossEntropy` for torch.compile: every position of the batch (those labelled -100
+    count for nothing), the rows padded to `chunks` equal chunks. Only functional ops on shapes the compiler keeps
+    symbolic: selecting the real tokens or a chunk count from the batch's size would break or re-specialise the
+    graph, and the compiler plans the buffers itself (no in-place log-softmax). `scale` is a tensor, so the batch's
+    token count is no constant of the graph either. As in eager, the gradients are computed chunk by chunk in the
+    forward pass and backward only scales them: no vocabulary-sized tensor outlives its chunk."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, label_smoothing: float, scale, chunks: int, bias=None):
+        device_type = hidden.device.type
+        compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+        with torch.autocast(device_type, enabled=False):
+            compute_dtype = compute_dtype or hidden.dtype
+            softmax_dtype = torch.promote_types(weight.dtype, torch.float32)
+            vocab, pad = weight.shape[0], (-hidden.shape[0]) % chunks
+            w = weight.to(compute_dtype)
+            h_all = nn.functional.pad(hidden.to(compute_dtype), (0, 0, 0, pad)).unflatten(0, (chunks, -1))
+            labels = nn.functional.pad(labels, (0, pad), value=-100).unflatten(0, (chunks, -1))
+            total = torch.zeros((), dtype=softmax_dtype, device=hidden.device)
+            grad_hidden, grad_weight = [], torch.zeros(weight.shape, dtype=softmax_dtype, device=weight.device)
+            for h, target in zip(h_all.unbind(0), labels.unbind(0), strict=True):
+                real = target.ne(-100).unsqueeze(1)
+                index = target.clamp(min=0).unsqueeze(1)
+                logits = (h @ w.T).to(softmax_dtype)
+                if bias is not None:
+                    logits = logits + bias
+                log_probs = logits.log_softmax(-1)
+                # CE_ls = (1 - eps) * -log p(y) + eps * mean_v(-log p(v)), for real tokens only
+                row = (1 - label_smoothing) * log_probs.gather(1, index) + label_smoothing / vocab * log_probs.sum(
+                    -1, keepdim=True
+                )
+                total = total - row.masked_fill(~real, 0).sum()
+                # softmax - (1 - eps) one_hot - eps / V, zero on the rows that are not real tokens
+                grad_logits = (log_probs.exp() - label_smoothing / vocab).scatter_add(
+                    1, index, torch.full_like(index, label_smoothing - 1, dtype=softmax_dtype)
+                )
+                grad_logits = grad_logits.masked_fill(~real, 0).to(compute_dtype)
+                grad_hidden.append(grad_logits @ w)
+                grad_weight = grad_weight + (grad_logits.T @ h).to(softmax_dtype)
+            grad_hidden = torch.cat(grad_hidden)[: hidden.shape[0]]
+        ctx.save_for_backward(grad_hidden.to(hidden.dtype) * scale, grad_weight.to(weight.dtype) * scale)
+        return total * scale
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return grad_hidden * grad_output, grad_weight * grad_output, None, None, None, None, None
+
+
+def chunked_label_smoothed_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    label_smoothing: float,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`projected_label_smoothed_cross_entropy` over every row of `hidden` (rows labelled -100 count for nothing), as
+    torch.compile traces it: one graph for every batch shape, in `ceil(V * _COMPILED_LOSS_ROWS /
+    _LOSS_CHUNK_ELEMENTS)` chunks of rows (`_ChunkedLabelSmoothedCrossEntropy`); `scale` a tensor."""
+    chunks = max(1, -(-weight.shape[0] * _COMPILED_LOSS_ROWS // _LOSS_CHUNK_ELEMENTS))
+    if bias is not None:
+        bias = bias.detach()
+    return _ChunkedLabelSmoothedCrossEntropy.apply(hidden, weight, labels, label_smoothing, scale, chunks, bias)
+
+
+__all__ = ["apply_dropout", "chunked_label_smoothed_cross_entropy", "projected_label_smoothed_cross_entropy"]

@@ -30,7 +30,12 @@ from transformers.utils import can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_vaswani import VaswaniConfig
-from .fast_paths_vaswani import _project, apply_dropout, projected_label_smoothed_cross_entropy
+from .fast_paths_vaswani import (
+    _project,
+    apply_dropout,
+    chunked_label_smoothed_cross_entropy,
+    projected_label_smoothed_cross_entropy,
+)
 from .generation_vaswani import VaswaniGenerationMixin
 
 logger = logging.get_logger(__name__)
@@ -731,13 +736,19 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
         if num_items_in_batch is None:
             num_items_in_batch = real.sum().clamp(min=1)
         _gather_sharded_projection(self.lm_head)
+        bias = self.final_logits_bias[0] if self.config.logits_bias else None
         if torch.compiler.is_compiling():
-            # torch.compile of the step: the plain computation, one graph over every position (selecting the real
-            # tokens has a data-dependent shape, a graph break); the compiler fuses the log-softmax and the sums.
-            logits = nn.functional.linear(hidden_states, self.lm_head.weight)
-            if self.config.logits_bias:
-                logits = logits + self.final_logits_bias.to(logits.dtype)
-            return self.loss(logits, labels, num_items_in_batch)
+            # torch.compile of the step: one graph over every position (selecting the real tokens has a data-dependent
+            # shape, a graph break), in chunks whose number is fixed by the vocabulary
+            dtype = torch.promote_types(hidden_states.dtype, torch.float32)
+            return chunked_label_smoothed_cross_entropy(
+                hidden_states.flatten(0, 1),
+                self.lm_head.weight,
+                labels.flatten(),
+                float(self.config.label_smoothing),
+                1.0 / torch.as_tensor(num_items_in_batch, dtype=dtype, device=hidden_states.device),
+                bias=bias,
+            )
         # = self.loss(self.lm_head(hidden_states), labels, num_items_in_batch), without keeping the logits
         return projected_label_smoothed_cross_entropy(
             hidden_states[real],
@@ -745,7 +756,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
             labels[real],
             float(self.config.label_smoothing),
             1.0 / float(num_items_in_batch),
-            bias=self.final_logits_bias[0] if self.config.logits_bias else None,
+            bias=bias,
         )
 
 

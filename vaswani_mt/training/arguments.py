@@ -179,6 +179,14 @@ class RecipeArguments:
             "AVX512-BF16 or AMX), in float32 elsewhere; --auto_bf16 false keeps float32 under a config that sets it"
         },
     )
+    bf16_weights: bool = field(
+        default=False,
+        metadata={
+            "help": "forward and backward on bf16 copies of the weights, cast once per optimizer step, while Adam "
+            "updates the float32 ones (fairseq's FP16Optimizer's master weights); the rest of the step in bf16 too, "
+            "or under autocast with --bf16; one process (training/bf16_weights.py)"
+        },
+    )
     float32_overrides: dict | str | None = field(
         default=None,
         metadata={

@@ -291,6 +291,7 @@ def _prepare(
         lr_scale=recipe.lr_scale,
         alignment_head=alignment_head,
         alignment_lambda=recipe.alignment_lambda,
+        bf16_weights=recipe.bf16_weights,
         callbacks=[clock, preemption, CurvesCallback(), *_early_stopping(recipe, training_args, resumed_state)],
     )
     _budget_progress_bar(trainer, clock)

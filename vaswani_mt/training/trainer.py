@@ -27,6 +27,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from vaswani_mt.data.batching import TokenBudgetBatchSampler, length_array
 
 from .alignment_supervision import ALIGNMENT_LAMBDA, alignment_loss
+from .bf16_weights import Bf16Weights
 from .callbacks import SamplerEpochCallback
 from .checkpoints import CheckpointError, describe_write_failure, is_complete
 from .machines import machines
@@ -59,6 +60,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
     (wall time of training, a resumed run's earlier minutes included). `alignment_head` (layer, head): that head
     of the encoder-decoder attention learns the batches' `alignment_targets` with weight `alignment_lambda`
     (Garg et al. 2019), recorded in the model's `config.alignment_head`; the logs gain `alignment_loss`.
+    `bf16_weights`: the forward and backward on bf16 copies of the weights made once per optimizer step, Adam on the
+    float32 ones (bf16_weights.py; one process).
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         lr_scale: float = 1.0,
         alignment_head: tuple[int, int] | None = None,
         alignment_lambda: float = ALIGNMENT_LAMBDA,
+        bf16_weights: bool = False,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
@@ -92,6 +96,15 @@ class VaswaniTrainer(Seq2SeqTrainer):
         self._weights_written = False  # in `_save_checkpoint`: whether this checkpoint's weights are written
         if max_tokens_per_batch:
             self.add_callback(SamplerEpochCallback(self))
+        if bf16_weights and (self.args.world_size > 1 or self.is_fsdp_enabled):
+            count = self.args.world_size
+            here = f"{count} process{'es' if count > 1 else ''}" + (" under FSDP" if self.is_fsdp_enabled else "")
+            raise ValueError(
+                f"--bf16_weights trains one process without FSDP, not {here}: DDP reduces the float32 weights' "
+                "gradients, which the bf16 copies bypass; under FSDP, --bf16 (FSDP's mixed precision) keeps bf16 ones"
+            )
+        self.bf16_weights = bf16_weights
+        self._bf16_copies: Bf16Weights | None = None  # made at the first step, on the model's device
         if self.is_fsdp_enabled:  # FSDP shards the tied matrix in one group with every module using it (§3.4)
             share_embedding_module(self.model)
         self._first_step_seconds: float | None = None  # under --torch_compile: the first step, mostly compiling
@@ -167,6 +180,10 @@ class VaswaniTrainer(Seq2SeqTrainer):
         targets = inputs.pop("alignment_targets", None)
         if self.args.torch_compile and model.training:
             _mark_dynamic_lengths(inputs)
+        if self.bf16_weights and model.training:
+            if self._bf16_copies is None:
+                self._bf16_copies = Bf16Weights(model)
+            model = self._bf16_copies.bind(model, self.state.global_step)
         if targets is None or self.alignment_head is None:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         loss, outputs = super().compute_loss(model, {**inputs, "output_attentions": True}, True, num_items_in_batch)
