@@ -14,8 +14,8 @@ side-by-side runner, peak memory in a child process) is speed_common.py's.
 
 import argparse
 import copy
-import json
 import itertools
+import json
 import statistics
 import subprocess
 import sys
