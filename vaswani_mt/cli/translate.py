@@ -395,7 +395,7 @@ def translate_part(args: argparse.Namespace, translator, output, report, part: P
     raises `TranslationInterrupted` again with `line`, the one line saying where it stopped."""
     import contextlib
 
-    from vaswani_mt.inference.streams import LineLimit, read_text_lines, skip_lines, translate_stream
+    from vaswani_mt.inference.streams import LineLimit, has_tab, read_text_lines, skip_lines, translate_stream
     from vaswani_mt.inference.translate import FormattedOutput, format_output
     from vaswani_mt.inference.translator import Resume
     from vaswani_mt.system.signals import TranslationInterrupted
@@ -407,7 +407,10 @@ def translate_part(args: argparse.Namespace, translator, output, report, part: P
             start, kept = output.resume(translator.options.chunk_lines())
         except ValueError as error:
             sys.exit(f"error: {error}")
-        resume = Resume(first + start, {first - 1 + line: FormattedOutput(text) for line, text in kept.items()})
+        # Lines this run does not read may hold the tabs of constrained input: then it does not say there are none.
+        elsewhere = bool(translator.options.constraints and args.input and (start or part.lines is not None))
+        resume = Resume(first + start, {first - 1 + line: FormattedOutput(text) for line, text in kept.items()},
+                        elsewhere and has_tab(args.input))  # fmt: skip
         for line, outcome in sorted(output.outcomes.items()):  # the kept lines' controls, reported as if done now
             report.restore(first - 1 + line, outcome)
     try:

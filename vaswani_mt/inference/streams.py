@@ -104,6 +104,12 @@ def count_lines(path: str | Path) -> int:
     return lines + (last != b"\n")  # a last line without its end counts too
 
 
+def has_tab(path: str | Path) -> bool:
+    """Whether the file at `path` has a tab anywhere (constrained input: `source<TAB>term`), read a block at a time."""
+    with open(path, "rb") as f:
+        return any(b"\t" in block for block in iter(lambda: f.read(1 << 20), b""))
+
+
 def translate_stream(translator: Translator, source: BinaryIO, sink: BinaryIO, name: str = "<stdin>", *,
                      prefixes: Iterable[str] | None = None, report: ControlReport | None = None,
                      resume: Resume | None = None, progress: bool = False) -> int:  # fmt: skip
@@ -210,6 +216,7 @@ __all__ = [
     "MAX_LINE_BYTES",
     "LineLimit",
     "count_lines",
+    "has_tab",
     "read_text_lines",
     "skip_lines",
     "translate_stream",
