@@ -268,8 +268,7 @@ def exit_interrupted(stop: TranslationInterrupted, written: int, output: str, fi
     sys.exit(128 + stop.signum)
 
 
-@names_missing_extras
-def main(argv: list[str] | None = None) -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--model",
@@ -328,7 +327,12 @@ def main(argv: list[str] | None = None) -> None:
         "%%(name)s) carried through by word alignment (docs/markup.md); a line with broken markup is translated as "
         "plain text, with a warning; directives: the format directives only (no tags or entities)",
     )  # fmt: skip
-    args = parser.parse_args(argv)
+    return parser
+
+
+@names_missing_extras
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
     if args.batch_size is None and args.max_tokens is None:
         args.batch_size = 32
     if catalog_format(args) == "po":
