@@ -3,12 +3,13 @@ with its format directives exactly as in the msgid, marks it fuzzy, keeps msgctx
 the translations already there, fills every plural form of the target's Plural-Forms, and GNU gettext's
 `msgfmt -c --use-fuzzy` accepts each .po written (skipped, with the reason, where msgfmt is not installed)."""
 
+import random
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ENGLISH, run_main
+from conftest import ENGLISH, exit_code, run_main, stop_at_batch
 
 from vaswani_mt.cli import translate as translate_cli
 from vaswani_mt.inference.directives import directives, formats_of
@@ -193,42 +194,103 @@ def test_a_catalog_refuses_what_it_cannot_take(fitted_folder, tmp_path, monkeypa
     assert "no Plural-Forms known for language 'xx'" in code and not (tmp_path / "x.po").exists()
 
 
-def test_a_stopped_catalog_keeps_the_finished_entries_and_the_same_command_continues(fitted_folder, tmp_path,
-                                                                                    monkeypatch, capsys):  # fmt: skip
-    import signal
+@pytest.mark.parametrize("retranslate", [(), ("--retranslate",)], ids=["fill", "retranslate"])
+def test_a_stopped_catalog_then_the_same_command_gives_the_uninterrupted_bytes_translating_no_line_twice(
+    fitted_folder, tmp_path, monkeypatch, capsys, retranslate
+):
+    """A stop leaves the finished lines (de.po.shards/); the same command continues from the chunk the stop fell in
+    and writes the uninterrupted run's bytes. With --retranslate too: the rerun reads the input, not what the stopped
+    run filled (and marked fuzzy), so it translates none of those again."""
+    from vaswani_mt.inference.backends import TorchBackend
+    from vaswani_mt.inference.catalogs import catalog_work
 
-    from vaswani_mt.cli import translate as command
-
-    load, calls = command.load_translator, []
-
-    def load_and_signal_at_batch_3(args, options):
-        translator = load(args, options)
-        generate = translator.backend.model.generate
-
-        def generate_and_signal(*a, **k):
-            calls.append(1)
-            if len(calls) == 3:
-                signal.raise_signal(signal.SIGTERM)
-            return generate(*a, **k)
-
-        monkeypatch.setattr(translator.backend.model, "generate", generate_and_signal)
-        return translator
-
-    source, target = tmp_path / "app.pot", tmp_path / "de.po"
-    source.write_text(HEADER + ENTRIES, encoding="utf-8")
-    extra = ("--language", "de", "--chunk_size", "1", "--num_beams", "1")
-    monkeypatch.setattr(command, "load_translator", load_and_signal_at_batch_3)
-    _, code = run_catalog(fitted_folder, source, target, monkeypatch, *extra)
-    assert code == 128 + signal.SIGTERM and not target.exists()
-    partial = polib.pofile(f"{target}.partial")
-    assert [bool(e.msgstr) for e in partial][:3] == [True, True, False] and len(partial.translated_entries()) == 0
-    assert "interrupted: 2 entries written to" in capsys.readouterr().err
-    monkeypatch.setattr(command, "load_translator", load)
-    _, code = run_catalog(fitted_folder, source, target, monkeypatch, *extra)
-    assert code is None and "continuing" in capsys.readouterr().err and not Path(f"{target}.partial").exists()
-    catalog = polib.pofile(str(target))
-    assert [e.msgstr for e in catalog][:2] == [e.msgstr for e in partial][:2] and not catalog.untranslated_entries()
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", EPOCH)
+    source, whole, target = tmp_path / "de.po", tmp_path / "whole.po", tmp_path / "out.po"
+    source.write_text(HEADER.replace('"Language: \\n"', '"Language: de\\n"') + DONE + ENTRIES, encoding="utf-8")
+    extra = ("--chunk_size", "2", "--num_beams", "1", *retranslate)
+    lines = len(catalog_work(polib.pofile(str(source)), "de", retranslate=bool(retranslate)).lines)
+    assert run_catalog(fitted_folder, source, whole, monkeypatch, *extra)[1] is None
+    with monkeypatch.context() as patch:
+        stop_at_batch(patch, TorchBackend, batch=3)  # chunks 1 and 2 (4 lines) done
+        assert run_catalog(fitted_folder, source, target, monkeypatch, *extra)[1] == 130
+    assert not target.exists() and "rerun the same command to continue" in capsys.readouterr().err
+    searched = stop_at_batch(monkeypatch, TorchBackend, batch=10**9)
+    assert run_catalog(fitted_folder, source, target, monkeypatch, *extra)[1] is None
+    assert sum(searched) == lines - 4  # not the 4 lines done, nor (--retranslate) their entries again
+    assert target.read_bytes() == whole.read_bytes() and not Path(f"{target}.shards").exists()
     check_with_msgfmt(target)
+
+
+def _catalog(entries: int, seed: int = 3) -> str:
+    """A catalog of `entries` entries of the fitted model's words, each with its own msgctxt: C directives (a plural
+    each fourth), Python ones, none."""
+    words = " ".join(ENGLISH).replace(".", "").replace("?", "").replace("!", "").replace(",", "").split()
+    draw = random.Random(seed)
+    parts = [HEADER.replace('"Language: \\n"', '"Language: de\\n"')]
+    for k in range(entries):
+        text = " ".join(draw.choice(words) for _ in range(draw.randint(2, 10)))
+        parts.append([f'\n#, c-format\nmsgctxt "k{k}"\nmsgid "{text} %s of %d"\nmsgstr ""\n',
+                      f'\n#, python-format\nmsgctxt "k{k}"\nmsgid "%(name)s: {text}"\nmsgstr ""\n',
+                      f'\n#, c-format\nmsgctxt "k{k}"\nmsgid "%d {text}"\nmsgid_plural "%d {text}s"\nmsgstr[0] ""\n'
+                      f'msgstr[1] ""\n', f'\nmsgctxt "k{k}"\nmsgid "{text}"\nmsgstr ""\n'][k % 4])  # fmt: skip
+    return "".join(parts)
+
+
+@pytest.fixture(scope="module")
+def big_catalog(tmp_path_factory, fitted_folder):
+    """A catalog of 320 entries (400 lines), its command's arguments by output, and one process's .po of it."""
+    folder = tmp_path_factory.mktemp("big_catalog")
+    source = folder / "app.po"
+    source.write_text(_catalog(320), encoding="utf-8")
+
+    def argv(output: Path) -> list[str]:
+        return ["--model", str(fitted_folder), "--input", str(source), "--output", str(output), "--batch_size", "4",
+                "--chunk_size", "16", "--num_beams", "2", "--threads", "1"]  # fmt: skip
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SOURCE_DATE_EPOCH", EPOCH)
+        assert exit_code(translate_cli.main, argv(folder / "one.po")) is None
+    catalog = polib.pofile(str(folder / "one.po"))
+    assert len(catalog.fuzzy_entries()) > 300 and any(entry.msgstr_plural.get(1) for entry in catalog)
+    check_with_msgfmt(folder / "one.po")
+    return argv, (folder / "one.po").read_bytes()
+
+
+EPOCH = "1700000000"  # SOURCE_DATE_EPOCH: the header's PO-Revision-Date the same in every run
+
+
+def _launch_catalog(argv: list[str]):
+    from test_sharded_translation import ENV, _launch
+
+    ENV["SOURCE_DATE_EPOCH"] = EPOCH
+    try:
+        return _launch(argv)
+    finally:
+        del ENV["SOURCE_DATE_EPOCH"]
+
+
+def test_a_killed_process_on_a_catalog_then_the_same_command_gives_one_process_bytes(big_catalog, tmp_path):
+    """`accelerate launch` on a catalog (issue 67): its lines cut into shards of whole chunks, each entry's flags and
+    plural forms read from the input by every process, the .po written by the first; a `kill -9` of one process,
+    then the same command, gives one process's bytes."""
+    from test_sharded_translation import _kill_one_worker
+
+    argv, one = big_catalog
+    killed = tmp_path / "killed.po"
+    assert _kill_one_worker(argv(killed), killed, seed=0) != 0 and not killed.exists()
+    result = _launch_catalog(argv(killed))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert killed.read_bytes() == one and not Path(f"{killed}.shards").exists()
+    assert f"{killed}: 400 lines, 2 shards on 2 processes" in result.stderr
+
+
+@pytest.mark.slow  # CI: the killed run's rerun (above)
+def test_two_processes_on_one_catalog_write_one_process_bytes(big_catalog, tmp_path):
+    argv, one = big_catalog
+    two = tmp_path / "two.po"
+    result = _launch_catalog(argv(two))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert two.read_bytes() == one and f"{two}: 400 lines, 2 shards on 2 processes" in result.stderr
 
 
 def test_a_glossary_forces_its_terms_into_the_entries_that_have_them(fitted_folder, tmp_path, monkeypatch, capsys):

@@ -130,6 +130,26 @@ def test_a_kept_line_whose_controls_failed_is_reported_again_and_the_status_is_t
     assert output.read_text() == (tmp_path / "whole.de").read_text()
 
 
+def test_a_rerun_whose_tabbed_lines_are_all_in_finished_chunks_does_not_warn_that_none_has_a_tab(
+    fitted_folder, tmp_path, monkeypatch, caplog
+):
+    """Issue 61: the rerun reads only the chunks left (lines 5-8 here, none with a tab): the input has tabs, so the
+    warning that constrained input has none would be false."""
+    source, output = tmp_path / "in.en", tmp_path / "out.de"
+    source.write_text(f"{ENGLISH[0]}\tApfel\n" + "".join(f"{line}\n" for line in (ENGLISH * 2)[1:8]))
+    argv = ["--model", str(fitted_folder), "--input", str(source), "--batch_size", "2", "--chunk_size", "4",
+            "--num_beams", "2", "--constraints", "unordered", "--output", str(output)]  # fmt: skip
+    with monkeypatch.context() as patch:
+        stop_at_batch(patch, TorchBackend, batch=4)  # the 2nd batch of the 2nd chunk: chunk 1 is kept
+        assert _main(argv) == 130
+    caplog.clear()
+    assert _main(argv) is None
+    assert "has a tab" not in caplog.text and output.exists()
+    source.write_text("".join(f"{line}\n" for line in (ENGLISH * 2)[:8]))  # no tab anywhere: the warning is due
+    output.unlink()
+    assert _main(argv) is None and "none of the 8 input lines has a tab" in caplog.text
+
+
 def test_resume_reads_back_only_the_last_chunk_of_a_long_partial(tmp_path):
     import tracemalloc
 

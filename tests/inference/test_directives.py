@@ -61,6 +61,21 @@ def test_unnumbered_directives_keep_their_source_order_when_the_alignment_swaps_
     assert Counter(directives(out)) == Counter(["%1$s", "%2$d"])  # numbered: they may move
 
 
+@pytest.mark.parametrize(("first", "second", "flag"), [("%s", "%d", "c-format"), ("%-5s", "%*d", "c-format"),
+                                                       ("%s", "%r", "python-format"),
+                                                       ("{}", "{:>3}", "python-brace-format")])  # fmt: skip
+def test_unnumbered_directives_inside_and_outside_one_tag_keep_their_source_order(first, second, flag):
+    """`%s <b>%d files</b>`: the tag's content translated first puts the inner directive first; the argument order
+    does not change, so the outer one is written first still (issue 67)."""
+    formats = formats_of([flag])
+    plan = parse_markup(f"Copy {first} to <b>{second} files</b> now", formats)
+    target = ["Dateien", "nach", "jetzt", "kopieren"]  # <b>...Dateien</b> nach ... jetzt kopieren
+    out = restore(plan, AlignedTranslation(" ".join(target), plan.text.split(), target,
+                                           links=[(2, 0), (1, 1), (3, 2), (0, 3)]))  # fmt: skip
+    assert [d for d in directives(out, formats, False)] == [first, second], out
+    assert out.index("<b>") < out.index("Dateien") < out.index("</b>")  # the tag still holds its words
+
+
 def test_a_line_whose_directives_cannot_be_placed_keeps_them_at_the_end():
     plan = parse_markup("Delete %s now", xml=False)
     plan.points[0] = dataclasses.replace(plan.points[0], text="%d")  # what the line has no more

@@ -16,6 +16,7 @@ import importlib
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -195,8 +196,6 @@ def catalog_arguments(args: argparse.Namespace) -> None:
     format directives are always kept (`directives`, or `xml` where given)."""
     if not args.input:
         sys.exit("error: --format po reads a catalog file: give --input (a .pot or .po)")
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        sys.exit("error: a gettext catalog is translated by one process: run it without accelerate launch")
     refused = [name for name in ("target_prefix_file", "nbest", "alignments") if getattr(args, name)]
     if refused:
         sys.exit(f"error: --{refused[0]} does not go with a gettext catalog (--format po)")
@@ -219,63 +218,139 @@ def _card_language(model: str) -> list[str]:
     return [str(languages[1])] if isinstance(languages, list) and len(languages) == 2 else []
 
 
-def translate_catalog_file(args: argparse.Namespace, options, load_translator, report_controls) -> None:
-    """Translates the catalog --input into --output (or standard output); what cannot be done is one line, `error:
-    ...`. The output appears whole once every entry is done (OUTPUT.partial until then). A stop by a signal leaves
-    the entries finished in OUTPUT.partial, and the same command continues from there (only empty msgstrs are
-    filled); to standard output it writes nothing. `load_translator` and `report_controls` are translate.py's (given,
-    not imported: translate.py imports this package)."""
-    from vaswani_mt.inference.catalogs import catalog_language, read_catalog, read_glossary, translate_catalog
-    from vaswani_mt.inference.controls import ControlReport
-    from vaswani_mt.system.signals import TranslationInterrupted, interruptible
+class CatalogJob:
+    """A gettext catalog (`--format po`) as translate.py translates it: read from the input alone, so that every
+    process and every rerun has the same lines (`catalogs.CatalogWork`: a stopped run's output is never read as
+    input, so `--retranslate` does not refill what it filled); with --output, planned into shards of whole chunks of
+    its lines as a text file is (`source`), each shard's translations one line per catalog line in a resumable file
+    of its own (`translate`), and the .po written from them once all are done (`write`)."""
 
-    partial = f"{args.output}.partial" if args.output else None
-    try:
-        catalog = _continued(read_catalog(args.input), partial, read_catalog)
-        language = catalog_language(catalog, args.language, _card_language(args.model[0]))
-        glossary = read_glossary(args.glossary) if args.glossary else ()
-    except ValueError as error:
-        sys.exit(f"error: {error}")
-    report = ControlReport()
-    try:
+    def __init__(self, args: argparse.Namespace):
+        from vaswani_mt.inference.catalogs import catalog_language, catalog_work, read_catalog, read_glossary
+
+        self.args = args
+        try:
+            self.catalog = read_catalog(args.input)
+            self.language = catalog_language(self.catalog, args.language, _card_language(args.model[0]))
+            self.glossary = read_glossary(args.glossary) if args.glossary else []
+            self.work = catalog_work(self.catalog, self.language, retranslate=args.retranslate,
+                                     glossary=self.glossary)  # fmt: skip
+        except ValueError as error:
+            sys.exit(f"error: {error}")
+        self.source = self.work.lines
+        # What makes the lines besides the options and the input's contents: the entries taken, their terms.
+        self.identity = {"--retranslate": args.retranslate, "--glossary's terms": self.glossary}
+
+    def translate(self, translator, output, report, shard, progress: bool) -> int:
+        """Translates `shard` of the lines into `output` (a `ResumableOutput`, continued where a stopped run of it
+        ended), one line per catalog line; a stop writes what is finished and raises again with `line`."""
+        from vaswani_mt.inference.streams import Recorded, write_translations
+        from vaswani_mt.inference.translate import FormattedOutput, format_output
+        from vaswani_mt.inference.translator import Resume
+        from vaswani_mt.system.signals import TranslationInterrupted
+
+        try:
+            start, kept = output.resume(translator.options.chunk_lines())
+            sink = Recorded(output, report, shard.first, start)
+        except ValueError as error:  # another run's files, or another run writes them
+            sys.exit(f"error: {error}")
+        for line, outcome in sorted(output.outcomes.items()):  # the kept lines', reported as if done now
+            report.restore(shard.first + line, outcome)
+        first, end = shard.first + start, shard.first + shard.lines  # lines before this run's first; its end
+        resume = Resume(first + 1, {shard.first + line: FormattedOutput(text) for line, text in kept.items()})
+        terms = self.work.terms[first:end] if self.work.terms is not None else None
+        count = None
+        try:
+            with sink:
+                outputs = translator.translate_iterable(self.work.lines[first:end], terms=terms, report=report,
+                                                        resume=resume, progress=progress)  # fmt: skip
+                count = write_translations(outputs, sink, first + 1)
+        except TranslationInterrupted as stop:
+            later = {line - shard.first: format_output(result, line - 1) for line, result in stop.later.items()}
+            outcomes = {line - shard.first: report.outcome(line) for line in stop.later if report.outcome(line)}
+            stop.line = output.stopped(start + getattr(stop, "written", count or 0), later, outcomes)
+            raise
+        output.finished()
+        return start + count
+
+    def write(self, partial: Path, sharded, shards: list) -> None:
+        """The .po at `partial`, from the finished `shards` of `sharded` (a `ShardedOutput`): their lines fill the
+        entries, but those with a line whose markup could not be put back (its outcome), which stay empty."""
+        from vaswani_mt.inference.catalogs import fill_catalog
+
+        outputs, failed = [], set()
+        for shard in shards:
+            outputs += sharded.path(shard).read_bytes().decode("utf-8").split("\n")[:-1]
+            failed |= {shard.first + line for line, outcome in sharded.outcomes(shard).items()
+                       if "unrestored" in outcome}  # fmt: skip
+        self._summary(fill_catalog(self.catalog, self.work, self.language, outputs, failed), self.args.output)
+        self.catalog.save(str(partial))
+
+    def to_stdout(self, options, load_translator, report_controls) -> int:
+        """The catalog translated by one process to standard output, written once every entry is done (nothing to
+        resume: a stop writes nothing); returns its lines. `load_translator` and `report_controls` are translate.py's
+        (given, not imported: translate.py imports this package)."""
+        from vaswani_mt.inference.catalogs import translate_catalog
+        from vaswani_mt.inference.controls import ControlReport
+        from vaswani_mt.system.signals import TranslationInterrupted, interruptible
+
+        report = ControlReport()
         with interruptible():
-            translator = load_translator(args, options)
-        run = translate_catalog(translator, catalog, language, retranslate=args.retranslate, report=report,
-                                progress=True, glossary=glossary)  # fmt: skip
-    except TranslationInterrupted as stop:
-        run = getattr(stop, "run", None)
-        if partial and run is not None:
-            catalog.save(partial)
-            print(f"interrupted: {run.filled} entries written to {partial}; run the same command again to continue",
-                  file=sys.stderr)  # fmt: skip
-        else:
-            print(f"interrupted: nothing written to {args.output or '<stdout>'}", file=sys.stderr)
-        sys.exit(128 + stop.signum)
+            translator = load_translator(self.args, options)
+        try:
+            run = translate_catalog(translator, self.catalog, self.language, retranslate=self.args.retranslate,
+                                    report=report, progress=True, glossary=self.glossary)  # fmt: skip
+        except TranslationInterrupted as stop:
+            stop.line = "interrupted: nothing written to <stdout>"
+            raise
+        sys.stdout.write(str(self.catalog))
+        sys.stdout.flush()
+        self._summary(run, "<stdout>")
+        report_controls(report, run.lines)
+        return run.lines
+
+    @staticmethod
+    def _summary(run, output: str) -> None:
+        print(f"{output}: {run.filled} entries translated (fuzzy), {run.kept} kept, {len(run.failed)} left empty",
+              file=sys.stderr)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# translate.py's shards under `accelerate launch` (translate_shards): the plan every process agrees on, the end.
+
+
+def agreed_plan(peers, sharded, source: str, translator, world: int) -> list:
+    """The shards, planned once by the first process (or read from a stopped run's manifest); every process gets
+    them, or the first one's error, in one line."""
+    key = "vaswani_mt/plan"
+    if peers.rank == 0:
+        try:
+            options = translator.options  # the default chunk: a short input is cut into a chunk a process
+            sharded.plan(source, translator.tokenizer, options.chunk_lines(), world, options.chunk_size is None)
+            peers.store.set(key, "")
+        except ValueError as error:
+            peers.store.set(key, str(error))
+            sys.exit(f"error: {error}")
+    while not peers.store.check([key]):
+        time.sleep(0.2)
+    error = peers.store.get(key).decode()
+    if error:
+        sys.exit(f"error: {error}")
+    try:
+        return sharded.shards()
     except ValueError as error:
         sys.exit(f"error: {error}")
-    if partial:
-        catalog.save(partial)
-        os.replace(partial, args.output)
-    else:
-        sys.stdout.write(str(catalog))
-        sys.stdout.flush()
-    print(f"{args.output or '<stdout>'}: {run.filled} entries translated (fuzzy), {run.kept} kept, "
-          f"{len(run.failed)} left empty", file=sys.stderr)  # fmt: skip
-    report_controls(report, run.lines)
 
 
-def _continued(catalog, partial: str | None, read):
-    """The catalog to fill: `partial`, a stopped run's output, where it holds the same entries as `catalog` (the
-    input), else `catalog`."""
-    if not partial or not os.path.isfile(partial):
-        return catalog
-    kept = read(partial)
+def end_process(peers, line: str | None, code: int):
+    """Ends this process with `line` on stderr: through `os._exit` once the streams are flushed, since a process
+    group left open at exit can abort in gloo's teardown and closing it can wait on a lost peer."""
+    import logging
 
-    def keys(entries) -> list:
-        return [(e.msgctxt, e.msgid, e.msgid_plural) for e in entries if not e.obsolete]
-
-    if keys(kept) != keys(catalog):
-        print(f"warning: {partial} holds other entries than the input: started over", file=sys.stderr)
-        return catalog
-    print(f"continuing {partial}", file=sys.stderr)
-    return kept
+    peers.close(failed=code not in (0, None))
+    if line:
+        print(line, file=sys.stderr)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

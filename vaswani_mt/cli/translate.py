@@ -31,20 +31,21 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
 import vaswani_mt
 from vaswani_mt.cli import (
+    CatalogJob,
     add_catalog_options,
     add_compute_type,
+    agreed_plan,
     catalog_arguments,
     catalog_format,
     check_compute_type,
+    end_process,
     names_missing_extras,
     saved_search,
     start_command,
-    translate_catalog_file,
 )
 from vaswani_mt.model.constraints_vaswani import ORDERS  # loaded with vaswani_mt itself
 
@@ -267,8 +268,7 @@ def exit_interrupted(stop: TranslationInterrupted, written: int, output: str, fi
     sys.exit(128 + stop.signum)
 
 
-@names_missing_extras
-def main(argv: list[str] | None = None) -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--model",
@@ -327,16 +327,16 @@ def main(argv: list[str] | None = None) -> None:
         "%%(name)s) carried through by word alignment (docs/markup.md); a line with broken markup is translated as "
         "plain text, with a warning; directives: the format directives only (no tags or entities)",
     )  # fmt: skip
-    args = parser.parse_args(argv)
+    return parser
+
+
+@names_missing_extras
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
     if catalog_format(args) == "po":
         catalog_arguments(args)
     options = starting_options(args)
     from vaswani_mt.system.signals import TranslationInterrupted, stopping_on_signals
-
-    if catalog_format(args) == "po":
-        with stopping_on_signals():
-            translate_catalog_file(args, options, load_translator, report_controls)
-        return
 
     written = None
     try:
@@ -364,15 +364,19 @@ class Part(NamedTuple):
 
 
 def _translate_input(args: argparse.Namespace, options: TranslationOptions) -> int:
-    """What `main` does once the arguments are checked: translates --input (or standard input) to --output (or
-    standard output), sharded where several processes were launched; returns how many lines."""
+    """What `main` does once the arguments are checked: translates --input (or standard input; a gettext catalog:
+    the lines of its entries) to --output (or standard output), sharded where several processes were launched;
+    returns how many lines."""
     from vaswani_mt.inference.controls import ControlReport
     from vaswani_mt.system.outputs import ResumableOutput
     from vaswani_mt.system.signals import interruptible
 
     check_prefix_lines(args.input, args.target_prefix_file)
+    job = CatalogJob(args) if catalog_format(args) == "po" else _TextJob(args)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return translate_shards(args, options)
+        return translate_shards(args, options, job)
+    if isinstance(job, CatalogJob):  # to standard output whole, else resumable as (a stopped run's) shards
+        return _alone(args, options, job) if args.output else job.to_stdout(options, load_translator, report_controls)
     output = ResumableOutput(args.output, _run_identity(args, options), options.nbest or 1) if args.output else None
     try:
         if output is not None:
@@ -387,13 +391,67 @@ def _translate_input(args: argparse.Namespace, options: TranslationOptions) -> i
     return count
 
 
+class _TextJob(NamedTuple):
+    """A text file's shards (translate_shards): planned on its lines, each translated by `translate_part`, joined
+    byte for byte (`write` None)."""
+
+    args: argparse.Namespace
+    identity: dict = {}
+    write: None = None
+
+    @property
+    def source(self) -> str:
+        return self.args.input
+
+    def translate(self, translator, output, report, shard, progress: bool) -> int:
+        part = Part(shard.first, shard.offset, shard.lines)
+        return translate_part(self.args, translator, output, report, part, progress)
+
+
+def _alone(args: argparse.Namespace, options: TranslationOptions, job: CatalogJob) -> int:
+    """`job` (a gettext catalog) translated by one process into --output: as one shard, or the shards of a stopped
+    run of several processes; resumable as they are."""
+    from vaswani_mt.inference.controls import ControlReport
+    from vaswani_mt.inference.shards import ShardedOutput
+    from vaswani_mt.system.signals import interruptible
+
+    sharded = ShardedOutput(args.output, {**_run_identity(args, options), **job.identity})
+    try:
+        if sharded.manifest.exists():
+            sharded.shards()  # another run's files: refused before the model loads
+        with interruptible():
+            translator = load_translator(args, options)
+        shards = sharded.plan(job.source, translator.tokenizer, options.chunk_lines(), 1)
+    except ValueError as error:
+        sys.exit(f"error: {error}")
+    report = ControlReport()
+    count = _translate_shards(job, translator, sharded, shards, report, args.first_line, progress=True)
+    sharded.join(shards, job.write)
+    report_controls(report, count)
+    return count
+
+
+def _translate_shards(job, translator, sharded, shards: list, report, first_line: int, progress: bool) -> int:
+    """Translates `shards` of `job` into their files (those a stopped run finished: what their controls did reported
+    as if done now); returns their lines."""
+    count = 0
+    for shard in shards:
+        if sharded.is_done(shard):
+            for line, outcome in sorted(sharded.outcomes(shard).items()):
+                report.restore(first_line + shard.first - 1 + line, outcome)
+        else:
+            job.translate(translator, sharded.part(shard), report, shard, progress)
+        count += shard.lines
+    return count
+
+
 def translate_part(args: argparse.Namespace, translator, output, report, part: Part, progress: bool) -> int:
     """Translates `part` of --input (or standard input) to `output` (a `ResumableOutput`, continued where a stopped
     run of it ended; None: standard output) and returns its lines; a stop by a signal writes what is finished and
     raises `TranslationInterrupted` again with `line`, the one line saying where it stopped."""
     import contextlib
 
-    from vaswani_mt.inference.streams import LineLimit, read_text_lines, skip_lines, translate_stream
+    from vaswani_mt.inference.streams import LineLimit, Recorded, has_tab, read_text_lines, skip_lines, translate_stream
     from vaswani_mt.inference.translate import FormattedOutput, format_output
     from vaswani_mt.inference.translator import Resume
     from vaswani_mt.system.signals import TranslationInterrupted
@@ -405,13 +463,16 @@ def translate_part(args: argparse.Namespace, translator, output, report, part: P
             start, kept = output.resume(translator.options.chunk_lines())
         except ValueError as error:
             sys.exit(f"error: {error}")
-        resume = Resume(first + start, {first - 1 + line: FormattedOutput(text) for line, text in kept.items()})
+        # Lines this run does not read may hold the tabs of constrained input: then it does not say there are none.
+        elsewhere = bool(translator.options.constraints and args.input and (start or part.lines is not None))
+        resume = Resume(first + start, {first - 1 + line: FormattedOutput(text) for line, text in kept.items()},
+                        elsewhere and has_tab(args.input))  # fmt: skip
         for line, outcome in sorted(output.outcomes.items()):  # the kept lines' controls, reported as if done now
             report.restore(first - 1 + line, outcome)
     try:
         stream = open(args.input, "rb") if args.input else sys.stdin.buffer
         prefix_stream = open(args.target_prefix_file, "rb") if args.target_prefix_file else None
-        sink = _Recorded(output, report, first - 1, start) if output is not None else sys.stdout.buffer
+        sink = Recorded(output, report, first - 1, start) if output is not None else sys.stdout.buffer
     except OSError as error:
         sys.exit(f"error: cannot open {error.filename}: {error.strerror or error}")
     except ValueError as error:  # another run writes the output
@@ -450,38 +511,6 @@ def translate_part(args: argparse.Namespace, translator, output, report, part: P
     return start + count
 
 
-class _Recorded:
-    """--output's `F.partial`, to append to, that records in `F.resume` what the controls did to each line (`report`,
-    lines numbered `offset` + output line) before the line is written: a rerun that keeps the line reports it again,
-    and its exit status is the whole run's. `lines`: the lines in `F.partial` already."""
-
-    def __init__(self, output, report, offset: int, lines: int):
-        self.file, self.output, self.report, self.offset, self.lines = output.open(), output, report, offset, lines
-        self.seen, self.pending = 0, []  # the report's size when last read; its lines not recorded yet
-
-    def write(self, data: bytes) -> int:
-        self.lines += data.count(b"\n") // self.output.lines_per_input
-        report, low, high = self.report, self.offset, self.offset + self.lines
-        if len(report.unmet) + len(report.failed) != self.seen:
-            self.seen = len(report.unmet) + len(report.failed)
-            self.pending = [line for line in {*report.unmet, *report.failed}
-                            if line > low and line - low not in self.output.outcomes]  # fmt: skip
-        due = {line - low: report.outcome(line) for line in self.pending if line <= high}
-        if due:
-            self.output.record_outcomes(due)
-            self.pending = [line for line in self.pending if line > high]
-        return self.file.write(data)
-
-    def flush(self) -> None:
-        self.file.flush()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.file.close()
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Under `accelerate launch` with several processes, on one machine or many: the first process splits --input into
 # shards (inference/shards.py), every process translates the shards `index % processes == rank` into files of its own
@@ -492,9 +521,10 @@ class _Recorded:
 SHARDS_AGAIN = "every finished line is kept: run the same command again to continue"
 
 
-def translate_shards(args: argparse.Namespace, options: TranslationOptions) -> int:
-    """Translates this process's shards of --input and, in the first process, joins them into --output; returns
-    how many lines its shards hold. Its end (an error, a stop, a lost peer) is one line and its status."""
+def translate_shards(args: argparse.Namespace, options: TranslationOptions, job) -> int:
+    """Translates this process's shards of --input (`job`: a text file's, or a gettext catalog's) and, in the first
+    process, joins them into --output; returns how many lines its shards hold. Its end (an error, a stop, a lost
+    peer) is one line and its status."""
     import torch
     from accelerate import PartialState
 
@@ -514,35 +544,29 @@ def translate_shards(args: argparse.Namespace, options: TranslationOptions) -> i
     end_with_launcher()  # a worker whose launcher died would go on alone: killed, it is a lost machine, named
     state = PartialState(cpu=not torch.cuda.is_available())  # this process's GPU, where there are GPUs
     rank, peers = state.process_index, Peers()
-    sharded = ShardedOutput(args.output, _run_identity(args, options), options.nbest or 1)
-    report, count = ControlReport(), 0
+    sharded = ShardedOutput(args.output, {**_run_identity(args, options), **job.identity}, options.nbest or 1)
+    report = ControlReport()
     peers.start(SHARDS_AGAIN)
     try:  # interruptible while it loads and waits; translating, a signal stops only where nothing is cut
         with interruptible():
             translator = load_translator(args, options)
-            shards = _agreed_plan(peers, sharded, args.input, translator, world)
-        for shard in shards[rank::world]:
-            if sharded.is_done(shard):  # by a stopped run: what its controls did is reported as if done now
-                for line, outcome in sorted(sharded.outcomes(shard).items()):
-                    report.restore(args.first_line + shard.first - 1 + line, outcome)
-                count += shard.lines
-            else:
-                count += translate_part(args, translator, sharded.part(shard), report,
-                                        Part(shard.first, shard.offset, shard.lines),
-                                        progress=os.environ.get("LOCAL_RANK", "0") == "0")  # fmt: skip
+            shards = agreed_plan(peers, sharded, job.source, translator, world)
+        count = _translate_shards(job, translator, sharded, shards[rank::world], report, args.first_line,
+                                  progress=os.environ.get("LOCAL_RANK", "0") == "0")  # fmt: skip
         with interruptible():
             peers.mark("translated")
             peers.wait_for("translated")
         if rank == 0:
-            sharded.join(shards)
+            sharded.join(shards, job.write)
             peers.mark("joined")
         with interruptible():
             peers.wait_for("joined", [0])
     except TranslationInterrupted as stop:
         line = getattr(stop, "line", f"interrupted before translating: {SHARDS_AGAIN}")
-        _end(peers, peers.lost or line, 1 if peers.lost else 128 + stop.signum)
+        end_process(peers, peers.lost or line, 1 if peers.lost else 128 + stop.signum)
     except SystemExit as exit:
-        _end(peers, exit.code if isinstance(exit.code, str) else None, 1 if isinstance(exit.code, str) else exit.code)
+        failed = isinstance(exit.code, str)
+        end_process(peers, exit.code if failed else None, 1 if failed else exit.code)
     peers.close()
     if rank == 0:
         print(f"{args.output}: {sum(s.lines for s in shards)} lines, {len(shards)} shards on {world} processes",
@@ -550,43 +574,6 @@ def translate_shards(args: argparse.Namespace, options: TranslationOptions) -> i
     report_controls(report, count)
     torch.distributed.destroy_process_group()
     return count
-
-
-def _agreed_plan(peers, sharded, source: str, translator, world: int) -> list:
-    """The shards, planned once by the first process (or read from a stopped run's manifest); every process gets
-    them, or the first one's error, in one line."""
-    key = "vaswani_mt/plan"
-    if peers.rank == 0:
-        try:
-            options = translator.options  # the default chunk: a short input is cut into a chunk a process
-            sharded.plan(source, translator.tokenizer, options.chunk_lines(), world, options.chunk_size is None)
-            peers.store.set(key, "")
-        except ValueError as error:
-            peers.store.set(key, str(error))
-            sys.exit(f"error: {error}")
-    while not peers.store.check([key]):
-        time.sleep(0.2)
-    error = peers.store.get(key).decode()
-    if error:
-        sys.exit(f"error: {error}")
-    try:
-        return sharded.shards()
-    except ValueError as error:
-        sys.exit(f"error: {error}")
-
-
-def _end(peers, line: str | None, code: int):
-    """Ends this process with `line` on stderr: through `os._exit` once the streams are flushed, since a process
-    group left open at exit can abort in gloo's teardown and closing it can wait on a lost peer."""
-    import logging
-
-    peers.close(failed=code not in (0, None))
-    if line:
-        print(line, file=sys.stderr)
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def _run_identity(args: argparse.Namespace, options: TranslationOptions) -> dict:

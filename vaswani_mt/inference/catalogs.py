@@ -11,12 +11,17 @@ msgids, obsolete entries, the order.
   language's `Plural-Forms` has (the header is set for it: `Language`, `Plural-Forms`, UTF-8).
 - Machine translations are marked `fuzzy`, gettext's flag for text no one has reviewed yet.
 - An entry whose directives or markup could not be put back is left empty (and reported, `ControlReport.unrestored`).
+
+`translate_catalog` does it in memory. The command splits it in two around its lines: `catalog_work` reads what to
+translate from the input alone, `fill_catalog` writes the translations back, and between them the lines are
+translated as a text file's are (resumable, in shards on several processes: cli/translate.py).
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -89,18 +94,28 @@ def _pieces(text: str) -> list[tuple[str, str, str]]:
     return pieces
 
 
-def translate_catalog(translator, catalog, language: str, *, retranslate: bool = False,
-                      report: ControlReport | None = None, progress: bool = False,
-                      glossary: Sequence[tuple[str, str]] = ()) -> CatalogRun:  # fmt: skip
-    """Fills `catalog` (a `polib.POFile`) in place with `translator`'s translations (the module's docstring), for
-    target `language`. The translator's `markup` must be set ("directives", or "xml" for entries with tags).
-    `glossary`: (source term, target term) pairs; each line that has a source term (a whole word or phrase, any case)
-    gets its target term as a constraint (docs/constraints.md), as a tabbed line of `--constraints` would."""
-    header = catalog.metadata
-    forms = plural_forms(language, header.get("Plural-Forms"))
-    count, run = nplurals(forms), CatalogRun()
+@dataclass
+class CatalogWork:
+    """What a catalog asks to translate, read from it alone (so every process and every rerun reads the same): the
+    entries `todo`, their `lines` (`Formatted`, one per msgid line with text) with each line's glossary `terms` (None:
+    no glossary), `places` (entry, which text, leading and trailing space, line index or None), the target's plural
+    `forms`, and how many entries are `kept`."""
+
+    todo: list
+    lines: list
+    terms: list | None
+    places: list
+    forms: str
+    kept: int
+
+
+def catalog_work(catalog, language: str, *, retranslate: bool = False,
+                 glossary: Sequence[tuple[str, str]] = ()) -> CatalogWork:  # fmt: skip
+    """The `CatalogWork` of `catalog` (a `polib.POFile`) for target `language` (ValueError, one line, where its
+    Plural-Forms are unknown)."""
+    forms = plural_forms(language, catalog.metadata.get("Plural-Forms"))
     todo = [entry for entry in catalog if _todo(entry, retranslate)]
-    run.kept = sum(1 for entry in catalog if entry.msgid and not entry.obsolete) - len(todo)
+    kept = sum(1 for entry in catalog if entry.msgid and not entry.obsolete) - len(todo)
     lines, places = [], []  # places: (entry, which text, piece), which: None for msgid, "plural" for msgid_plural
     for entry in todo:
         formats = formats_of(entry.flags)
@@ -110,21 +125,37 @@ def translate_catalog(translator, catalog, language: str, *, retranslate: bool =
             for lead, core, trail in _pieces(text):  # an empty line (a msgid's end "\n") is not translated
                 places.append((entry, which, lead, trail, len(lines) if core else None))
                 lines += [Formatted(core, formats)] if core else []
-    run.lines = len(lines)
+    terms = [glossary_terms(line, glossary) for line in lines] if glossary else None
+    return CatalogWork(todo, lines, terms, places, forms, kept)
+
+
+def fill_catalog(catalog, work: CatalogWork, language: str, outputs: Sequence, failed_lines: set[int]) -> CatalogRun:
+    """`catalog` filled in place from the translations of `work.lines` (`outputs`, in order; those of the entries
+    finished, where fewer), but the entries with a line in `failed_lines` (from 1), and its header set for
+    `language`."""
+    run = CatalogRun(kept=work.kept, lines=len(work.lines))
+    _fill(run, work.todo, work.places, list(outputs), failed_lines, nplurals(work.forms))
+    _set_header(catalog, language, work.forms)
+    return run
+
+
+def translate_catalog(translator, catalog, language: str, *, retranslate: bool = False,
+                      report: ControlReport | None = None, progress: bool = False,
+                      glossary: Sequence[tuple[str, str]] = ()) -> CatalogRun:  # fmt: skip
+    """Fills `catalog` (a `polib.POFile`) in place with `translator`'s translations (the module's docstring), for
+    target `language`. The translator's `markup` must be set ("directives", or "xml" for entries with tags).
+    `glossary`: (source term, target term) pairs; each line that has a source term (a whole word or phrase, any case)
+    gets its target term as a constraint (docs/constraints.md), as a tabbed line of `--constraints` would."""
+    work = catalog_work(catalog, language, retranslate=retranslate, glossary=glossary)
     report = report if report is not None else ControlReport()
     before = set(report.unrestored)
     outputs: list = []
-    terms = [glossary_terms(line, glossary) for line in lines] if glossary else None
     try:
-        _translate(translator, lines, outputs, report, progress, terms)
+        _translate(translator, work.lines, outputs, report, progress, work.terms)
     except TranslationInterrupted as stop:  # the entries whose lines are all done are filled: a rerun continues
-        _fill(run, todo, places, outputs + list(stop.done), set(report.unrestored) - before, count)
-        _set_header(catalog, language, forms)
-        stop.run = run
+        stop.run = fill_catalog(catalog, work, language, outputs + list(stop.done), set(report.unrestored) - before)
         raise
-    _fill(run, todo, places, outputs, set(report.unrestored) - before, count)
-    _set_header(catalog, language, forms)
-    return run
+    return fill_catalog(catalog, work, language, outputs, set(report.unrestored) - before)
 
 
 def glossary_terms(line: str, glossary: Sequence[tuple[str, str]]) -> list[str]:
@@ -213,7 +244,11 @@ def _set_header(catalog, language: str, forms: str) -> None:
     metadata["Plural-Forms"] = forms
     metadata["Content-Type"] = "text/plain; charset=UTF-8"
     metadata["Content-Transfer-Encoding"] = "8bit"
-    metadata["PO-Revision-Date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M+0000")
+    # SOURCE_DATE_EPOCH (reproducible-builds.org), where set: a run's bytes then depend on its input alone.
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    now = datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc) if epoch else datetime.datetime.now(
+        datetime.timezone.utc)  # fmt: skip
+    metadata["PO-Revision-Date"] = now.strftime("%Y-%m-%d %H:%M+0000")
     metadata.setdefault("MIME-Version", "1.0")
     metadata["X-Generator"] = "vaswani_mt (machine translation: every entry it filled is fuzzy)"
     catalog.metadata_is_fuzzy = False
@@ -242,5 +277,6 @@ def catalog_language(catalog, given: str | None, fallback: Sequence[str] = ()) -
     raise ValueError("the target language of the catalog is unknown: give --language (e.g. --language de)")
 
 
-__all__ = ["PLURAL_FORMS", "CatalogRun", "catalog_language", "glossary_terms", "nplurals", "plural_forms",
-           "read_catalog", "read_glossary", "translate_catalog"]  # fmt: skip
+__all__ = ["PLURAL_FORMS", "CatalogRun", "CatalogWork", "catalog_language", "catalog_work", "fill_catalog",
+           "glossary_terms", "nplurals", "plural_forms", "read_catalog", "read_glossary",
+           "translate_catalog"]  # fmt: skip

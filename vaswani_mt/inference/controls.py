@@ -30,17 +30,22 @@ class ControlReport:
     unrestored: dict[int, str] = field(default_factory=dict)
 
     def outcome(self, line: int) -> dict | None:
-        """Line `line`'s outcome as JSON (`restore` takes it back), None where its controls were honoured."""
-        if line in self.failed:
-            return {"failed": self.failed[line]}
-        return {"unmet": self.unmet[line]} if line in self.unmet else None
+        """Line `line`'s outcome as JSON (`restore` takes it back), None where its controls were honoured and its
+        markup put back."""
+        found = {"failed": self.failed[line]} if line in self.failed else {}
+        found.update({"unmet": self.unmet[line]} if line in self.unmet and not found else {})
+        found.update({"unrestored": self.unrestored[line]} if line in self.unrestored else {})
+        return found or None
 
     def restore(self, line: int, outcome: dict) -> None:
         """A line kept from a stopped run: its outcome reported again, as when it was translated."""
         if "failed" in outcome:
             fail(self, line, outcome["failed"])
-        else:
+        elif "unmet" in outcome:
             warn_unmet(self, line, outcome["unmet"])
+        if "unrestored" in outcome:
+            logger.error("line %d: markup not put back (%s): written as its source", line, outcome["unrestored"])
+            self.unrestored[line] = outcome["unrestored"]
 
 
 def fail(report: ControlReport | None, line: int, message: str) -> None:

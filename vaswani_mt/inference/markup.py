@@ -464,13 +464,6 @@ def _placed_children(plan: MarkupPlan, alignment: _Alignment, span: dict) -> dic
                 place = last + 1
         place = _past_terms(place, alignment.words, plan.terms, span[item.parent][1] + 1)
         children.setdefault(item.parent, []).append((place, 2 if item.edge == "end" else 0, item))  # the end: last
-    for placed in children.values():  # directives without a number take their arguments in order: they keep it
-        ordered = [j for j, (_, _, item) in enumerate(placed) if isinstance(item, _Point)
-                   and in_order(item.text, plan.formats)]  # fmt: skip
-        slots = sorted(ordered, key=lambda j: (placed[j][0], placed[j][1], j))
-        items = [placed[j][2] for j in ordered]  # in source order
-        for j, item in zip(slots, items, strict=True):
-            placed[j] = (placed[j][0], placed[j][1], item)
     return children
 
 
@@ -544,6 +537,12 @@ def _render(plan: MarkupPlan, words: list[str], span: dict, children: dict, join
         emit_words(cursor, last + 1)
 
     render(None)
+    # Directives without a number take their arguments in order: they keep their source order, inside a tag or not
+    # (each place keeps its spacing).
+    slots = [i for i, (kind, _, item) in enumerate(pieces) if kind == "point" and in_order(item.text, plan.formats)]
+    ordered = [item.text for item in plan.points if in_order(item.text, plan.formats)]  # the points: source order
+    for i, text in zip(slots, ordered, strict=True):
+        pieces[i] = ("point", text, pieces[i][2])
     separators = []
     for i, (kind, _, item) in enumerate(pieces):
         previous = pieces[i - 1] if i else None

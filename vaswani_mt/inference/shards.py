@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import shutil
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -32,28 +33,22 @@ class Shard:
     tokens: int  # source tokens, as the model's tokenizer counts them, plus one per line
 
 
-def plan_shards(path: str | os.PathLike, tokenizer, chunk: int, count: int, spread: bool = False) -> list[Shard]:
-    """At most `count` shards of the file at `path`, each a run of whole chunks of `chunk` lines (from its first
-    line) with about the same number of tokens; one pass over the file, one tokenizer call per chunk.
+def plan_shards(source, tokenizer, chunk: int, count: int, spread: bool = False) -> list[Shard]:
+    """At most `count` shards of `source`, a file's path (one pass over it) or its lines already read (a gettext
+    catalog's: offsets 0), each a run of whole chunks of `chunk` lines (from its first line) with about the same
+    number of tokens; one tokenizer call per chunk.
 
     `spread` (the chunk is the default one, not a `--chunk_size` given): a file shorter than `count` chunks is cut
     into `count` chunks of equal lines instead, one a shard, so that every process has a share."""
     if spread and chunk > 1:
-        with open(path, "rb") as f:
-            lines = sum(1 for _ in itertools.islice(_lines(f), chunk * count))
+        lines = sum(1 for _ in itertools.islice(_chunks(source, 1), chunk * count))
         if lines < chunk * count:
             chunk = max(1, -(-lines // count))
-    chunks = []  # (first line, lines, offset, tokens)
-    with open(path, "rb") as f:
-        first = 0
-        while True:
-            offset = f.tell()
-            texts = [_decode(line) for line in itertools.islice(_lines(f), chunk)]
-            if not texts:
-                break
-            ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if any(texts) else []
-            chunks.append((first, len(texts), offset, sum(map(len, ids)) + len(texts)))
-            first += len(texts)
+    chunks, first = [], 0  # (first line, lines, offset, tokens)
+    for offset, texts in _chunks(source, chunk):
+        ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if any(texts) else []
+        chunks.append((first, len(texts), offset, sum(map(len, ids)) + len(texts)))
+        first += len(texts)
     if not chunks:
         return []
     totals = list(itertools.accumulate(c[3] for c in chunks))
@@ -66,6 +61,20 @@ def plan_shards(path: str | os.PathLike, tokenizer, chunk: int, count: int, spre
         part = chunks[start:end]
         shards.append(Shard(index, part[0][0], sum(c[1] for c in part), part[0][2], sum(c[3] for c in part)))
     return shards
+
+
+def _chunks(source, chunk: int) -> Iterator[tuple[int, list[str]]]:
+    """(the byte it starts at, its lines) of each run of `chunk` lines of `source` (`plan_shards`')."""
+    if not isinstance(source, (str, os.PathLike)):
+        yield from ((0, list(source[start : start + chunk])) for start in range(0, len(source), chunk))
+        return
+    with open(source, "rb") as f:
+        while True:
+            offset = f.tell()
+            texts = [_decode(line) for line in itertools.islice(_lines(f), chunk)]
+            if not texts:
+                return
+            yield offset, texts
 
 
 def _lines(f: BinaryIO):
@@ -91,7 +100,7 @@ class ShardedOutput:
         self.identity, self.lines_per_input = identity, lines_per_input
         self.key, self.parts = run_key(identity), run_parts(identity)
 
-    def plan(self, source: str | os.PathLike, tokenizer, chunk: int, count: int, spread: bool = False) -> list[Shard]:
+    def plan(self, source, tokenizer, chunk: int, count: int, spread: bool = False) -> list[Shard]:
         """The shards of this run: those of the manifest a stopped run of it wrote, else `plan_shards`' (written to
         the manifest). ValueError, one line, where the folder holds another run's."""
         if self.manifest.exists():
@@ -130,14 +139,21 @@ class ShardedOutput:
     def is_done(self, shard: Shard) -> bool:
         return (self.folder / f"{shard.index:05d}").exists()
 
-    def join(self, shards: list[Shard]) -> None:
-        """The finished shards, in order, become `output` (through `output.partial`: never half-written); the
-        folder goes."""
+    def path(self, shard: Shard) -> Path:
+        """The file of a finished shard."""
+        return self.folder / f"{shard.index:05d}"
+
+    def join(self, shards: list[Shard], write: Callable[[Path, ShardedOutput, list[Shard]], None] | None = None):
+        """The finished shards, in order, become `output` (through `output.partial`: never half-written): their
+        bytes, or what `write(partial, self, shards)` makes of them (a gettext catalog); the folder goes."""
         partial = Path(f"{self.output}.partial")
-        with open(partial, "wb") as sink:
-            for shard in shards:
-                with open(self.folder / f"{shard.index:05d}", "rb") as part:
-                    shutil.copyfileobj(part, sink, 1 << 20)
+        if write is not None:
+            write(partial, self, shards)
+        else:
+            with open(partial, "wb") as sink:
+                for shard in shards:
+                    with open(self.path(shard), "rb") as part:
+                        shutil.copyfileobj(part, sink, 1 << 20)
         os.replace(partial, self.output)
         shutil.rmtree(self.folder)
 

@@ -104,6 +104,12 @@ def count_lines(path: str | Path) -> int:
     return lines + (last != b"\n")  # a last line without its end counts too
 
 
+def has_tab(path: str | Path) -> bool:
+    """Whether the file at `path` has a tab anywhere (constrained input: `source<TAB>term`), read a block at a time."""
+    with open(path, "rb") as f:
+        return any(b"\t" in block for block in iter(lambda: f.read(1 << 20), b""))
+
+
 def translate_stream(translator: Translator, source: BinaryIO, sink: BinaryIO, name: str = "<stdin>", *,
                      prefixes: Iterable[str] | None = None, report: ControlReport | None = None,
                      resume: Resume | None = None, progress: bool = False) -> int:  # fmt: skip
@@ -135,6 +141,12 @@ def translate_stream(translator: Translator, source: BinaryIO, sink: BinaryIO, n
     lines = read_text_lines(source, name, first=first_line)
     outputs = translator.translate_iterable(lines, prefixes=prefixes, report=report, ready=ready, resume=resume,
                                             progress=progress)  # fmt: skip
+    return write_translations(outputs, sink, first_line)
+
+
+def write_translations(outputs: Iterator, sink: BinaryIO, first_line: int = 1) -> int:
+    """Writes the outputs a translator's iterator gives (lines from `first_line`) into `sink` as they come, each
+    flushed, and returns how many; a stop (`TranslationInterrupted`) is `translate_stream`'s."""
     count = first_line - 1
     try:
         while True:
@@ -164,6 +176,39 @@ def _write(sink: BinaryIO, outputs: list, count: int) -> int:
     sink.write("".join(format_output(output, count + i) for i, output in enumerate(outputs)).encode("utf-8"))
     sink.flush()
     return count + len(outputs)
+
+
+class Recorded:
+    """A resumable output's `F.partial` (`system.outputs.ResumableOutput`), to append to, that records in `F.resume`
+    what the controls and the markup did to each line (`report`, lines numbered `offset` + output line) before the
+    line is written: a rerun that keeps the line reports it again, and its exit status is the whole run's. `lines`:
+    the lines in `F.partial` already."""
+
+    def __init__(self, output, report: ControlReport, offset: int, lines: int):
+        self.file, self.output, self.report, self.offset, self.lines = output.open(), output, report, offset, lines
+        self.seen, self.pending = 0, []  # the report's size when last read; its lines not recorded yet
+
+    def write(self, data: bytes) -> int:
+        self.lines += data.count(b"\n") // self.output.lines_per_input
+        report, low, high = self.report, self.offset, self.offset + self.lines
+        noted = (*report.unmet, *report.failed, *report.unrestored)
+        if len(noted) != self.seen:
+            self.seen = len(noted)
+            self.pending = [line for line in set(noted) if line > low and line - low not in self.output.outcomes]
+        due = {line - low: report.outcome(line) for line in self.pending if line <= high}
+        if due:
+            self.output.record_outcomes(due)
+            self.pending = [line for line in self.pending if line > high]
+        return self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.file.close()
 
 
 class LineLimit:
@@ -209,8 +254,11 @@ def skip_lines(stream: BinaryIO, count: int) -> int:
 __all__ = [
     "MAX_LINE_BYTES",
     "LineLimit",
+    "Recorded",
     "count_lines",
+    "has_tab",
     "read_text_lines",
     "skip_lines",
     "translate_stream",
+    "write_translations",
 ]

@@ -33,10 +33,13 @@ logger = logging.getLogger(__name__)
 class Resume(NamedTuple):
     """Where a stopped run left off: the number of the first line read (`first_line`, from 1: warnings, the report
     and n-best IDs count from it) and the outputs of lines after it that are already `done` (`{line number: output}`,
-    `TranslationInterrupted.later`): those are yielded as they are, not translated again."""
+    `TranslationInterrupted.later`): those are yielded as they are, not translated again. `tabbed`: a line of the
+    input this run does not read (in a finished chunk skipped, or another shard's) has a tab, so constrained input
+    that has none here is not warned about."""
 
     first_line: int = 1
     done: Mapping[int, object] = {}
+    tabbed: bool = False
 
 
 def load_backend(model, tokenizer=None, options: TranslationOptions | None = None) -> Backend:
@@ -134,7 +137,7 @@ class Translator:
                     stop.done, stop.first = outputs, done + 1
                     raise
                 done += len(chunk)
-        if tabbed and not controls.tabbed and done >= first_line:
+        if tabbed and not controls.tabbed and not resume.tabbed and done >= first_line:
             from vaswani_mt.inference.controls import warn_no_tabs
 
             warn_no_tabs(done - first_line + 1)
