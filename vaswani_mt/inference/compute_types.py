@@ -4,8 +4,9 @@
 - `bfloat16`: the weights cast to bf16 (`model.to(torch.bfloat16)`), so every matrix product runs in bf16; the search
   still scores in float32 (our beam search and transformers' greedy search cast the logits before the log-softmax,
   the length penalty is applied to those float32 scores), softmax inside attention runs in float32 (eager) or with
-  float32 accumulation (sdpa), and LayerNorm accumulates in float32. Only where the hardware multiplies bf16
-  natively (`native_bf16()`, or a CUDA GPU that has it): elsewhere torch emulates it, about 2x slower than float32.
+  float32 accumulation (sdpa), and LayerNorm accumulates in float32. On a CPU each linear layer's weight is
+  reordered once for oneDNN (`prepared.PreparedLinear`), not at every product. Only where the hardware multiplies
+  bf16 natively (`native_bf16()`, or a CUDA GPU that has it): elsewhere torch emulates it, about 2x slower.
 - `int8`: every `nn.Linear` (the encoder's and decoder's projections, the FFN and the pre-softmax projection
   `lm_head`) with int8 weights, one scale per output row, and its input quantized to int8 at each call (dynamic
   quantization, PyTorch's fbgemm kernels), as CTranslate2's int8. The embedding lookups stay float32: `lm_head`'s
@@ -89,6 +90,15 @@ def _quantize_int8(model: nn.Module) -> nn.Module:
         )
 
 
+def _bfloat16(model: nn.Module) -> nn.Module:
+    """`model` in bf16, in place: weights, so the KV cache and the logits too; on a CPU its linear layers' weights
+    reordered once for oneDNN (`prepared.prepare_weights`, where this torch has the ops)."""
+    from vaswani_mt.inference.prepared import prepare_weights
+
+    model = model.to(torch.bfloat16)
+    return prepare_weights(model) if next(model.parameters()).device.type == "cpu" else model
+
+
 def compute_type_of(model: nn.Module) -> str:
     """The compute type `model` runs at: "int8" where its linear layers are `Int8Linear`, "bfloat16" where its
     weights are bf16, else "float32"."""
@@ -104,7 +114,7 @@ def converted(model: nn.Module, compute_type: str) -> nn.Module:
     if compute_type == "float32" or compute_type_of(model) == compute_type:
         return model
     if compute_type == "bfloat16":
-        return model.to(torch.bfloat16)
+        return _bfloat16(model)
     if compute_type == "int8":
         return _quantize_int8(model)
     raise ValueError(f"compute type {compute_type!r} is not resolved: use resolve_compute_type first")
