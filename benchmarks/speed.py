@@ -669,8 +669,8 @@ def peers(argv=None) -> dict:
     parser.add_argument("--batch", type=int, default=16, help="sentences per batch of every side")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the whole split per side")
     parser.add_argument("--max_sentences", type=int, default=None, help="the first N test sentences (a quick look)")
-    parser.add_argument("--split", default="test", choices=["test", "dev"],
-                        help="the built-in corpus's split (dev: what `auto` is chosen on)")  # fmt: skip
+    parser.add_argument("--split", default="test", choices=["test", "validation"],
+                        help="the built-in corpus's split (validation: the dev split `auto` is chosen on)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch's and CTranslate2's")
     parser.add_argument("--ct2_ranking", choices=["ctranslate2", "paper"], default="ctranslate2",
                         help="CTranslate2's own ranking, as users run it, or §6.1's (our back end)")  # fmt: skip
