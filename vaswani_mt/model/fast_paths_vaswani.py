@@ -64,7 +64,7 @@ _PACKED_GEMM_MAX_ROWS = 256
 # A packed weight serves one row count, and rows shrink as sentences leave the search: a row count is packed at its
 # third call in a row (one that lasts; the encoder's, once a batch, never is), and a weight keeps the copies of its
 # last four row counts used. On the test split that is 17x fewer packs than packing at each new count, 69% of the
-# decoder's products packed (benchmarks/RESULTS.md, 2026-11-29 prepared weights).
+# decoder's products packed (benchmarks/RESULTS.md, 2026-11-29 bf16 and prepared weights).
 _PACK_AT_CALL, _PACKED_ROW_COUNTS = 3, 4
 # Packed weights live here, not on the modules: they are opaque MKL tensors that cannot be copied or saved.
 _PACKED_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
