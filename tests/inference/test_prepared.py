@@ -50,8 +50,12 @@ def test_bfloat16_prepares_every_linear_layer_keeps_the_projection_tied_and_give
     assert {name for name, module in bf16.named_modules() if type(module) is PreparedLinear} == linears
     assert bf16.lm_head.weight is bf16.model.shared.weight and compute_type_of(bf16) == "bfloat16"
     inputs = tokenizer([en for en, _ in SENTENCES], padding=True, return_tensors="pt")
+    copied = copy.deepcopy(bf16)  # reordered anew: an opaque reordered tensor has no storage to copy
+    assert copied.lm_head.weight is copied.model.shared.weight and copied.lm_head.weight is not bf16.lm_head.weight
     with torch.no_grad():
-        assert torch.equal(bf16.generate(**inputs, max_new_tokens=8), plain.generate(**inputs, max_new_tokens=8))
+        expected = plain.generate(**inputs, max_new_tokens=8)
+        assert torch.equal(bf16.generate(**inputs, max_new_tokens=8), expected)
+        assert torch.equal(copied.generate(**inputs, max_new_tokens=8), expected)
 
 
 def test_without_the_ops_the_layers_stay_plain(monkeypatch):

@@ -11,6 +11,8 @@ otherwise; in inference/ only, so that the saved model (the payload) is unchange
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -49,6 +51,13 @@ class PreparedLinear(nn.Module):
             return nn.functional.linear(states, self.weight, self.bias)
         bias = None if self.bias is None else self.bias.detach()
         return torch.ops.mkldnn._linear_pointwise(states, self.packed, bias, "none", [], "")
+
+    def __deepcopy__(self, memo: dict) -> PreparedLinear:
+        """A copy reordered anew from copies of the weight and bias (`memo`: a tied weight stays tied to its copy);
+        an opaque reordered tensor cannot be copied."""
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
+        linear.weight, linear.bias = copy.deepcopy(self.weight, memo), copy.deepcopy(self.bias, memo)
+        return PreparedLinear(linear)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, prepacked {self.weight.dtype}"
