@@ -11,7 +11,6 @@ only), so that `save_pretrained` copies it as Hub remote code.
 
 from __future__ import annotations
 
-import collections
 import weakref
 
 import torch
@@ -76,19 +75,19 @@ class _PackedCopies:
 
     def __init__(self, key: tuple, weight: torch.Tensor):
         self.key, self.weight = key, weakref.ref(weight)
-        self.rows, self.calls, self.copies = 0, 0, collections.OrderedDict()
+        self.rows, self.calls, self.copies = 0, 0, {}  # rows -> packed copy, least recently used first
 
     def for_rows(self, rows: int, weight: torch.Tensor) -> torch.Tensor | None:
         """The copy packed for `rows`, packed now at the `_PACK_AT_CALL`-th call in a row; None before."""
         self.calls = self.calls + 1 if rows == self.rows else 1
         self.rows = rows
-        packed = self.copies.get(rows)
+        packed = self.copies.pop(rows, None)
+        if packed is None and self.calls >= _PACK_AT_CALL:
+            packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
         if packed is not None:
-            self.copies.move_to_end(rows)
-        elif self.calls >= _PACK_AT_CALL:
-            packed = self.copies[rows] = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+            self.copies[rows] = packed  # the most recently used last
             if len(self.copies) > _PACKED_ROW_COUNTS:
-                self.copies.popitem(last=False)
+                del self.copies[next(iter(self.copies))]
         return packed
 
 
