@@ -7,6 +7,7 @@ our own decoding options, each side run as its users run it; one command per fig
     python benchmarks/speed.py batching ...   # translate.py with token-budget against fixed-size batches
     python benchmarks/speed.py peers ...      # one run: ours (float32, int8, bf16, terms), Marian, CTranslate2
     python benchmarks/speed.py commands ...   # translate.py on ours, on its CTranslate2 export, a plain CT2 script
+    python benchmarks/speed.py products ...   # a decoder step's matrix products: plain, packed, prepacked, int8
 
 `python benchmarks/speed.py COMMAND --help` describes each. The harness (machine record, interleaving, ratios, the
 side-by-side runner, peak memory in a child process) is speed_common.py's.
@@ -646,6 +647,8 @@ def peers(argv=None) -> dict:
     parser.add_argument("--batch", type=int, default=16, help="sentences per batch of every side")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the whole split per side")
     parser.add_argument("--max_sentences", type=int, default=None, help="the first N test sentences (a quick look)")
+    parser.add_argument("--split", default="test", choices=["test", "validation"],
+                        help="the built-in corpus's split (validation: the dev split `auto` is chosen on)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch's and CTranslate2's")
     parser.add_argument("--count_work", action="store_true",
                         help="no timing: the decoder steps and rows each side decodes, ours and CTranslate2 float32 "
@@ -678,13 +681,13 @@ def peers(argv=None) -> dict:
 
         return search_batch
 
-    sources, references = split_pairs("test", args.max_sentences)
+    sources, references = split_pairs(args.split, args.max_sentences)
     if args.count_work:
         return record.report(count_work(args, model, tokenizer, limit, sources, references), args.json)
     ours = {ct: Translator(model, tokenizer, batch_size=args.batch, num_beams=args.beam, compute_type=ct)
             for ct in ("float32", "int8", *(("bfloat16",) if native_bf16() else ()))}  # fmt: skip
-    result = {"model": args.model, "native_bf16": native_bf16(), "beam": args.beam, "batch": args.batch,
-              "alpha": alpha, "ctranslate2": ctranslate2.__version__}  # fmt: skip
+    result = {"model": args.model, "split": args.split, "native_bf16": native_bf16(), "beam": args.beam,
+              "batch": args.batch, "alpha": alpha, "ctranslate2": ctranslate2.__version__}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="peers-") as scratch:
         sides = {**{f"ours {ct}": translator.translate for ct, translator in ours.items()},
                  "MarianMTModel float32": _longest_first(tokenizer, args.batch, limit, marian_search)}  # fmt: skip
@@ -697,7 +700,10 @@ def peers(argv=None) -> dict:
                 own = CTranslate2Model(folder, ranking="ctranslate2", intra_threads=args.threads)
                 sides[f"{THROUGH}, own ranking"] = Translator(own, num_beams=args.beam).translate
         torch.set_num_threads(args.threads)  # a CTranslate2 translator sets the OpenMP thread count, torch's too
-        print(f"\n{len(sources)} test sentences, beam {args.beam}, batches of {args.batch}, {args.threads} threads")
+        print(
+            f"\n{len(sources)} {args.split} sentences, beam {args.beam}, batches of {args.batch}, "
+            f"{args.threads} threads"
+        )
         rows = run_sides(sides, sources, references, args.repeats, "ours float32")[0]
     terms = reference_terms(sources, references)
     chosen = [i for i, wanted in enumerate(terms) if wanted]
@@ -724,8 +730,81 @@ def peers(argv=None) -> dict:
     return record.report(result, args.json)
 
 
+def products(argv=None) -> dict:
+    """A decoder step's matrix products at decode row counts (the model's linear shapes: d x d, d x d_ff, d_ff x d,
+    d x V), each way we can run them, --repeats interleaved rounds of --calls calls (medians, microseconds a call):
+    float32 and bf16 `F.linear`; float32 through MKL's packed GEMM packed for those rows (the payload's `_project`);
+    float32 and bf16 reordered once for oneDNN, any rows (`inference.prepared.PreparedLinear`); dynamic int8
+    (`Int8Linear`); and what packing costs (one `_mkl_reorder_linear_weight` for those rows, done again at each new
+    row count; one oneDNN reorder, done once): how many calls at one row count repay a pack (issue 62, item 4)."""
+    from vaswani_mt.inference.compute_types import Int8Linear
+    from vaswani_mt.inference.prepared import ONEDNN_PREPACKED, PreparedLinear
+    from vaswani_mt.model import fast_paths_vaswani as fast
+
+    parser = command_parser(products)
+    parser.add_argument("--model", default=None, help="a saved folder whose shapes to use (default: preset `small`)")
+    parser.add_argument("--rows", default="4,16,32,64", help="rows a product multiplies (beams x sentences)")
+    parser.add_argument("--calls", type=int, default=200, help="calls a timed round")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch's threads")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    record = MachineRecord()
+    config = (VaswaniConfig.from_pretrained(args.model) if args.model
+              else VaswaniConfig.from_preset("small", vocab_size=8000))  # fmt: skip
+    d, ff, vocab = config.d_model, config.d_ff, config.vocab_size
+    torch.manual_seed(0)
+    cases = []
+    shapes = {"d x d": (d, d), "FFN in": (d, ff), "FFN out": (ff, d), "logits": (d, vocab)}
+    for name, (fan_in, fan_out) in shapes.items():
+        linear = torch.nn.Linear(fan_in, fan_out).eval()
+        bf16 = copy.deepcopy(linear).to(torch.bfloat16)
+        int8 = Int8Linear.from_float(_dynamic_qconfig(copy.deepcopy(linear)))
+        prepared = {dtype: PreparedLinear(layer) for dtype, layer in (("float32", linear), ("bfloat16", bf16))
+                    if ONEDNN_PREPACKED}  # fmt: skip
+        for rows in [int(r) for r in args.rows.split(",")]:
+            x = torch.randn(rows, fan_in)
+            xb = x.to(torch.bfloat16)
+            ways = {"float32": partial(torch.nn.functional.linear, x, linear.weight, linear.bias),
+                    "bfloat16": partial(torch.nn.functional.linear, xb, bf16.weight, bf16.bias),
+                    "int8": partial(int8, x)}  # fmt: skip
+            if fast._MKL_PACKED_GEMM:
+                packed = torch.ops.mkl._mkl_reorder_linear_weight(linear.weight.detach(), rows)
+                ways["float32 MKL packed"] = partial(torch.ops.mkl._mkl_linear, x, packed, linear.weight, linear.bias,
+                                                     rows)  # fmt: skip
+                ways["MKL pack"] = partial(torch.ops.mkl._mkl_reorder_linear_weight, linear.weight.detach(), rows)
+            if prepared:
+                ways["float32 prepacked"] = partial(prepared["float32"], x)
+                ways["bfloat16 prepacked"] = partial(prepared["bfloat16"], xb)
+                ways["oneDNN reorder bf16"] = partial(torch.ops.mkldnn._reorder_linear_weight, bf16.weight.detach(),
+                                                      None)  # fmt: skip
+            with torch.no_grad():
+                times = interleave({way: partial(_calls, call, args.calls) for way, call in ways.items()},
+                                   args.repeats)  # fmt: skip
+            case = {"product": name, "shape": f"{rows} x {fan_in} x {fan_out}",
+                    **{way: round(1e6 * statistics.median(t) / args.calls, 1) for way, t in times.items()}}  # fmt: skip
+            cases.append(case)
+            print(json.dumps(case), flush=True)
+    print_table(f"Matrix products, microseconds a call (medians of {args.repeats} rounds of {args.calls})", cases,
+                list(dict.fromkeys(k for c in cases for k in c)))  # fmt: skip
+    return record.report({"model": args.model or "preset small, vocab 8000", "cases": cases}, args.json)
+
+
+def _dynamic_qconfig(linear: torch.nn.Linear) -> torch.nn.Linear:
+    from torch.ao.quantization import per_channel_dynamic_qconfig
+
+    linear.qconfig = per_channel_dynamic_qconfig
+    return linear
+
+
+def _calls(call, count: int) -> None:
+    for _ in range(count):
+        call()
+
+
 def main(argv=None):
-    commands_ = {"train": train, "decode": decode, "batching": batching, "peers": peers, "commands": commands}
+    commands_ = {"train": train, "decode": decode, "batching": batching, "peers": peers, "commands": commands,
+                 "products": products}  # fmt: skip
     return dispatch(__doc__, commands_, argv)
 
 

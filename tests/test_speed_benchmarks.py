@@ -368,3 +368,18 @@ def test_ensemble_benchmark_translates_the_last_checkpoints_beside_their_average
     assert result["sentences"] == 8 and rows["average (published)"]["ratio_to_average (published)"] == 1.0
     assert all(0 <= row["bleu"] <= 100 and row["sentences_per_s"] > 0 for row in rows.values())
     assert "machine" in result["record"]
+
+
+def test_products_benchmark_times_each_way_of_a_decoder_product_and_the_packing(bench, tmp_path):
+    """`speed.py products` (issue 62, item 4): every way of running the model's four product shapes at each row
+    count, a figure each in microseconds, with the cost of packing beside them."""
+    speed, common = bench("speed"), bench("speed_common")
+    out = tmp_path / "products.json"
+    speed.main(["products", "--model", str(common.tiny_model_folder(tmp_path / "model")), "--rows", "4,8",
+                "--calls", "2", "--repeats", "1", "--threads", "1", "--json", str(out)])  # fmt: skip
+    cases = json.loads(out.read_text())["cases"]
+    assert [case["product"] for case in cases] == [p for p in ("d x d", "FFN in", "FFN out", "logits") for _ in "ab"]
+    for case in cases:
+        assert {"float32", "bfloat16", "int8"} <= set(case) and all(
+            value > 0 for key, value in case.items() if key not in ("product", "shape")
+        )

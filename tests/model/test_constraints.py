@@ -273,10 +273,10 @@ def decoded_rows(model, ids, mask, **kwargs) -> tuple[list, int]:
     return [(generated(row), score) for row, score in zip(out.sequences, scores, strict=True)], sum(counted)
 
 
-# alpha, early_stopping, num_return_sequences, per-step scores, whether "best" decodes fewer rows (at alpha 1.5 the
-# bound at the longest length is loose: it stops no sentence before "beam" does on these four).
+# alpha, early_stopping, num_return_sequences, per-step scores, whether "best" decodes fewer rows.
 STOPPING_CASES = [(0.0, True, 1, False, True), (0.0, True, 1, True, True), (0.6, True, 1, False, True),
-                  (0.0, "never", 1, True, True), (0.0, True, 2, False, True), (1.5, False, 1, True, False)]  # fmt: skip
+                  (0.0, "never", 1, True, True), (0.0, True, 2, False, True),
+                  (1.5, "never", 1, True, True)]  # fmt: skip
 
 
 @pytest.mark.parametrize(("alpha", "early_stopping", "returned", "output_scores", "fewer"), STOPPING_CASES)
@@ -284,7 +284,8 @@ def test_a_constrained_sentence_stops_once_what_it_returns_is_settled(tokenizer,
                                                                       output_scores, fewer):  # fmt: skip
     """`constrained_stopping="best"` (the default) returns what "beam" (done once `num_beams` hypotheses that meet
     the terms have finished) returns, tokens and scores, and decodes fewer rows: a constrained sentence is done once
-    no running hypothesis can beat, at any length it may reach, the `num_return_sequences`-th it has finished."""
+    no running hypothesis can beat, at any length it may reach, the `num_return_sequences`-th it has finished (with
+    `early_stopping="never"` at alpha > 0, the bound at the longest length; on these cases the current one's too)."""
     model = fit_tiny_model(tokenizer)
     ids = tokenizer(["the house is small", "the dog is big", "the cat sleeps", "a small book"], return_tensors="pt",
                     padding=True)  # fmt: skip
@@ -296,6 +297,32 @@ def test_a_constrained_sentence_stops_once_what_it_returns_is_settled(tokenizer,
                                    **kwargs)  # fmt: skip
     assert best == beam
     assert best_rows < beam_rows if fewer else best_rows == beam_rows
+
+
+def test_the_settled_bound_is_at_the_longest_length_only_under_early_stopping_never(tokenizer, monkeypatch):
+    """As `can_improve` reads `early_stopping`: "never" bounds a running hypothesis at the longest length (exact), any
+    other value at its current one (transformers' heuristic), which settles a sentence sooner."""
+    from vaswani_mt.model import beam_search_vaswani
+
+    model = fit_tiny_model(tokenizer)
+    ids = tokenizer(["the house is small", "the dog is big"], return_tensors="pt", padding=True)
+    terms = [[phrase_forms(tokenizer, "Hund")], []]
+    bounds = []
+
+    def recorded(settle, running, finished, done, generated, longest):
+        bounds.append((generated, longest))
+        return settled(settle, running, finished, done, generated, longest)
+
+    monkeypatch.setattr(beam_search_vaswani, "settled", recorded)
+    for early_stopping in ("never", True, False):
+        bounds.clear()
+        out = model.generate(**ids, constraints=terms, constrained_length_penalty=1.5, early_stopping=early_stopping,
+                             max_new_tokens=12, return_dict_in_generate=True)  # fmt: skip
+        assert bounds and bool(out.constraints_met[0].all())
+        if early_stopping == "never":
+            assert {longest for _, longest in bounds} == {12}  # max_length - 1: the decoder start and 12 new tokens
+        else:
+            assert all(longest == generated for generated, longest in bounds)
 
 
 def test_the_settled_rule_reads_the_returned_hypothesis_and_the_bound_at_the_longest_length():

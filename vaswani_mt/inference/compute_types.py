@@ -4,8 +4,9 @@
 - `bfloat16`: the weights cast to bf16 (`model.to(torch.bfloat16)`), so every matrix product runs in bf16; the search
   still scores in float32 (our beam search and transformers' greedy search cast the logits before the log-softmax,
   the length penalty is applied to those float32 scores), softmax inside attention runs in float32 (eager) or with
-  float32 accumulation (sdpa), and LayerNorm accumulates in float32. Only where the hardware multiplies bf16
-  natively (`native_bf16()`, or a CUDA GPU that has it): elsewhere torch emulates it, about 2x slower than float32.
+  float32 accumulation (sdpa), and LayerNorm accumulates in float32. On a CPU each linear layer's weight is
+  reordered once for oneDNN (`prepared.PreparedLinear`), not at every product. Only where the hardware multiplies
+  bf16 natively (`native_bf16()`, or a CUDA GPU that has it): elsewhere torch emulates it, about 2x slower.
 - `int8`: every `nn.Linear` (the encoder's and decoder's projections, the FFN and the pre-softmax projection
   `lm_head`) with int8 weights, one scale per output row, and its input quantized to int8 at each call (dynamic
   quantization, PyTorch's fbgemm kernels), as CTranslate2's int8. The embedding lookups stay float32: `lm_head`'s
@@ -27,10 +28,13 @@ from torch import nn
 from vaswani_mt.inference.options import COMPUTE_TYPES, CTRANSLATE2_COMPUTE_TYPES
 from vaswani_mt.system.devices import native_bf16
 
-# `auto` by hardware class: the fastest type whose sacreBLEU on the built-in test split is within 0.1 of float32's
-# with the model's own search (benchmarks/speed.py peers, beam 4 at batch 16; greedy int8 lost 0.19).
+# `auto` by hardware class: the fastest type whose sacreBLEU on the model's dev split is within 0.1 of float32's
+# with the model's own search (benchmarks/speed.py peers --split validation, beam 4 at batch 16; greedy int8 lost
+# 0.19 on test). On the main job's model of 2026-11-29 every type qualifies on dev (float32 7.58, bfloat16 7.63,
+# int8 7.74) and on test (7.82, 7.82, 7.79): the speed decides, measured 2026-11-26 before bf16's prepared
+# weights (int8 1.48x float32, bfloat16 1.29x; RESULTS.md, 2026-11-29 bf16 and prepared weights).
 AUTO_COMPUTE_TYPES = {
-    "native-bf16 CPU": "int8",  # RESULTS.md, 2026-11-26 translating faster: 1.48x float32, BLEU 8.09 vs 8.10
+    "native-bf16 CPU": "int8",
     "AVX2 CPU": "float32",  # not measured
     "CUDA": "float32",  # not measured
 }
@@ -89,6 +93,15 @@ def _quantize_int8(model: nn.Module) -> nn.Module:
         )
 
 
+def _bfloat16(model: nn.Module) -> nn.Module:
+    """`model` in bf16, in place: weights, so the KV cache and the logits too; on a CPU its linear layers' weights
+    reordered once for oneDNN (`prepared.prepare_weights`, where this torch has the ops)."""
+    from vaswani_mt.inference.prepared import prepare_weights
+
+    model = model.to(torch.bfloat16)
+    return prepare_weights(model) if next(model.parameters()).device.type == "cpu" else model
+
+
 def compute_type_of(model: nn.Module) -> str:
     """The compute type `model` runs at: "int8" where its linear layers are `Int8Linear`, "bfloat16" where its
     weights are bf16, else "float32"."""
@@ -104,7 +117,7 @@ def converted(model: nn.Module, compute_type: str) -> nn.Module:
     if compute_type == "float32" or compute_type_of(model) == compute_type:
         return model
     if compute_type == "bfloat16":
-        return model.to(torch.bfloat16)
+        return _bfloat16(model)
     if compute_type == "int8":
         return _quantize_int8(model)
     raise ValueError(f"compute type {compute_type!r} is not resolved: use resolve_compute_type first")

@@ -61,17 +61,44 @@ def _has_mkl_packed_gemm(ops=torch.ops.mkl) -> bool:
 _MKL_PACKED_GEMM = _has_mkl_packed_gemm()
 # Above this many rows a GEMM is efficient unpacked, and packing again for each new batch shape would cost more.
 _PACKED_GEMM_MAX_ROWS = 256
+# A packed weight serves one row count, and rows shrink as sentences leave the search: a row count is packed at its
+# third call in a row (one that lasts; the encoder's, once a batch, never is), and a weight keeps the copies of its
+# last four row counts used. On the test split that is 17x fewer packs than packing at each new count, 69% of the
+# decoder's products packed (benchmarks/RESULTS.md, 2026-11-29 bf16 and prepared weights).
+_PACK_AT_CALL, _PACKED_ROW_COUNTS = 3, 4
 # Packed weights live here, not on the modules: they are opaque MKL tensors that cannot be copied or saved.
 _PACKED_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+class _PackedCopies:
+    """A weight's packed copies by row count (the most recently used `_PACKED_ROW_COUNTS`), and the row count of its
+    last calls with how many in a row. `key`: the weight as packed (a changed one is packed again)."""
+
+    def __init__(self, key: tuple, weight: torch.Tensor):
+        self.key, self.weight = key, weakref.ref(weight)
+        self.rows, self.calls, self.copies = 0, 0, {}  # rows -> packed copy, least recently used first
+
+    def for_rows(self, rows: int, weight: torch.Tensor) -> torch.Tensor | None:
+        """The copy packed for `rows`, packed now at the `_PACK_AT_CALL`-th call in a row; None before."""
+        self.calls = self.calls + 1 if rows == self.rows else 1
+        self.rows = rows
+        packed = self.copies.pop(rows, None)
+        if packed is None and self.calls >= _PACK_AT_CALL:
+            packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+        if packed is not None:
+            self.copies[rows] = packed  # the most recently used last
+            if len(self.copies) > _PACKED_ROW_COUNTS:
+                del self.copies[next(iter(self.copies))]
+        return packed
+
+
 def _project(linear: nn.Linear, states: torch.Tensor) -> torch.Tensor:
-    """`linear(states)`, in CPU float32 inference through a copy of the weight packed once for MKL's GEMM.
+    """`linear(states)`, in CPU float32 inference through copies of the weight packed for MKL's GEMM.
 
     An ordinary GEMM packs the weight at every call, which for decoding's few rows costs more than the arithmetic
-    (benchmarks/RESULTS.md, speed). The copy is rebuilt when the weight or the number of rows changes. Equal to
-    `linear(states)` to float32 round-off; training, torch.compile, other dtypes and devices, and hooked layers take
-    `linear(states)`.
+    (benchmarks/RESULTS.md, speed). A copy serves one row count (`_PackedCopies`); it is rebuilt when the weight
+    changes. Equal to `linear(states)` to float32 round-off; training, torch.compile, other dtypes and devices, and
+    hooked layers take `linear(states)`.
     """
     rows = states.numel() // states.shape[-1] if states.numel() else 0
     if not (
@@ -90,12 +117,14 @@ def _project(linear: nn.Linear, states: torch.Tensor) -> torch.Tensor:
             _PACKED_WEIGHTS.pop(linear, None)
         return linear(states)
     weight = linear.weight
-    key = (rows, id(weight), weight.data_ptr(), weight._version, tuple(weight.shape))
+    key = (id(weight), weight.data_ptr(), weight._version, tuple(weight.shape))
     entry = _PACKED_WEIGHTS.get(linear)
-    if entry is None or entry[0] != key or entry[1]() is not weight:
-        entry = (key, weakref.ref(weight), torch.ops.mkl._mkl_reorder_linear_weight(weight, rows))
-        _PACKED_WEIGHTS[linear] = entry
-    return torch.ops.mkl._mkl_linear(states, entry[2], weight, linear.bias, rows)
+    if entry is None or entry.key != key or entry.weight() is not weight:
+        entry = _PACKED_WEIGHTS[linear] = _PackedCopies(key, weight)
+    packed = entry.for_rows(rows, weight)
+    if packed is None:
+        return linear(states)
+    return torch.ops.mkl._mkl_linear(states, packed, weight, linear.bias, rows)
 
 
 # Vocabulary-sized work of the training loss is done in chunks of at most this many logits (256 MB in float32).
