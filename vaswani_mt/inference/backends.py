@@ -147,18 +147,20 @@ class TorchBackend:
                 encoded = states.last_hidden_state, inputs["attention_mask"]
                 kwargs = {**kwargs, "encoder_outputs": BaseModelOutput(last_hidden_state=encoded[0])}
 
-            def align(sequences):
+            def align(sequences, placed=None):
                 return align_outputs(model, tokenizer, batch.sources, batch.ids, sequences, options.alignments,
-                                     options.alignment_method or "default", encoded=encoded)  # fmt: skip
+                                     options.alignment_method or "default", encoded=encoded,
+                                     placed=placed)  # fmt: skip
 
         if options.nbest is not None:
             return self._nbest(inputs, options.nbest, kwargs, align)
         output = model.generate(**inputs, **kwargs, return_dict_in_generate="constraints" in kwargs)
-        met = None
-        if "constraints" in kwargs:  # which constraints each translation met
+        met = placed = None
+        if "constraints" in kwargs:  # which constraints each translation met, and where the search placed them
+            placed = getattr(output, "constraints_placed", None)
             output, met = output.sequences, output.constraints_met
         if align is not None:
-            return align(output), met
+            return align(output, placed), met
         return [single_line(text) for text in tokenizer.batch_decode(output, skip_special_tokens=True)], met
 
     def _nbest(self, inputs, nbest: int, kwargs: dict, align) -> tuple[list[list[Hypothesis]], object]:
@@ -189,7 +191,7 @@ class TorchBackend:
             decoded = self.tokenizer.batch_decode(output.sequences, skip_special_tokens=True)
             texts = [single_line(text) for text in decoded]
         else:
-            texts = align(output.sequences)
+            texts = align(output.sequences, getattr(output, "constraints_placed", None))
         found = [Hypothesis(text, float(log_prob), float(score))
                  for text, log_prob, score in zip(texts, log_probs.tolist(), scores.tolist(), strict=True)]  # fmt: skip
         met = getattr(output, "constraints_met", None)
