@@ -91,3 +91,13 @@ def test_the_demo_puts_markup_back_through_the_translators_stage(demo_model, mon
                             markup="xml", constraints="unordered")  # fmt: skip
     assert seen == [line]
     assert shown == translator.translate([line], terms=[["Apfel"]])[0]
+
+
+def test_a_pair_around_every_word_of_the_line_goes_around_every_word_of_the_translation():
+    # "Use a <b>strong</b> password.": "Passwort." attends most to "strong" and "a", "Verwenden" to "Use": the
+    # longest run of most-attending words would leave "Sie ein" out of the <p>
+    plan = parse_markup('<p class="hint">Use a <b>strong</b> password.</p>')
+    rows = [[0.7, 0.1, 0.1, 0.1], [0.4, 0.3, 0.2, 0.1], [0.1, 0.3, 0.3, 0.3], [0.1, 0.1, 0.6, 0.2],
+            [0.1, 0.5, 0.35, 0.05]]  # fmt: skip
+    out = restore(plan, aligned("Verwenden Sie ein starkes Passwort.", plan.text, rows))
+    assert out == '<p class="hint">Verwenden Sie ein <b>starkes</b> Passwort.</p>'

@@ -2,7 +2,8 @@
 
 A pair's *aligned words* come from the content's source words by the span rule (`SPAN_RULES`); its span is the
 longest contiguous run of them inside its parent and clear of its earlier siblings (a tie to the run with more of the
-content's attention), never empty while it has content (the nearest free word then).
+content's attention), never empty while it has content (the nearest free word then). A pair around every word of its
+parent (of the line, at the top) goes around every word of its parent's span.
 
 A pair that holds a forced term (`--constraints`, met by the search) wraps the term: the search reports which target
 tokens it placed for each constraint (`AlignedTranslation.placed`), so the term's words need no alignment. The span is
@@ -224,11 +225,14 @@ def _rule_span(pair, alignment: Alignment, low: int, high: int, held: set[int], 
 
 
 def _pair_span(pair, alignment: Alignment, low: int, high: int, held: set[int], rule: str, forced: set[int],
-               holds: bool, reserved: set[int]) -> tuple[int, int]:  # fmt: skip
+               holds: bool, reserved: set[int], outer: list[int]) -> tuple[int, int]:  # fmt: skip
     """The target span [first, last] of `pair` inside its parent's [low, high], clear of the words its earlier
-    siblings `held` (first = last + 1: empty, before word `first`). `forced`: the forced terms' words it wraps (`holds`:
+    siblings `held` (first = last + 1: empty, before word `first`); a pair whose content is every source word of its
+    parent's (`outer`; the line's) takes the parent's whole span. `forced`: the forced terms' words it wraps (`holds`:
     a term of its own, else only those of pairs inside it); `reserved`: the other pairs' forced words, left to them."""
     content = alignment.covered(pair.start, pair.end)
+    if content and not held and set(content) >= set(outer):  # all of its parent's words (the line's): all of its
+        return low, high
     linked = alignment.aligned(content, rule)
     free = [t for t in sorted(linked) if low <= t <= high and t not in held and t not in reserved]
     forced = {t for t in forced if low <= t <= high and t not in held}
@@ -249,8 +253,10 @@ def pair_spans(pairs: Sequence, alignment: Alignment, rule: str = SPAN_RULE) -> 
     for index, pair in enumerate(pairs):
         held = taken.setdefault(pair.parent, set())
         words = forced.get(index, set())
+        parent = pairs[pair.parent] if pair.parent is not None else None
+        outer = alignment.covered(parent.start, parent.end) if parent else list(range(len(alignment.spans)))
         span[index] = _pair_span(pair, alignment, *span[pair.parent], held, rule, words, index in holders,
-                                 every - words)  # fmt: skip
+                                 every - words, outer)  # fmt: skip
         held.update(range(span[index][0], span[index][1] + 1))
     return span
 
