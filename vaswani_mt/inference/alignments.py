@@ -240,11 +240,11 @@ def select(attention: torch.Tensor, method: str, length: int, supervised: torch.
 
 def align_outputs(model, tokenizer, sources: Sequence[str], source_ids: Sequence[Sequence[int]],
                   sequences: torch.Tensor, kind: str = "hard", method: str = DEFAULT_METHOD,
-                  encoded=None, placed: Sequence | None = None) -> list[AlignedTranslation]:  # fmt: skip
+                  encoded=None) -> list[AlignedTranslation]:  # fmt: skip
     """`AlignedTranslation`s of `generate()`'s output `sequences` (a row per translation, starting with the decoder
     start) of the texts `sources` (row i of `sequences` translates `sources[i * len(sources) // rows]`: n-best rows
     follow each other), tokenized as `source_ids`; `encoded`: (encoder states, mask) of `sources`, a row each, if the
-    search's are at hand; `placed`: per row, the search's token positions of each constraint (`constraints_placed`)."""
+    search's are at hand."""
     if kind not in KINDS:
         raise ValueError(f"alignments must be one of {', '.join(KINDS)}, not {kind!r}")
     check_method(method)
@@ -271,7 +271,15 @@ def align_outputs(model, tokenizer, sources: Sequence[str], source_ids: Sequence
             aligned[i] = AlignedTranslation(single_line(tokenizer.decode(outputs[i], skip_special_tokens=True)),
                                             words, [], torch.zeros(0, len(words)), [], kind)  # fmt: skip
             aligned[i].source_ids = list(source_ids[i // per])
-    for i, spans in enumerate(placed or []):
+    return aligned
+
+
+def with_placed(aligned: Sequence[AlignedTranslation], tokenizer, sequences: torch.Tensor,
+                placed: Sequence) -> Sequence[AlignedTranslation]:  # fmt: skip
+    """`aligned` (`align_outputs` of `sequences`) with the words the search placed for each constraint (`placed`: per
+    row, `constraints_placed`' token positions) as `AlignedTranslation.placed`."""
+    specials = set(tokenizer.all_special_ids) - {tokenizer.unk_token_id}
+    for i, spans in enumerate(placed):
         aligned[i].placed = _placed_words(spans, sequences[i, 1:].tolist(), specials, aligned[i].target_index)
     return aligned
 
@@ -342,5 +350,6 @@ __all__ = [
     "parse_alignment",
     "realign",
     "supervised_head",
+    "with_placed",
     "word_matrix",
 ]

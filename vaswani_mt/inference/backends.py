@@ -21,7 +21,7 @@ from transformers import (
 )
 from transformers.modeling_outputs import BaseModelOutput
 
-from vaswani_mt.inference.alignments import align_outputs, supervised_head
+from vaswani_mt.inference.alignments import align_outputs, supervised_head, with_placed
 from vaswani_mt.inference.ensemble import VaswaniEnsemble
 from vaswani_mt.inference.options import BackendFacts, Hypothesis, Sampling, TranslationOptions
 from vaswani_mt.model.beam_search_vaswani import gnmt_length_penalty
@@ -148,9 +148,9 @@ class TorchBackend:
                 kwargs = {**kwargs, "encoder_outputs": BaseModelOutput(last_hidden_state=encoded[0])}
 
             def align(sequences, placed=None):
-                return align_outputs(model, tokenizer, batch.sources, batch.ids, sequences, options.alignments,
-                                     options.alignment_method or "default", encoded=encoded,
-                                     placed=placed)  # fmt: skip
+                aligned = align_outputs(model, tokenizer, batch.sources, batch.ids, sequences, options.alignments,
+                                        options.alignment_method or "default", encoded=encoded)  # fmt: skip
+                return aligned if placed is None else with_placed(aligned, tokenizer, sequences, placed)
 
         if options.nbest is not None:
             return self._nbest(inputs, options.nbest, kwargs, align)

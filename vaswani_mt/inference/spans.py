@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:  # annotations only: taking markup out and checking it needs no torch
     import torch
@@ -203,10 +203,11 @@ def _covering(words: set[int], term: set[int], held: set[int]) -> tuple[int, int
     return piece[0], piece[-1]
 
 
-def _rule_span(pair, alignment: Alignment, low: int, high: int, held: set[int], free: list[int], linked: set[int],
+def _rule_span(pair, alignment: Alignment, bounds: tuple[int, int], held: set[int], free: list[int], linked: set[int],
                content: list[int], reserved: set[int]) -> tuple[int, int]:  # fmt: skip
-    """The span rule's span of `pair` (module docstring): its `free` aligned words' longest run, else the nearest free
-    word, else empty where a self-closing tag would go."""
+    """The span rule's span of `pair` (module docstring) inside `bounds`: its `free` aligned words' longest run, else
+    the nearest free word, else empty where a self-closing tag would go."""
+    low, high = bounds
     if free:  # the longest run of its aligned words; a tie to the one with more of its content's attention
         run = max(_runs(free), key=lambda run: (len(run), alignment.attention(run, content)))
         return run[0], run[-1]
@@ -224,21 +225,30 @@ def _rule_span(pair, alignment: Alignment, low: int, high: int, held: set[int], 
     return first, first - 1
 
 
-def _pair_span(pair, alignment: Alignment, low: int, high: int, held: set[int], rule: str, forced: set[int],
-               holds: bool, reserved: set[int], outer: list[int]) -> tuple[int, int]:  # fmt: skip
-    """The target span [first, last] of `pair` inside its parent's [low, high], clear of the words its earlier
-    siblings `held` (first = last + 1: empty, before word `first`); a pair whose content is every source word of its
-    parent's (`outer`; the line's) takes the parent's whole span. `forced`: the forced terms' words it wraps (`holds`:
-    a term of its own, else only those of pairs inside it); `reserved`: the other pairs' forced words, left to them."""
+class _Terms(NamedTuple):
+    """What a pair has to do with the forced terms: the words it wraps (`forced`), whether a term is its own
+    (`holds`; else only pairs inside it hold them), the other pairs' forced words (`reserved`, left to them)."""
+
+    forced: set[int]
+    holds: bool
+    reserved: set[int]
+
+
+def _pair_span(pair, alignment: Alignment, bounds: tuple[int, int], held: set[int], rule: str, terms: _Terms,
+               outer: list[int]) -> tuple[int, int]:  # fmt: skip
+    """The target span [first, last] of `pair` inside its parent's `bounds` [low, high], clear of the words its
+    earlier siblings `held` (first = last + 1: empty, before word `first`); a pair whose content is every source word
+    of its parent's (`outer`; the line's) takes the parent's whole span; `terms`: the forced terms it wraps."""
+    (low, high), reserved = bounds, terms.reserved
     content = alignment.covered(pair.start, pair.end)
     if content and not held and set(content) >= set(outer):  # all of its parent's words (the line's): all of its
         return low, high
     linked = alignment.aligned(content, rule)
     free = [t for t in sorted(linked) if low <= t <= high and t not in held and t not in reserved]
-    forced = {t for t in forced if low <= t <= high and t not in held}
-    if forced and holds:  # the term, and what the rule adds next to it
+    forced = {t for t in terms.forced if low <= t <= high and t not in held}
+    if forced and terms.holds:  # the term, and what the rule adds next to it
         return _covering(_touching(forced, free), forced, held)
-    first, last = _rule_span(pair, alignment, low, high, held, free, linked, content, reserved)
+    first, last = _rule_span(pair, alignment, bounds, held, free, linked, content, reserved)
     if forced:  # around a pair inside it that holds a term: wide enough to hold that term too
         return _covering(forced.union(range(first, last + 1)), forced, held)
     return first, last
@@ -255,8 +265,8 @@ def pair_spans(pairs: Sequence, alignment: Alignment, rule: str = SPAN_RULE) -> 
         words = forced.get(index, set())
         parent = pairs[pair.parent] if pair.parent is not None else None
         outer = alignment.covered(parent.start, parent.end) if parent else list(range(len(alignment.spans)))
-        span[index] = _pair_span(pair, alignment, *span[pair.parent], held, rule, words, index in holders,
-                                 every - words, outer)  # fmt: skip
+        terms = _Terms(words, index in holders, every - words)
+        span[index] = _pair_span(pair, alignment, span[pair.parent], held, rule, terms, outer)
         held.update(range(span[index][0], span[index][1] + 1))
     return span
 
