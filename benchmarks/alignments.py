@@ -22,16 +22,22 @@ the built-in test split with the main job's model.
    `translate(..., markup="xml")`: share of lines with the term inside the `<b>` element, share well-formed with the
    same tags.
 6. Markup as localizers write it (`--markup_heldout benchmarks/markup_heldout.jsonl`: this part and 5 only):
-   178 UI strings and document sentences written for the test (pairs, void tags at the edges and between words,
+   245 UI strings and document sentences written for the test (pairs, void tags at the edges and between words,
    entities, `%%` and `{{ }}`, placeholders, comments and CDATA, stray `<` and `&`, broken lines, plain lines),
    translated with `markup="xml"`: well-formed share (XML, or HTML where the line uses HTML's markup), tags,
    placeholders and literals, comments each exactly once, void tags at the line's edges still there, broken lines
-   warned by number, lines without markup unchanged. Span precision on the 50 lines with a hand-marked German
-   reference: the reference (tags taken out) is aligned to its source by the model, teacher-forced, the source's
-   tags put back by `restore`, and each pair's target words compared with the hand-marked ones.
+   warned by number, lines without markup unchanged. Span precision on the 117 lines with a hand-marked German
+   reference (184 pairs; 47 real UI strings with attributes, nesting and two tags a line, 92 pairs; 70 sentences):
+   the reference (tags taken out) is aligned to its source by the model, teacher-forced, the source's tags put back
+   by `restore`, and each pair's target words compared with the hand-marked ones. Each such line records its
+   `split`: the span rule (spans.py) is chosen on the dev part (every third line: 39 lines, 61 pairs) and measured
+   on the test part (78 lines, 123 pairs).
+7. Speed (`--markup_speed`): section 5's lines (no constraints) with `markup="xml"` against their text with
+   `alignments="hard"`, interleaved rounds (`--repeats`), medians; run it on a quiet machine.
 
     python benchmarks/alignments.py outputs/ding-cpu --eflomal --json benchmarks/alignments_2026-11-26.json
     python benchmarks/alignments.py outputs/ding-cpu --markup_heldout benchmarks/markup_heldout.jsonl
+    python benchmarks/alignments.py outputs/ding-cpu --markup_speed --repeats 5
 """
 
 import collections
@@ -53,6 +59,7 @@ from vaswani_mt.inference.alignments import align_outputs, default_method, hard_
 from vaswani_mt.inference.controls import ControlReport
 from vaswani_mt.inference.loading import load_for_inference
 from vaswani_mt.inference.markup import comments, parse_markup, placeholders, restore, tags, well_formed
+from vaswani_mt.inference.spans import SPAN_RULE, SPAN_RULES
 from vaswani_mt.inference.translate import translate
 from vaswani_mt.system import native_bf16
 
@@ -198,6 +205,20 @@ def measure_markup(model, tokenizer, rows, method) -> dict:
             "unmet_constraints": len(report.unmet), "seconds": round(seconds, 1), "examples": examples}  # fmt: skip
 
 
+def markup_speed(model, tokenizer, rows, repeats: int) -> dict:
+    """Section 7: the test split's lines with a `<b>` pair (section 5's, no constraints) translated with
+    `markup="xml"` against their text without the tags translated with `alignments="hard"` (what the markup stage
+    searches), interleaved rounds, medians; `cost_percent`: how much slower markup is."""
+    marked = [row[0] for row in rows]
+    plain = {line: parse_markup(line).text for line in marked}
+    sides = {"alignments": lambda lines: translate(model, tokenizer, [plain[line] for line in lines], batch_size=BATCH,
+                                                   alignments="hard"),
+             "markup": partial(translate, model, tokenizer, batch_size=BATCH, markup="xml")}  # fmt: skip
+    table = run_sides(sides, marked, [plain[line] for line in marked], max(repeats, 1), "alignments")[0]
+    return {"lines": len(marked), **table,
+            "cost_percent": round(100 * (1 / table["markup"]["ratio_to_alignments"] - 1), 1)}  # fmt: skip
+
+
 def _pair_words(text: str) -> dict[tuple[str, int], set[int]]:
     """(opening tag, its occurrence) -> the indices of the plain-text words inside that pair."""
     plan = parse_markup(text)
@@ -209,33 +230,70 @@ def _pair_words(text: str) -> dict[tuple[str, int], set[int]]:
     return out
 
 
-def forced_spans(model, tokenizer, rows, method) -> dict:
-    """Span precision against the hand-marked references (module docstring, 6): the model aligns (source, reference)
-    teacher-forced, `restore` puts the source's tags into the reference, each pair compared with the hand-marked."""
-    exact = pairs = found = correct = wanted = skipped = 0
-    misses = []
+def _categories(plan, index: int) -> list[str]:
+    """The kinds of a hand-marked pair, for the misses by kind: where its content sits in the line, its nesting,
+    its width, and the line's number of pairs."""
+    pair, words = plan.pairs[index], [m.span() for m in re.finditer(r"\S+", plan.text)]
+    inside = [k for k, (a, b) in enumerate(words) if a < pair.end and b > pair.start]
+    kinds = ["line_start" if inside and inside[0] == 0 else "line_end" if inside and inside[-1] == len(words) - 1
+             else "middle", "multiword" if len(inside) > 1 else "oneword",
+             "one_pair" if len(plan.pairs) == 1 else "two_or_more_pairs"]  # fmt: skip
+    if pair.parent is not None or any(other.parent == index for other in plan.pairs):
+        kinds.append("nested")
+    if " " in pair.open.strip("<>"):
+        kinds.append("attributes")
+    return kinds
+
+
+def forced_spans(model, tokenizer, rows, method, rules=SPAN_RULES) -> dict:
+    """Span precision against the hand-marked references (module docstring, 6), per span rule: the model aligns
+    (source, reference) teacher-forced once, `restore` puts the source's tags into the reference under each rule,
+    each pair compared with the hand-marked; the misses counted by kind (`_categories`) and by the line's set."""
+    start = model.config.decoder_start_token_id
+    results = {}
+    aligned_rows = []
     for row in rows:
         plan, gold_plan = parse_markup(row["source"]), parse_markup(row["reference"])
         source_ids = tokenizer(plan.text)["input_ids"]
         target_ids = tokenizer(text_target=gold_plan.text)["input_ids"]
-        start = model.config.decoder_start_token_id
         aligned = align_outputs(model, tokenizer, [plan.text], [source_ids], torch.tensor([[start, *target_ids]]),
                                 "hard", method)[0]  # fmt: skip
-        output = restore(plan, aligned)
-        if len(parse_markup(output).text.split()) != len(gold_plan.text.split()):  # not the reference's words
-            skipped += 1
-            continue
-        got, gold = _pair_words(output), _pair_words(row["reference"])
-        for key, words in gold.items():
-            pairs += 1
-            mine = got.get(key, set())
-            exact += mine == words
-            found, correct, wanted = found + len(mine), correct + len(mine & words), wanted + len(words)
-            if mine != words and len(misses) < 8:
-                misses.append({"source": row["source"], "reference": row["reference"], "restored": output})
-    return {"lines": len(rows) - skipped, "lines_skipped": skipped, "pairs": pairs,
-            "exact_span": percent(exact, pairs), "word_precision": percent(correct, found),
-            "word_recall": percent(correct, wanted), "misses": misses}  # fmt: skip
+        aligned_rows.append((row, plan, gold_plan, aligned))
+    for rule in rules:
+        exact = pairs = found = correct = wanted = skipped = 0
+        misses, kinds = [], collections.Counter()
+        for row, plan, gold_plan, aligned in aligned_rows:
+            output = restore(plan, aligned, rule)
+            if len(parse_markup(output).text.split()) != len(gold_plan.text.split()):  # not the reference's words
+                skipped += 1
+                continue
+            got, gold = _pair_words(output), _pair_words(row["reference"])
+            for index, (key, words) in enumerate(gold.items()):
+                pairs += 1
+                mine = got.get(key, set())
+                exact += mine == words
+                found, correct, wanted = found + len(mine), correct + len(mine & words), wanted + len(words)
+                for kind in [row.get("set", "sentence"), *_categories(gold_plan, index)]:
+                    kinds[kind, "pairs"] += 1
+                    kinds[kind, "exact"] += mine == words
+                if mine != words and len(misses) < 12:
+                    misses.append({"source": row["source"], "reference": row["reference"], "restored": output})
+        by_kind = {kind: f"{kinds[kind, 'exact']}/{kinds[kind, 'pairs']}" for kind, _ in sorted(kinds)}
+        results[rule] = {"lines": len(aligned_rows) - skipped, "lines_skipped": skipped, "pairs": pairs,
+                         "exact_span": percent(exact, pairs), "word_precision": percent(correct, found),
+                         "word_recall": percent(correct, wanted), "exact_by_kind": by_kind,
+                         "misses": misses}  # fmt: skip
+    return results
+
+
+def span_precision(model, tokenizer, rows, method) -> dict:
+    """The span rule chosen on the held-out set's dev part (best exact span share, the default rule on a tie) and
+    measured on its test part, the split each hand-marked line records (`split`)."""
+    dev = forced_spans(model, tokenizer, [r for r in rows if r.get("split") == "dev"], method)
+    chosen = max(SPAN_RULES, key=lambda rule: (dev[rule]["exact_span"], rule == SPAN_RULE))
+    test = forced_spans(model, tokenizer, [r for r in rows if r.get("split") == "test"], method, [chosen])[chosen]
+    return {"dev": {rule: {k: v for k, v in found.items() if k != "misses"} for rule, found in dev.items()},
+            "chosen_on_dev": chosen, "default_rule": SPAN_RULE, "test": test}  # fmt: skip
 
 
 def measure_heldout(model, tokenizer, rows, method) -> dict:
@@ -296,6 +354,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="rounds of the speed comparison (0: none)")
     parser.add_argument("--sentences", type=int, default=None, help="only the first N test sentences")
     parser.add_argument("--markup_heldout", help="only the markup: this held-out set (6) and the test split's (5)")
+    parser.add_argument("--markup_speed", action="store_true",
+                        help="only the speed of markup=xml against alignments=hard (7), --repeats rounds")  # fmt: skip
     args = parser.parse_args()
     record = MachineRecord()
     model, tokenizer = load_for_inference(args.model)
@@ -303,12 +363,16 @@ def main() -> None:
     pairs = dictionary_pairs(_fetch_ding_dictionary(cache_dir() / "ding"))
     result = {"model": args.model, "native_bf16": native_bf16(), "sentences": len(sources),
               "dictionary_pairs": len(pairs), "default_method": default_method(model)}  # fmt: skip
+    if args.markup_speed:
+        result["markup_speed"] = markup_speed(model, tokenizer, markup_test(sources, references, pairs), args.repeats)
+        record.report(result, args.json)
+        return
     if args.markup_heldout:
         rows = [json.loads(line) for line in Path(args.markup_heldout).read_text(encoding="utf-8").splitlines()]
         method = default_method(model)
         result["heldout"] = {"lines": len(rows), **measure_heldout(model, tokenizer, rows, method)}
-        result["heldout"]["span_precision"] = forced_spans(model, tokenizer, [r for r in rows if "reference" in r],
-                                                           method)  # fmt: skip
+        result["heldout"]["span_precision"] = span_precision(model, tokenizer, [r for r in rows if "reference" in r],
+                                                             method)  # fmt: skip
         result["markup"] = measure_markup(model, tokenizer, markup_test(sources, references, pairs), method)
         record.report(result, args.json)
         return

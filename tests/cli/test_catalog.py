@@ -162,15 +162,15 @@ def test_plural_forms_follow_the_target_language(fitted_folder, tmp_path, monkey
 
 
 def test_an_entry_that_fails_is_left_empty_and_the_run_exits_1(fitted_folder, tmp_path, monkeypatch, capsys, caplog):
-    import vaswani_mt.inference.translator as translator
+    import vaswani_mt.inference.markup as markup
     from vaswani_mt.inference.markup import restore
 
-    def restore_or_raise(plan, translation):
+    def restore_or_raise(plan, translation, *rule):
         if "%u of" in plan.line:
             raise IndexError("list index out of range")
-        return restore(plan, translation)
+        return restore(plan, translation, *rule)
 
-    monkeypatch.setattr(translator, "restore", restore_or_raise)
+    monkeypatch.setattr(markup, "restore", restore_or_raise)
     source, target = tmp_path / "app.pot", tmp_path / "de.po"
     source.write_text(HEADER + ENTRIES, encoding="utf-8")
     _, code = run_catalog(fitted_folder, source, target, monkeypatch, "--language", "de")

@@ -207,13 +207,19 @@ def test_a_span_is_the_longest_run_of_aligned_words_so_a_stray_link_cannot_stret
     assert out.endswith('<span class="kbd">.</span>')
 
 
-def test_the_heldout_set_covers_every_kind_with_50_hand_marked_spans():
+def test_the_heldout_set_covers_every_kind_with_150_hand_marked_span_pairs_split_into_dev_and_test():
     rows = [json.loads(line) for line in HELDOUT.read_text(encoding="utf-8").splitlines()]
     kinds = Counter(row["kind"] for row in rows)
     assert len(rows) >= 150 and set(kinds) >= {"span", "void", "entity", "literal", "placeholder", "comment", "stray",
                                                "pair", "broken", "plain"}  # fmt: skip
     marked = [row for row in rows if "reference" in row]
-    assert len(marked) == 50
+    pairs = Counter((row["split"], row["set"]) for row in marked for _ in parse_markup(row["source"]).pairs)
+    assert sum(pairs.values()) >= 150 and pairs["dev", "ui"] + pairs["test", "ui"] >= sum(pairs.values()) / 2
+    assert pairs["test", "ui"] + pairs["test", "sentence"] >= 2 * (pairs["dev", "ui"] + pairs["dev", "sentence"])
+    ui = [row for row in marked if row["set"] == "ui"]  # real UI strings: attributes, nesting, two tags a line
+    assert sum('="' in row["source"] for row in ui) >= 20 and sum(len(parse_markup(row["source"]).pairs) >= 2
+                                                                  for row in ui) >= 30  # fmt: skip
+    assert sum(any(p.parent is not None for p in parse_markup(row["source"]).pairs) for row in ui) >= 5
     for row in marked:  # the reference has the source's tags, and they nest
         assert Counter(tags(row["reference"])) == Counter(tags(row["source"])) and well_formed(row["reference"])
 

@@ -54,15 +54,15 @@ def test_punctuation_inside_a_word_is_not_the_kth_mark():
 
 
 def raising_on(marker: str, monkeypatch) -> None:
-    """`restore` as the translator calls it, raising for the lines that contain `marker`."""
-    import vaswani_mt.inference.translator as translator
+    """`restore` as the markup stage calls it (`put_back`), raising for the lines that contain `marker`."""
+    import vaswani_mt.inference.markup as markup
 
-    def restore_or_raise(plan, translation):
+    def restore_or_raise(plan, translation, *rule):
         if marker in plan.line:
             raise IndexError("list index out of range")
-        return restore(plan, translation)
+        return restore(plan, translation, *rule)
 
-    monkeypatch.setattr(translator, "restore", restore_or_raise)
+    monkeypatch.setattr(markup, "restore", restore_or_raise)
 
 
 def test_a_line_whose_restore_raises_is_written_as_its_source_and_reported(fitted, monkeypatch, caplog):
@@ -98,15 +98,15 @@ def test_the_command_writes_every_line_then_exits_1_naming_the_line(fitted_folde
 
 def test_a_line_whose_directives_cannot_be_placed_is_written_with_them_at_the_end_and_named(fitted, monkeypatch,
                                                                                             caplog):  # fmt: skip
-    import vaswani_mt.inference.translator as translator
+    import vaswani_mt.inference.markup as markup
     from vaswani_mt.inference.markup import UnplacedDirectives
 
-    def unplaced(plan, translation):
+    def unplaced(plan, translation, *rule):
         if "%u" in plan.line:
             raise UnplacedDirectives(f"{translation} %u %s")
-        return restore(plan, translation)
+        return restore(plan, translation, *rule)
 
-    monkeypatch.setattr(translator, "restore", unplaced)
+    monkeypatch.setattr(markup, "restore", unplaced)
     model, tokenizer = fitted
     report = ControlReport()
     with caplog.at_level("WARNING", logger="vaswani_mt.inference.translator"):

@@ -76,12 +76,12 @@ def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, length_p
     the decoder layer whose encoder-decoder attention is drawn (1-based; 0 = the last), averaged over its heads,
     with the word alignment's links outlined. A text over `max_characters` is cut there before it is tokenized, and
     the notes say so. `terms`: comma-separated terms the translation must contain (terminology constraints; the
-    notes say which it does). `markup`: inline XML tags and placeholders carried through by that alignment (the
-    translator's markup stage, `markup.restore`).
+    notes say which it does). `markup`: inline XML tags and placeholders carried through by that alignment and the
+    search's placed terms: the translator's markup stage itself (`take_out_markup`, then `put_back`).
     """
     from vaswani_mt.app.attention_plots import aligned_attentions, heatmap_figure, link_boxes
     from vaswani_mt.inference.controls import ControlReport
-    from vaswani_mt.inference.markup import UnplacedDirectives, parse_markup, restore
+    from vaswani_mt.inference.markup import put_back, take_out_markup
     from vaswani_mt.inference.translator import Translator
 
     notes = []
@@ -90,7 +90,7 @@ def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, length_p
         text = text[:max_characters]
     if not text or not text.strip():
         return "", None, "Nothing to translate: type a sentence."
-    plan = parse_markup(text) if markup else None
+    plan = take_out_markup([text])[0] if markup else None
     if plan is not None and plan.broken:
         notes.append(f"markup: broken ({plan.broken}): translated as plain text")
     if plan is not None:
@@ -124,14 +124,11 @@ def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, length_p
     figure.set_dpi(min(figure.get_dpi(), DEMO_MAX_FIGURE_PIXELS / max(figure.get_size_inches())))
     output = str(aligned)
     if plan is not None:
-        try:
-            output = restore(plan, aligned)
-        except UnplacedDirectives as unplaced:
-            output = unplaced.output or plan.line
+        output, problem = put_back(plan, aligned)
+        if problem == "directives":
             notes.append("markup: the format directives could not all be placed: put at the end")
-        except Exception as error:  # one text's failure is that text's: the demo goes on
-            output = plan.line
-            notes.append(f"markup: not put back ({type(error).__name__}: {error}): the source is shown")
+        elif problem is not None:  # one text's failure is that text's: the demo goes on
+            notes.append(f"markup: not put back ({problem}): the source is shown")
     notes = "\n".join(f"- {note}" for note in [*notes, *attentions.notes])
     return output, figure, notes
 

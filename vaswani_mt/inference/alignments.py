@@ -45,7 +45,9 @@ class AlignedTranslation(str):
     (source word, target word) pairs, sorted by target word then source word. `kind` ("hard" or "soft") is what
     `format_alignment` prints by default. `attention` (layers x target tokens + 1 x source tokens, head means),
     `source_index` and `target_index` (each token's word, -1 for none) keep what `realign` needs for another method;
-    `supervised` (target tokens + 1 x source tokens), the supervised head's weights where the model has one."""
+    `supervised` (target tokens + 1 x source tokens), the supervised head's weights where the model has one.
+    `placed`: with constraints, per constraint the target words holding the tokens the search placed for it (None:
+    unmet), from the search's report (`constraints_placed`), not from the alignment."""
 
     source_words: list[str]
     target_words: list[str]
@@ -58,6 +60,7 @@ class AlignedTranslation(str):
     target_index: list[int] = []
     source_ids: list[int] = []  # the source's token ids (ending in </s>) and the translation's (no special tokens)
     target_ids: list[int] = []
+    placed: list[list[int] | None] = []
 
     def __new__(cls, text: str, source_words=(), target_words=(), soft=None, links=(), kind: str = "hard"):
         self = super().__new__(cls, text)
@@ -67,7 +70,7 @@ class AlignedTranslation(str):
         return self
 
     def __reduce__(self):
-        names = ("attention", "supervised", "source_index", "target_index", "source_ids", "target_ids")
+        names = ("attention", "supervised", "source_index", "target_index", "source_ids", "target_ids", "placed")
         state = {name: getattr(self, name) for name in names}
         return (AlignedTranslation, (str(self), self.source_words, self.target_words, self.soft, self.links,
                                      self.kind), state)  # fmt: skip
@@ -271,6 +274,30 @@ def align_outputs(model, tokenizer, sources: Sequence[str], source_ids: Sequence
     return aligned
 
 
+def with_placed(aligned: Sequence[AlignedTranslation], tokenizer, sequences: torch.Tensor,
+                placed: Sequence) -> Sequence[AlignedTranslation]:  # fmt: skip
+    """`aligned` (`align_outputs` of `sequences`) with the words the search placed for each constraint (`placed`: per
+    row, `constraints_placed`' token positions) as `AlignedTranslation.placed`."""
+    specials = set(tokenizer.all_special_ids) - {tokenizer.unk_token_id}
+    for i, spans in enumerate(placed):
+        aligned[i].placed = _placed_words(spans, sequences[i, 1:].tolist(), specials, aligned[i].target_index)
+    return aligned
+
+
+def _placed_words(spans, generated: list[int], specials: set, index: list[int]) -> list[list[int] | None]:
+    """The search's (first, last) token positions of each constraint among the `generated` tokens as the target
+    words that hold those tokens (`index`: each output token's word; special tokens are not output tokens)."""
+    position, out = [], 0  # each generated token's place among the output tokens
+    for token in generated:
+        position.append(out if token not in specials else -1)
+        out += token not in specials
+    words = []
+    for span in spans:
+        tokens = [position[k] for k in range(span[0], min(span[1] + 1, len(position)))] if span is not None else []
+        words.append(sorted({index[t] for t in tokens if 0 <= t < len(index) and index[t] >= 0}) or None)
+    return words
+
+
 def _aligned(tokenizer, source: str, source_ids, output, attention, head, kind, method) -> AlignedTranslation:
     """One translation's `AlignedTranslation`, hard links by argmax (`realign` gives the other rules)."""
     source_words, source_index = token_words(tokenizer, source, source_ids)
@@ -291,7 +318,7 @@ def realign(aligned: AlignedTranslation, method: str = DEFAULT_METHOD, rule: str
     attention it keeps (no translation, no model). `into`: the object to fill (default: a copy)."""
     if into is None:
         into = AlignedTranslation(str(aligned), aligned.source_words, aligned.target_words, kind=aligned.kind)
-        for name in ("attention", "supervised", "source_index", "target_index", "source_ids", "target_ids"):
+        for name in ("attention", "supervised", "source_index", "target_index", "source_ids", "target_ids", "placed"):
             setattr(into, name, getattr(aligned, name))
     if aligned.attention is None or not aligned.target_index:
         return into
@@ -323,5 +350,6 @@ __all__ = [
     "parse_alignment",
     "realign",
     "supervised_head",
+    "with_placed",
     "word_matrix",
 ]

@@ -21,7 +21,7 @@ from transformers import (
 )
 from transformers.modeling_outputs import BaseModelOutput
 
-from vaswani_mt.inference.alignments import align_outputs, supervised_head
+from vaswani_mt.inference.alignments import align_outputs, supervised_head, with_placed
 from vaswani_mt.inference.ensemble import VaswaniEnsemble
 from vaswani_mt.inference.options import BackendFacts, Hypothesis, Sampling, TranslationOptions
 from vaswani_mt.model.beam_search_vaswani import gnmt_length_penalty
@@ -164,18 +164,20 @@ class TorchBackend:
                 encoded = states.last_hidden_state, inputs["attention_mask"]
                 kwargs = {**kwargs, "encoder_outputs": BaseModelOutput(last_hidden_state=encoded[0])}
 
-            def align(sequences):
-                return align_outputs(model, tokenizer, batch.sources, batch.ids, sequences, options.alignments,
-                                     options.alignment_method or "default", encoded=encoded)  # fmt: skip
+            def align(sequences, placed=None):
+                aligned = align_outputs(model, tokenizer, batch.sources, batch.ids, sequences, options.alignments,
+                                        options.alignment_method or "default", encoded=encoded)  # fmt: skip
+                return aligned if placed is None else with_placed(aligned, tokenizer, sequences, placed)
 
         if options.nbest is not None:
             return self._nbest(inputs, options.nbest, kwargs, align)
         output = model.generate(**inputs, **kwargs, return_dict_in_generate="constraints" in kwargs)
-        met = None
-        if "constraints" in kwargs:  # which constraints each translation met
+        met = placed = None
+        if "constraints" in kwargs:  # which constraints each translation met, and where the search placed them
+            placed = getattr(output, "constraints_placed", None)
             output, met = output.sequences, output.constraints_met
         if align is not None:
-            return align(output), met
+            return align(output, placed), met
         return [single_line(text) for text in tokenizer.batch_decode(output, skip_special_tokens=True)], met
 
     def _nbest(self, inputs, nbest: int, kwargs: dict, align) -> tuple[list[list[Hypothesis]], object]:
@@ -206,7 +208,7 @@ class TorchBackend:
             decoded = self.tokenizer.batch_decode(output.sequences, skip_special_tokens=True)
             texts = [single_line(text) for text in decoded]
         else:
-            texts = align(output.sequences)
+            texts = align(output.sequences, getattr(output, "constraints_placed", None))
         found = [Hypothesis(text, float(log_prob), float(score))
                  for text, log_prob, score in zip(texts, log_probs.tolist(), scores.tolist(), strict=True)]  # fmt: skip
         met = getattr(output, "constraints_met", None)

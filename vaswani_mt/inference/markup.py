@@ -12,12 +12,13 @@ A line is read as XML or HTML text with inline elements (docs/markup.md):
    translated with hard word alignments (alignments.py; words are whitespace-separated). A `<` that starts no tag
    and a `&` that starts no entity are text.
 2. Each tag pair goes back, its tag text unchanged (attributes and all), around the longest contiguous run of target
-   words aligned to a source word its content touches (the target words whose hard link goes there, and for each
-   such source word the target word that gives it the largest share of its attention: a forced term is often linked
-   from one side only); a tie goes to the run with more of the content's attention. A pair inside another stays
-   inside it; siblings never overlap. A pair with content is never empty: where its content aligns to nothing (or
-   only to words its parent does not hold or an earlier sibling holds), it goes around the nearest free word (to the
-   target words of the nearest source word that has a link, left first at equal distance).
+   words that the span rule (spans.py: each content word's most-attending target word) aligns to the source words
+   its content touches; a tie goes to the run with more of the content's attention. A pair that holds a forced term
+   wraps the words the search placed for that term and the aligned runs next to them (an unmet term: the rule
+   alone). A pair inside another stays inside it; siblings never overlap. A pair with content is never empty: where
+   its content aligns to nothing (or only to words its parent does not hold or an earlier sibling holds), it goes
+   around the nearest free word (to the target words of the nearest source word that has a link, left first at
+   equal distance).
 3. Points (void tags, comments, CDATA, placeholders, literals): at the start or end of the line they stay there; one
    written right after punctuation goes after the target word that ends in the same mark (the k-th such word, as in
    the source, where source and target have as many); one written against the word before it (`100%%`) follows that
@@ -47,12 +48,9 @@ import re
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from vaswani_mt.inference.directives import PLAIN, UnplacedDirectives, directives, escape_word, glue, in_order, patterns
-
-if TYPE_CHECKING:  # annotations only: taking markup out and checking it needs no torch
-    import torch
+from vaswani_mt.inference.spans import SPAN_RULE, Alignment, pair_spans
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +76,6 @@ _TOKEN = _token()
 _VOID = {"br", "img", "hr", "wbr", "input"}  # HTML elements without content, written without `/>`
 _XML_ENTITIES = {"amp", "lt", "gt", "quot", "apos"}
 _PUNCTUATION = ".,;:!?"
-_WORD = re.compile(r"\S+")
 
 
 @dataclass
@@ -292,118 +289,7 @@ def take_out_markup(lines: Sequence[str], first_line: int = 1, formats: Sequence
     return plans
 
 
-def _nearest_targets(words: Sequence[int], targets: dict[int, list[int]], count: int) -> list[int]:
-    """Target words of the source word nearest to `words` that has any (left first at each distance); [] if none."""
-    if not words:
-        return []
-    low, high = min(words), max(words)
-    for distance in range(1, count + 1):
-        for k in (low - distance, high + distance):
-            if 0 <= k < count and targets.get(k):
-                return targets[k][:1]
-    return []
-
-
-def _runs(words: Sequence[int]) -> list[list[int]]:
-    """Sorted `words` cut into runs of consecutive numbers."""
-    runs: list[list[int]] = []
-    for k in words:
-        if runs and k == runs[-1][-1] + 1:
-            runs[-1].append(k)
-        else:
-            runs.append([k])
-    return runs
-
-
-@dataclass
-class _Alignment:
-    """A translation as `restore` reads it: the source's word `spans` (character offsets in the plain text), the
-    target `words`, each source word's linked target words (`targets`, sorted) and the soft alignment (`soft`, target
-    words x source words, None where it does not fit the words)."""
-
-    text: str
-    spans: list[tuple[int, int]]
-    words: list[str]
-    targets: dict[int, list[int]]
-    soft: torch.Tensor | None
-
-    @classmethod
-    def of(cls, text: str, translation) -> _Alignment:
-        """The alignment of `translation`, an `AlignedTranslation` of `text` (or a plain string: no links)."""
-        spans = [m.span() for m in _WORD.finditer(text)]
-        words = list(getattr(translation, "target_words", None) or str(translation).split())
-        targets: dict[int, list[int]] = {}
-        for s, t in getattr(translation, "links", []):
-            targets.setdefault(s, []).append(t)
-        for linked in targets.values():
-            linked.sort()
-        soft = getattr(translation, "soft", None)
-        soft = soft if soft is not None and soft.numel() and soft.shape[0] == len(words) else None
-        return cls(text, spans, words, targets, soft)
-
-    def covered(self, start: int, end: int) -> list[int]:
-        """The source words that characters `start` to `end` touch."""
-        return [k for k, (a, b) in enumerate(self.spans) if a < end and b > start]
-
-    def words_after(self, at: int) -> list[int]:
-        """The source words that start at or after character `at`."""
-        return [k for k, (a, b) in enumerate(self.spans) if a >= at]
-
-    def words_before(self, at: int) -> list[int]:
-        """The source words that end at or before character `at`."""
-        return [k for k, (a, b) in enumerate(self.spans) if b <= at]
-
-    def first_target(self, k: int) -> int | None:
-        """The first target word of source word k, or of the nearest linked one."""
-        linked = self.targets.get(k) or _nearest_targets([k], self.targets, len(self.spans))
-        return linked[0] if linked else None
-
-    def after_word(self, at: int) -> int:
-        """After the first target word of the source word that ends before character `at`, or holds it (or of the
-        nearest linked one); 0 where there is none."""
-        before = [k for k, (a, b) in enumerate(self.spans) if a < at]
-        t = self.first_target(before[-1]) if before else None
-        return 0 if t is None else t + 1
-
-
-def _pair_span(pair: _Pair, alignment: _Alignment, low: int, high: int, held: set[int]) -> tuple[int, int]:
-    """The target span [first, last] of `pair` inside its parent's [low, high], clear of the words its earlier
-    siblings `held` (first = last + 1: empty, before word `first`)."""
-    content = alignment.covered(pair.start, pair.end)
-    targets, soft = alignment.targets, alignment.soft
-    linked = {t for k in content for t in targets.get(k, [])}
-    columns = [k for k in content if soft is not None and k < soft.shape[1]]  # past them: cut from the source
-    linked |= {int(soft[:, k].argmax()) for k in columns if soft[:, k].max() > 0}
-    free = [t for t in sorted(linked) if low <= t <= high and t not in held]
-    if free:  # the longest run of its aligned words; a tie to the one with more of its content's attention
-        run = max(_runs(free), key=lambda run, c=columns: (len(run), float(soft[run][:, c].sum()) if c else 0.0))
-        return run[0], run[-1]
-    if content and (anchor := min(linked) if linked else alignment.first_target(content[0])) is not None:
-        # never empty: the free word nearest to its aligned (or its nearest source word's) target word
-        options = [t for t in range(low, high + 1) if t not in held]
-        if not options:
-            return high + 1, high
-        nearest = min(options, key=lambda t: (abs(t - anchor), t))
-        return nearest, nearest
-    # no words inside (or no links at all): empty, where a self-closing tag would go
-    first = min(max(alignment.after_word(pair.start), low), high + 1)
-    while first in held:
-        first += 1
-    return first, first - 1
-
-
-def _pair_spans(plan: MarkupPlan, alignment: _Alignment) -> dict[int | None, tuple[int, int]]:
-    """Each pair's target span (None: the whole line), parents before children, siblings apart."""
-    span: dict[int | None, tuple[int, int]] = {None: (0, len(alignment.words) - 1)}
-    taken: dict[int | None, set[int]] = {}  # the target words of each pair's children so far
-    for index, pair in enumerate(plan.pairs):
-        held = taken.setdefault(pair.parent, set())
-        span[index] = _pair_span(pair, alignment, *span[pair.parent], held)
-        held.update(range(span[index][0], span[index][1] + 1))
-    return span
-
-
-def _after_punctuation(item: _Point, alignment: _Alignment, low: int, high: int) -> int | None:
+def _after_punctuation(item: _Point, alignment: Alignment, low: int, high: int) -> int | None:
     """After the target word that ends in the mark the point follows (the k-th, as in the source), if any."""
     text, spans = alignment.text, alignment.spans
     if item.before or not item.at or text[item.at - 1] not in _PUNCTUATION:
@@ -419,7 +305,7 @@ def _after_punctuation(item: _Point, alignment: _Alignment, low: int, high: int)
     return place if low <= place <= high + 1 else None
 
 
-def _point_place(item: _Point, alignment: _Alignment, low: int, high: int) -> int:
+def _point_place(item: _Point, alignment: Alignment, low: int, high: int) -> int:
     """Where a point goes in its parent's [low, high]: before target word `_point_place` (high + 1: at the end)."""
     if item.edge == "start":
         return low
@@ -436,7 +322,7 @@ def _point_place(item: _Point, alignment: _Alignment, low: int, high: int) -> in
     return min(max(place, low), high + 1)
 
 
-def _spaced(item: _Point, place: int, alignment: _Alignment) -> _Point:
+def _spaced(item: _Point, place: int, alignment: Alignment) -> _Point:
     """`item`, with a space where the source glued it to a word whose translation starts or ends otherwise."""
     text, spans, words = alignment.text, alignment.spans, alignment.words
     if any(a < item.at < b for a, b in spans):  # inside a word (`file%sname`): after its translation, spaced
@@ -450,7 +336,7 @@ def _spaced(item: _Point, place: int, alignment: _Alignment) -> _Point:
     return item
 
 
-def _placed_children(plan: MarkupPlan, alignment: _Alignment, span: dict) -> dict[int | None, list]:
+def _placed_children(plan: MarkupPlan, alignment: Alignment, span: dict) -> dict[int | None, list]:
     """Each pair's children (pairs and points) as (target word it goes before, order among equals, child)."""
     children: dict[int | None, list] = {}
     for index, pair in enumerate(plan.pairs):
@@ -462,13 +348,18 @@ def _placed_children(plan: MarkupPlan, alignment: _Alignment, span: dict) -> dic
             first, last = span[index]
             if pair.parent == item.parent and first < place <= last:
                 place = last + 1
-        place = _past_terms(place, alignment.words, plan.terms, span[item.parent][1] + 1)
+        place = _past_terms(place, alignment, plan.terms, span[item.parent][1] + 1)
         children.setdefault(item.parent, []).append((place, 2 if item.edge == "end" else 0, item))  # the end: last
     return children
 
 
-def _past_terms(place: int, words: list[str], terms: Sequence[str], end: int) -> int:
-    """`place`, or the end of a forced term whose words it would split (where that is at most `end`)."""
+def _past_terms(place: int, alignment: Alignment, terms: Sequence[str], end: int) -> int:
+    """`place`, or the end of a forced term whose words it would split (where that is at most `end`): the words the
+    search placed for it, or where it did not say, the term's words found in the translation."""
+    for placed in alignment.placed:
+        if placed is not None and placed[0] < place <= placed[-1] < end:
+            return placed[-1] + 1
+    words = alignment.words
     for term in map(str.split, terms):
         for start in range(max(0, place - len(term) + 1), place):
             if words[start : start + len(term)] == term and place < start + len(term) <= end:
@@ -476,7 +367,7 @@ def _past_terms(place: int, words: list[str], terms: Sequence[str], end: int) ->
     return place
 
 
-def _placed_joints(plan: MarkupPlan, alignment: _Alignment) -> dict[int, str]:
+def _placed_joints(plan: MarkupPlan, alignment: Alignment) -> dict[int, str]:
     """The space entities by the target word they go before (instead of its space): the first target word of the
     source word after each, else after the first target word of the source word before it."""
     joints: dict[int, str] = {}
@@ -491,18 +382,34 @@ def _placed_joints(plan: MarkupPlan, alignment: _Alignment) -> dict[int, str]:
     return joints
 
 
-def restore(plan: MarkupPlan, translation) -> str:
-    """The translation of `plan.text` (an `AlignedTranslation` with hard links) with `plan`'s markup put back."""
+def restore(plan: MarkupPlan, translation, rule: str = SPAN_RULE) -> str:
+    """The translation of `plan.text` (an `AlignedTranslation` with hard links, and where terms were forced the
+    words the search placed for them) with `plan`'s markup put back; `rule`: the span rule (spans.py)."""
     if plan.broken or not plan.marked:
         return str(translation)
-    alignment = _Alignment.of(plan.text, translation)
-    span = _pair_spans(plan, alignment)
+    alignment = Alignment.of(plan.text, translation)
+    span = pair_spans(plan.pairs, alignment, rule)
     children = _placed_children(plan, alignment, span)
     output = _render(plan, alignment.words, span, children, _placed_joints(plan, alignment))
     if sorted(directives(output, plan.formats, False)) != sorted(directives(plan.line, plan.formats, False)):
         words = [_escaped(plan, word) for word in alignment.words]
         raise UnplacedDirectives(" ".join([*words, *(item.text for item in plan.points)]) if not plan.pairs else None)
     return output
+
+
+def put_back(plan: MarkupPlan, translation, rule: str = SPAN_RULE) -> tuple[str, str | None]:
+    """The markup stage of one line, the same for the translator and the demo: (`restore`'s output, None); where the
+    format directives could not all be placed, (the words with them at the end, "directives"); where putting the
+    markup back fails otherwise, (the line as its source, why in one line): one line's failure stays that line's."""
+    try:
+        return restore(plan, translation, rule), None
+    except UnplacedDirectives as unplaced:
+        if unplaced.output is not None:
+            return unplaced.output, "directives"
+        error: Exception = unplaced
+    except Exception as failed:  # any bug in putting one line's markup back
+        error = failed
+    return plan.line, f"{type(error).__name__}: {error}"
 
 
 def _escaped(plan: MarkupPlan, word: str) -> str:
@@ -608,5 +515,5 @@ def well_formed(text: str, html: bool = False) -> bool:
     return True
 
 
-__all__ = ["MarkupPlan", "UnplacedDirectives", "comments", "parse_markup", "placeholders", "restore", "restore_markup",
-           "tags", "take_out_markup", "well_formed"]  # fmt: skip
+__all__ = ["MarkupPlan", "UnplacedDirectives", "comments", "parse_markup", "placeholders", "put_back", "restore",
+           "restore_markup", "tags", "take_out_markup", "well_formed"]  # fmt: skip

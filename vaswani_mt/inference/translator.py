@@ -22,7 +22,7 @@ from vaswani_mt.inference.alignments import AlignedTranslation, empty_aligned
 from vaswani_mt.inference.backends import Backend, Batch, Search, TorchBackend
 from vaswani_mt.inference.batching import token_budget_batches
 from vaswani_mt.inference.controls import ControlReport, LineControls, blocked_ids, split_constrained_line
-from vaswani_mt.inference.markup import UnplacedDirectives, restore, take_out_markup
+from vaswani_mt.inference.markup import put_back, take_out_markup
 from vaswani_mt.inference.options import Hypothesis, TranslationOptions
 from vaswani_mt.model.pipeline_vaswani import encode_source
 from vaswani_mt.system.signals import TranslationInterrupted
@@ -207,22 +207,16 @@ class Translator:
                 result = [h._replace(text=empty_aligned(texts[i], kind)) for h in result]
         if plans is None:
             return result
-        try:
-            return restore(plans[i], result)
-        except UnplacedDirectives as unplaced:
-            if unplaced.output is not None:
-                logger.warning("line %d: format directives could not all be placed: put at the end, in source order",
-                               where[0] + i)  # fmt: skip
-                return unplaced.output
-            error: Exception = unplaced
-        except Exception as failed:  # any bug in putting one line's markup back stays that line's
-            error = failed
+        output, problem = put_back(plans[i], result)
         first_line, report = where
-        reason = f"{type(error).__name__}: {error}"
-        logger.error("line %d: markup not put back (%s): written as its source", first_line + i, reason)
-        if report is not None:
-            report.unrestored[first_line + i] = reason
-        return plans[i].line
+        if problem == "directives":
+            logger.warning("line %d: format directives could not all be placed: put at the end, in source order",
+                           first_line + i)  # fmt: skip
+        elif problem is not None:
+            logger.error("line %d: markup not put back (%s): written as its source", first_line + i, problem)
+            if report is not None:
+                report.unrestored[first_line + i] = problem
+        return output
 
     def _batches(self, texts: list[str], todo: list[int], encoded: dict, first_line: int) -> list[list[int]]:
         """The lines `todo` in batches: by `max_tokens`, or longest first `batch_size` at a time (the backend's

@@ -472,6 +472,24 @@ def _with_constraints(setup: _Setup, config: GenerationConfig, rows: torch.Tenso
     return setup
 
 
+def _still_improvable(improvable: torch.Tensor, running: _Beams, finished: _Finished, generated: int,
+                      setup: _Setup) -> torch.Tensor:  # fmt: skip
+    """(B, 1) the sentences still searched after this step: those that `can_improve`, not `settled`, and with
+    `early_stopping=True` (fairseq's rule) not yet holding `num_beams` finished hypotheses."""
+    best = running.scores.amax(-1, keepdim=True)
+    improvable = can_improve(
+        improvable=improvable, running_scores=best, finished_scores=finished.keys, is_finished=finished.done,
+        generated=generated, longest=setup.max_length - 1, early_stopping=setup.early_stopping, alpha=setup.alpha,
+        constrained=setup.constrained,
+    )  # fmt: skip
+    if setup.settle is not None:  # the bound at the longest length only where the plain one is (`can_improve`)
+        longest = setup.max_length - 1 if setup.early_stopping == "never" else generated
+        improvable = improvable & ~settled(setup.settle, best, finished.keys, finished.done, generated, longest)
+    if setup.early_stopping is True:  # a sentence with `num_beams` finished ones is done now
+        improvable = improvable & ~finished.done.all(dim=-1, keepdim=True)
+    return improvable
+
+
 def _leave(left: _Finished, running: _Beams, finished: _Finished, improvable: torch.Tensor, setup: _Setup, choice,
            decoder: _Decoder, beam_idx: torch.Tensor):  # fmt: skip
     """The sentences that cannot improve leave the batch: their finished hypotheses go to `left` as they are, and
@@ -510,9 +528,10 @@ def beam_search(
 
     `constraints` (`constraints_vaswani.LexicalConstraints`): phrases each output must contain (dynamic beam
     allocation); the output then has `constraints_met` ((batch * num_return_sequences, C) booleans, True where a
-    sentence has no constraint: vacuously met), and sentences without constraints get exactly what they get without
-    them. `target_prefix` ((batch, Lp), -1 after a row's prefix; a row of -1 is no prefix): tokens each output starts
-    with, their log-probabilities counted.
+    sentence has no constraint: vacuously met) and `constraints_placed` (per returned hypothesis, per constraint of
+    its sentence, the (first, last) positions of its tokens among the generated ones, or None: unmet), and sentences
+    without constraints get exactly what they get without them. `target_prefix` ((batch, Lp), -1 after a row's
+    prefix; a row of -1 is no prefix): tokens each output starts with, their log-probabilities counted.
 
     A sentence that can no longer improve (with `early_stopping=True`: once `num_beams` hypotheses have finished,
     fairseq's rule) leaves the batch, as in fairseq's `SequenceGenerator`: its rows of the running beams, encoder
@@ -548,17 +567,7 @@ def beam_search(
         finished, best = _merge_finished(finished, candidates, finishing_scores, keys, finishing, num_beams)
         choice.keep_finished(best)
         running = candidates.take(chosen)
-        improvable = can_improve(
-            improvable=improvable, running_scores=running.scores.amax(-1, keepdim=True), finished_scores=finished.keys,
-            is_finished=finished.done, generated=generated, longest=config.max_length - 1,
-            early_stopping=config.early_stopping, alpha=setup.alpha, constrained=setup.constrained,
-        )  # fmt: skip
-        if setup.settle is not None:  # the bound at the longest length only where the plain one is (`can_improve`)
-            longest = config.max_length - 1 if config.early_stopping == "never" else generated
-            improvable = improvable & ~settled(setup.settle, running.scores.amax(-1, keepdim=True), finished.keys,
-                                               finished.done, generated, longest)  # fmt: skip
-        if config.early_stopping is True:  # fairseq's rule: a sentence with `num_beams` finished ones is done now
-            improvable = improvable & ~finished.done.all(dim=-1, keepdim=True)
+        improvable = _still_improvable(improvable, running, finished, generated, setup)
         done = not improvable.any() or (finished.done.all() and config.early_stopping is True) or candidates.ends.all()
         # The flat beam each running one continues, in the decoder's rows.
         beam_idx = _gather(candidates.beams, chosen) + torch.arange(chosen.shape[0], device=device)[:, None] * num_beams
@@ -604,8 +613,9 @@ def _output(finished: _Finished, decoder: _Decoder, choice, config: GenerationCo
     output = GenerateBeamEncoderDecoderOutput(**fields)
     # Each returned hypothesis' log P(Y|X), as the search summed it (an attribute, as `constraints_met`).
     output.sequences_log_probs = finished.log_probs[:, :returned].reshape(batch * returned)
-    if constraints_met is not None:
+    if constraints_met is not None:  # and where the search placed each constraint's tokens in each hypothesis
         output.constraints_met = constraints_met
+        output.constraints_placed = choice.constraints_placed(sequences, returned)
     return output
 
 

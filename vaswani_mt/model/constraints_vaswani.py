@@ -317,6 +317,34 @@ class DynamicBeamAllocation:
         met = finished_met | ~self.batch.valid[:, None]
         return met[:, :returned].reshape(-1, met.shape[-1])
 
+    def constraints_placed(self, sequences: torch.Tensor, returned: int) -> list[list[tuple[int, int] | None]]:
+        """Where each returned hypothesis (`sequences` (B * returned, T), from the decoder start) placed each of its
+        sentence's constraints: (first, last) positions among its generated tokens (0: the first after the decoder
+        start), None for one unmet. The search's own matching (`advance`) replayed along the hypothesis: the tokens
+        that met the constraint when it was met. Run once, on the returned hypotheses only, after the search."""
+        batch = self.batch
+        rows = sequences.reshape(-1, returned, sequences.shape[-1])
+        met = torch.zeros(*rows.shape[:2], batch.C, dtype=torch.bool, device=rows.device)
+        last = torch.full(met.shape, -1, dtype=torch.long, device=rows.device)
+        for column in range(1, rows.shape[-1]):
+            now = batch.advance(_window(rows, column, batch.L), met)[0]
+            last = torch.where(now & ~met, column - 1, last)
+            met = now
+        lengths, owners, left = batch.length.tolist(), batch.phrase_owner.tolist(), batch.left.tolist()
+        counts, tokens, last = batch.valid.sum(-1).tolist(), rows[:, :, 1:].tolist(), last.tolist()
+        placed = []
+        for b, hypotheses in enumerate(tokens):
+            for k, generated in enumerate(hypotheses):
+                spans = []
+                for c in range(counts[b]):
+                    end = last[b][k][c]
+                    # The longest of the constraint's phrases that ends there (the one the search matched).
+                    size = max((n for p, n in enumerate(lengths[b]) if owners[b][p] == c and 0 < n <= end + 1
+                                and generated[end + 1 - n : end + 1] == left[b][p][:n]), default=0)  # fmt: skip
+                    spans.append((end + 1 - size, end) if end >= 0 and size else None)
+                placed.append(spans)
+        return placed
+
 
 def _bar_eos(log_probs: torch.Tensor, unmet: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
     """EOS impossible for the rows (`unmet`) of hypotheses with a constraint still to meet, unless EOS is all that

@@ -179,6 +179,7 @@ class VaswaniGenerationMixin(GenerationMixin):
             # No sentence of the batch has a constraint (the search ran without them): every one is met, vacuously.
             output.constraints_met = torch.ones(batch * config.num_return_sequences, 1, dtype=torch.bool,
                                                 device=device)  # fmt: skip
+            output.constraints_placed = [[] for _ in range(batch * config.num_return_sequences)]
         return output
 
     def _vaswani_search_config(self, generation_config: GenerationConfig, kwargs: dict):

@@ -1,0 +1,103 @@
+"""Tags around forced terms (issue 63): every search that takes terms tells the alignment stage which words it placed
+for each term; a tag whose content holds a term wraps those words (and the aligned words next to them), an unmet
+term leaves the tag to the span rule; the demo's markup is the translator's stage."""
+
+import pytest
+import torch
+from conftest import ENGLISH
+
+from vaswani_mt.inference.alignments import AlignedTranslation
+from vaswani_mt.inference.markup import parse_markup, restore, well_formed
+from vaswani_mt.inference.translator import Translator
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize("how", ["plain", "nbest", "ensemble", "bfloat16", "int8"])
+def test_every_search_that_takes_terms_reports_the_words_it_placed(fitted_folder, how):
+    options = {"num_beams": 4, "max_len_b": 20, "alignments": "hard", "constraints": "unordered"}
+    options |= {"nbest": {"nbest": 2}, "bfloat16": {"compute_type": "bfloat16"},
+                "int8": {"compute_type": "int8"}}.get(how, {})  # fmt: skip
+    model = [str(fitted_folder)] * 2 if how == "ensemble" else str(fitted_folder)
+    terms = ["Kaffee", "Buch"]  # words of other sentences: forced, not chosen
+    out = Translator(model, **options).translate([ENGLISH[0]], terms=[terms])[0]
+    for aligned in [h.text for h in out] if how == "nbest" else [out]:
+        assert len(aligned.placed) == 2
+        for term, words in zip(terms, aligned.placed, strict=True):
+            assert words == sorted(words) and words == list(range(words[0], words[-1] + 1))
+            assert term in "".join(aligned.target_words[k] for k in words)
+
+
+def aligned(target: str, source: str, rows: list[list[float]], placed=()) -> AlignedTranslation:
+    """A translation of `source` with the soft alignment `rows` (a row per target word), hard links by row argmax,
+    and the words the search `placed` for each term."""
+    words, soft = target.split(), torch.tensor(rows)
+    links = [(int(s), t) for t, s in enumerate(soft.argmax(1).tolist())]
+    result = AlignedTranslation(target, source.split(), words, soft=soft, links=links)
+    result.placed = list(placed)
+    return result
+
+
+# "Click the <b>button</b> now." -> "Klicken Sie jetzt auf die Schaltfläche.", "Schaltfläche" forced: the term's row
+# links back to "button", but the word that attends most to "button" is "jetzt".
+BUTTON = [[0.7, 0.1, 0.1, 0.1], [0.6, 0.2, 0.1, 0.1], [0.05, 0.05, 0.6, 0.3], [0.2, 0.6, 0.1, 0.1],
+          [0.1, 0.7, 0.1, 0.1], [0.1, 0.1, 0.45, 0.35]]  # fmt: skip
+
+
+def test_a_tag_whose_content_holds_a_placed_term_wraps_the_term():
+    plan = parse_markup("Click the <b>button</b> now.")
+    target = "Klicken Sie jetzt auf die Schaltfläche."
+    assert restore(plan, aligned(target, plan.text, BUTTON)) == "Klicken Sie <b>jetzt</b> auf die Schaltfläche."
+    placed = aligned(target, plan.text, BUTTON, placed=[[5]])
+    assert restore(plan, placed) == "Klicken Sie jetzt auf die <b>Schaltfläche.</b>"
+    unmet = aligned(target, plan.text, BUTTON, placed=[None])  # the search could not place it: the span rule
+    assert restore(plan, unmet) == "Klicken Sie <b>jetzt</b> auf die Schaltfläche."
+
+
+def test_the_tag_covers_the_term_and_the_aligned_words_next_to_it():
+    # "Open the <b>red folder</b> now." -> "Öffne jetzt den roten Ordner.", "Ordner" forced: "red" -> "roten" is
+    # aligned next to the term, "folder" attends most to "jetzt".
+    plan = parse_markup("Open the <b>red folder</b> now.")
+    rows = [[0.8, 0.1, 0.05, 0.03, 0.02], [0.05, 0.05, 0.1, 0.45, 0.35], [0.1, 0.6, 0.1, 0.1, 0.1],
+            [0.05, 0.05, 0.8, 0.05, 0.05], [0.1, 0.1, 0.2, 0.35, 0.25]]  # fmt: skip
+    target = "Öffne jetzt den roten Ordner."
+    out = restore(plan, aligned(target, plan.text, rows, placed=[[4]]))
+    assert out == "Öffne jetzt den <b>roten Ordner.</b>"
+
+
+def test_each_of_two_tags_wraps_its_own_term_and_a_nested_tag_stays_inside():
+    plan = parse_markup('<a href="#">Click the <b>button</b></a> now.')
+    target = "Klicken Sie jetzt auf die Schaltfläche."
+    out = restore(plan, aligned(target, plan.text, BUTTON, placed=[[5]]))
+    assert "<b>Schaltfläche.</b>" in out and well_formed(out)
+    assert out.index('<a href="#">') < out.index("<b>") and out.index("</b>") < out.index("</a>")
+    plan = parse_markup("Click the <b>button</b> <i>now</i>.")
+    rows = [row[:] for row in BUTTON]
+    rows[2], rows[5] = [0.05, 0.05, 0.3, 0.6], [0.1, 0.1, 0.5, 0.3]  # "jetzt" links to "now", the term to "button"
+    out = restore(plan, aligned(target, plan.text, rows, placed=[[5], [2]]))
+    assert "<b>Schaltfläche.</b>" in out and "<i>jetzt</i>" in out
+
+
+def test_the_demo_puts_markup_back_through_the_translators_stage(demo_model, monkeypatch):
+    import vaswani_mt.inference.markup as markup
+    from vaswani_mt.app.demo import translate_for_demo
+
+    model, tokenizer = demo_model
+    seen, put_back = [], markup.put_back
+    monkeypatch.setattr(markup, "put_back", lambda plan, *rest: seen.append(plan.line) or put_back(plan, *rest))
+    line = "The <b>girl</b> ate an <i>apple</i>."
+    shown, _, _ = translate_for_demo(model, tokenizer, line, num_beams=4, max_len_b=10, terms="Apfel", markup=True)
+    translator = Translator(model, tokenizer, num_beams=4, length_penalty=0.6, max_len_a=1, max_len_b=10,
+                            markup="xml", constraints="unordered")  # fmt: skip
+    assert seen == [line]
+    assert shown == translator.translate([line], terms=[["Apfel"]])[0]
+
+
+def test_a_pair_around_every_word_of_the_line_goes_around_every_word_of_the_translation():
+    # "Use a <b>strong</b> password.": "Passwort." attends most to "strong" and "a", "Verwenden" to "Use": the
+    # longest run of most-attending words would leave "Sie ein" out of the <p>
+    plan = parse_markup('<p class="hint">Use a <b>strong</b> password.</p>')
+    rows = [[0.7, 0.1, 0.1, 0.1], [0.4, 0.3, 0.2, 0.1], [0.1, 0.3, 0.3, 0.3], [0.1, 0.1, 0.6, 0.2],
+            [0.1, 0.5, 0.35, 0.05]]  # fmt: skip
+    out = restore(plan, aligned("Verwenden Sie ein starkes Passwort.", plan.text, rows))
+    assert out == '<p class="hint">Verwenden Sie ein <b>starkes</b> Passwort.</p>'
