@@ -128,8 +128,7 @@ def add_compute_type(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threads", type=int, default=None, metavar="N",
         help="CPU threads of the matrix products (default: torch's, one per core; a CTranslate2 folder: its "
-        "intra_threads, default `THREADS` in inference/ctranslate2.py): on a busy machine 1 can be several times "
-        "faster than 2",
+        "intra_threads, the same count): on a busy machine 1 can be several times faster than 2",
     )  # fmt: skip
 
 

@@ -25,9 +25,10 @@ from vaswani_mt.model.generation_vaswani import PAPER_SEARCH
 from vaswani_mt.model.pipeline_vaswani import single_line
 from vaswani_mt.system.messages import error_line
 
-# CTranslate2's `intra_threads` where --threads is not given, the one place to set it: 0 is CTranslate2's own
-# default (one thread per core, at most 4), which ran issue 66's test split 2.6x slower than 1 on 2 cores.
-THREADS = 1
+# CTranslate2's `intra_threads` where --threads is not given, the one place to set it. None: torch's thread count
+# (one per core, or what --threads / OMP_NUM_THREADS set), never more than the cores torch may use: on 2 cores,
+# whole commands on the test split took 6.5 s with 2 against 7.9 s with 1 (RESULTS 2026-11-29, issue 66).
+THREADS: int | None = None
 # Rows of a batch where the options give none: CTranslate2's users' `max_batch_size` (its batches sort by length).
 BATCH_SIZE = 64
 # CTranslate2 marks the beams a target prefix forces beside the first with a score of -1e10: `score_batch` scores
@@ -223,7 +224,8 @@ class CTranslate2Model:
 
         if ranking not in RANKINGS:
             raise ValueError(f"ranking must be 'paper' or 'ctranslate2', not {ranking!r}")
-        translator_options = {"device": "cpu", "intra_threads": THREADS, **translator_options}
+        threads = THREADS or torch.get_num_threads()
+        translator_options = {"device": "cpu", "intra_threads": threads, **translator_options}
         self.translator = ctranslate2.Translator(str(folder), **translator_options)
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         if (Path(folder) / "generation_config.json").is_file():
