@@ -3,23 +3,15 @@ per returned hypothesis, read by the alignment stage as target words (`AlignedTr
 when no terms are given."""
 
 import pytest
+import test_constraints
 import torch
-from conftest import make_model, padded_batch
 from test_constraints import CONSTRAINTS, generated
 
 from vaswani_mt.model.constraints_vaswani import DynamicBeamAllocation, LexicalConstraints
 
+batch, model = test_constraints.batch, test_constraints.model  # the same batch and model fixtures
+
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.transformers_internals]
-
-
-@pytest.fixture(scope="module")
-def batch():
-    return padded_batch(seed=3, lengths=(7, 4, 6, 5))
-
-
-@pytest.fixture(scope="module")
-def model():
-    return make_model(seed=4)
 
 
 def first_end(tokens: list[int], phrases: list[list[int]], after: int = -1) -> int:
