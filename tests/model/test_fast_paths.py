@@ -90,7 +90,6 @@ def test_bf16_autocast_training_follows_float32():
 
 @pytest.mark.skipif(not fast_paths._MKL_PACKED_GEMM, reason="this torch build has no MKL packed GEMM")
 def test_packed_inference_gemms_equal_the_linear_layers_and_follow_weight_updates(monkeypatch):
-    monkeypatch.setattr(fast_paths, "_PACK_AT_CALL", 1)  # each row count packed at its first call
     model = make_model(seed=5)
     ids, mask = padded_batch(seed=4, lengths=(7, 4, 5))
     target = torch.tensor([[0, 5, 6], [0, 7, 8], [0, 9, 10]])
@@ -113,22 +112,27 @@ def test_packed_inference_gemms_equal_the_linear_layers_and_follow_weight_update
 
 
 @pytest.mark.skipif(not fast_paths._MKL_PACKED_GEMM, reason="this torch build has no MKL packed GEMM")
-def test_a_row_count_is_packed_once_it_lasts_and_a_weight_keeps_its_last_four():
-    """Rows shrink as sentences leave: a row count is packed at its third call in a row (the encoder's, once a
-    batch, never), the copies of a weight's last four row counts are kept, and every call equals the linear layer."""
-    packs = []
+def test_a_products_result_depends_on_its_shapes_alone_not_on_the_calls_before_it():
+    """Rows shrink as sentences leave; a weight keeps its last four row counts' copies. Whatever came before, a
+    product equals the one computed first in a fresh process, bit for bit (a resumed run writes the whole run's
+    bytes), and equals the linear layer to round-off."""
     layer = make_model(seed=5).model.decoder.layers[0].ffn.fc1
-    with torch.no_grad():
-        calls = [64] * 5 + [60] * 2 + [56] * 3 + [52] * 3 + [48] * 3 + [64] * 2 + [7] + [64]
-        for rows in calls:
-            states = torch.randn(rows, layer.in_features, generator=torch.Generator().manual_seed(rows))
-            entry = fast_paths._PACKED_WEIGHTS.get(layer)
-            before = dict(entry.copies) if entry is not None else {}
-            torch.testing.assert_close(fast_paths._project(layer, states), layer(states), atol=1e-5, rtol=1e-5)
-            after = fast_paths._PACKED_WEIGHTS[layer].copies
-            packs += [rows] if rows in after and after[rows] is not before.get(rows) else []
-    assert packs == [64, 56, 52, 48]  # 60 lasted two calls, 7 one; 64 packed once, used again later
-    assert list(fast_paths._PACKED_WEIGHTS[layer].copies) == [56, 52, 48, 64]  # the last four used
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # one thread sums the same way packed or not; two (the commands' default) do not
+    try:
+        with torch.no_grad():
+            for rows in (64, 7):
+                probe = torch.randn(rows, layer.in_features, generator=torch.Generator().manual_seed(rows))
+                fast_paths._PACKED_WEIGHTS.pop(layer, None)
+                first = fast_paths._project(layer, probe)  # the first call of a fresh process
+                for run, calls in [(rows, 3), (60, 2), (56, 3), (52, 3), (48, 3), (rows, 1)]:
+                    for _ in range(calls):  # a run of calls at one row count, as a batch decodes
+                        states = torch.randn(run, layer.in_features)
+                        torch.testing.assert_close(fast_paths._project(layer, states), layer(states), atol=1e-5, rtol=0)
+                    assert torch.equal(fast_paths._project(layer, probe), first), (rows, run)
+            assert len(fast_paths._PACKED_WEIGHTS[layer].copies) == fast_paths._PACKED_ROW_COUNTS
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_packed_gemm_needs_both_mkl_ops_and_without_them_is_the_linear_layer(monkeypatch):

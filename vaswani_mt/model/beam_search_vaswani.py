@@ -480,8 +480,7 @@ def _still_improvable(improvable: torch.Tensor, running: _Beams, finished: _Fini
     improvable = can_improve(
         improvable=improvable, running_scores=best, finished_scores=finished.keys, is_finished=finished.done,
         generated=generated, longest=setup.max_length - 1, early_stopping=setup.early_stopping, alpha=setup.alpha,
-        constrained=setup.constrained,
-    )  # fmt: skip
+        constrained=setup.constrained)  # fmt: skip
     if setup.settle is not None:  # the bound at the longest length only where the plain one is (`can_improve`)
         longest = setup.max_length - 1 if setup.early_stopping == "never" else generated
         improvable = improvable & ~settled(setup.settle, best, finished.keys, finished.done, generated, longest)
@@ -549,8 +548,7 @@ def beam_search(
     decoder = _Decoder(model, config, input_ids, attention_mask, encoder_outputs, processors, target_prefix)
     plain = _PlainChoice(num_beams, setup.keep)
     choice = plain if constraints is None else DynamicBeamAllocation(constraints, plain, eos)
-    if constraints is not None:
-        setup = _with_constraints(setup, config, choice.constrained)
+    setup = setup if constraints is None else _with_constraints(setup, config, choice.constrained)
     running, finished = _start(batch, config, eos, device)
     # Sentences that cannot improve leave the batch (their finished hypotheses kept here) unless every row must stay.
     left = finished if _sentences_can_leave(config, decoder, stopping_criteria) else None

@@ -61,34 +61,32 @@ def _has_mkl_packed_gemm(ops=torch.ops.mkl) -> bool:
 _MKL_PACKED_GEMM = _has_mkl_packed_gemm()
 # Above this many rows a GEMM is efficient unpacked, and packing again for each new batch shape would cost more.
 _PACKED_GEMM_MAX_ROWS = 256
-# A packed weight serves one row count, and rows shrink as sentences leave the search: a row count is packed at its
-# third call in a row (one that lasts; the encoder's, once a batch, never is), and a weight keeps the copies of its
-# last four row counts used. On the test split that is 17x fewer packs than packing at each new count, 69% of the
-# decoder's products packed (benchmarks/RESULTS.md, 2026-11-29 bf16 and prepared weights).
-_PACK_AT_CALL, _PACKED_ROW_COUNTS = 3, 4
+# A packed weight serves one row count, and rows shrink as sentences leave the search: a weight keeps the copies of
+# its last four row counts used, and every product of up to `_PACKED_GEMM_MAX_ROWS` rows goes through a copy, so that
+# its result depends on its shapes alone, never on the calls before it (a resumed or sharded run writes the
+# uninterrupted run's bytes). Packing only row counts that last (third call in a row) made 17x fewer packs but
+# results that depended on the history (RESULTS 2026-11-29, against the peers after).
+_PACKED_ROW_COUNTS = 4
 # Packed weights live here, not on the modules: they are opaque MKL tensors that cannot be copied or saved.
 _PACKED_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class _PackedCopies:
-    """A weight's packed copies by row count (the most recently used `_PACKED_ROW_COUNTS`), and the row count of its
-    last calls with how many in a row. `key`: the weight as packed (a changed one is packed again)."""
+    """A weight's packed copies by row count (the most recently used `_PACKED_ROW_COUNTS`). `key`: the weight as
+    packed (a changed one is packed again)."""
 
     def __init__(self, key: tuple, weight: torch.Tensor):
         self.key, self.weight = key, weakref.ref(weight)
-        self.rows, self.calls, self.copies = 0, 0, {}  # rows -> packed copy, least recently used first
+        self.copies = {}  # rows -> packed copy, least recently used first
 
-    def for_rows(self, rows: int, weight: torch.Tensor) -> torch.Tensor | None:
-        """The copy packed for `rows`, packed now at the `_PACK_AT_CALL`-th call in a row; None before."""
-        self.calls = self.calls + 1 if rows == self.rows else 1
-        self.rows = rows
+    def for_rows(self, rows: int, weight: torch.Tensor) -> torch.Tensor:
+        """The copy packed for `rows`, packed now where there is none."""
         packed = self.copies.pop(rows, None)
-        if packed is None and self.calls >= _PACK_AT_CALL:
+        if packed is None:
             packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
-        if packed is not None:
-            self.copies[rows] = packed  # the most recently used last
-            if len(self.copies) > _PACKED_ROW_COUNTS:
-                del self.copies[next(iter(self.copies))]
+        self.copies[rows] = packed  # the most recently used last
+        if len(self.copies) > _PACKED_ROW_COUNTS:
+            del self.copies[next(iter(self.copies))]
         return packed
 
 
@@ -121,10 +119,7 @@ def _project(linear: nn.Linear, states: torch.Tensor) -> torch.Tensor:
     entry = _PACKED_WEIGHTS.get(linear)
     if entry is None or entry.key != key or entry.weight() is not weight:
         entry = _PACKED_WEIGHTS[linear] = _PackedCopies(key, weight)
-    packed = entry.for_rows(rows, weight)
-    if packed is None:
-        return linear(states)
-    return torch.ops.mkl._mkl_linear(states, packed, weight, linear.bias, rows)
+    return torch.ops.mkl._mkl_linear(states, entry.for_rows(rows, weight), weight, linear.bias, rows)
 
 
 # Vocabulary-sized work of the training loss is done in chunks of at most this many logits (256 MB in float32).
