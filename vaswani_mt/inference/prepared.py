@@ -16,9 +16,6 @@ import copy
 import torch
 from torch import nn
 
-# The dtypes whose weights are prepared (`bfloat16` always; `float32` where `prepare_weights` is asked for it).
-PREPARED_DTYPES = (torch.bfloat16, torch.float32)
-
 
 def _has_onednn_prepacked(ops=None) -> bool:
     """Whether this torch can reorder a weight once for oneDNN and multiply by the reordered copy (`ops`: the
@@ -63,16 +60,17 @@ class PreparedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, prepacked {self.weight.dtype}"
 
 
-def prepare_weights(model: nn.Module, dtypes: tuple = (torch.bfloat16,)) -> nn.Module:
-    """`model` (on a CPU, for inference) with every `nn.Linear` whose weight is of one of `dtypes` replaced, in
-    place, by a `PreparedLinear`; unchanged where this torch lacks the ops (`ONEDNN_PREPACKED`)."""
+def prepare_weights(model: nn.Module) -> nn.Module:
+    """`model` (on a CPU, for inference) with every bf16 `nn.Linear` replaced, in place, by a `PreparedLinear`
+    (float32 stays on the payload's path: oneDNN sums it in another order); unchanged where this torch lacks the ops
+    (`ONEDNN_PREPACKED`)."""
     if not ONEDNN_PREPACKED:
         return model
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if type(child) is nn.Linear and child.weight.dtype in dtypes and child.weight.device.type == "cpu":
+            if type(child) is nn.Linear and child.weight.dtype == torch.bfloat16 and child.weight.device.type == "cpu":
                 setattr(module, name, PreparedLinear(child))
     return model
 
 
-__all__ = ["ONEDNN_PREPACKED", "PREPARED_DTYPES", "PreparedLinear", "prepare_weights"]
+__all__ = ["ONEDNN_PREPACKED", "PreparedLinear", "prepare_weights"]
