@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -129,11 +130,9 @@ def ctranslate2_nbest(
     limits = _limits(sources, search, options)
     rows, tokens = options.pop("max_batch_size", 0), options.pop("batch_type", "examples") == "tokens"
     lengths = [len(source) for source in sources]
-    if rows and tokens:
-        batches = token_budget_batches(lengths, rows)
-    else:
-        order, size = sorted(range(len(sources)), key=lambda i: -lengths[i]), rows or max(1, len(sources))
-        batches = [order[start : start + size] for start in range(0, len(order), size)]
+    # Longest first, as CTranslate2 sorts: `rows` tokens a batch, or `rows` sentences (0: one batch).
+    budget, most = (rows, None) if rows and tokens else (sys.maxsize, rows or max(1, len(sources)))
+    batches = token_budget_batches(lengths, budget, most)
     ranked: list = [None] * len(sources)
     for batch in batches:
         prefixes = None if target_prefix is None else [target_prefix[i] for i in batch]
