@@ -76,7 +76,7 @@ def test_impossible_model_options_are_refused_while_parsing_in_one_line(tmp_path
     assert str(error.value).startswith(message) and "\n" not in str(error.value)
 
 
-def test_the_main_jobs_config_parses_and_keeps_the_30_minute_budget():
+def test_the_main_jobs_config_parses_and_keeps_the_30_minute_budget(tmp_path):
     model_args, data_args, recipe, training_args = parse_args([MAIN_JOB])
     assert (model_args.preset, data_args.dataset, recipe.auto_bf16) == ("small", "ding+phrases", True)
     # the job's clock, start to printed BLEU, leaves 1.5 of the 30 minutes to the install; training stops by it
@@ -88,7 +88,8 @@ def test_the_main_jobs_config_parses_and_keeps_the_30_minute_budget():
     assert data_args.max_tokens_per_batch == 2048
     assert recipe.float32_overrides == {"preset": "mini", "max_tokens_per_batch": 1024}
     with pytest.raises(ValueError, match=r"--length_penalty .* must be a number >= 0, got -1\.0"):
-        training.run_training(*parse_args([MAIN_JOB, "--length_penalty", "-1"]))
+        # in a folder of its own: the config's outputs/ding-cpu may hold a finished run, which trains nothing
+        training.run_training(*parse_args([MAIN_JOB, "--length_penalty", "-1", "--output_dir", str(tmp_path)]))
     assert not training_args.bf16  # decided at run time by resolve_precision, from the hardware
 
 
