@@ -733,13 +733,15 @@ def peers(argv=None) -> dict:
 def products(argv=None) -> dict:
     """A decoder step's matrix products at decode row counts (the model's linear shapes: d x d, d x d_ff, d_ff x d,
     d x V), each way we can run them, --repeats interleaved rounds of --calls calls (medians, microseconds a call):
-    float32 and bf16 `F.linear`; float32 through MKL's packed GEMM packed for those rows (the payload's `_project`);
-    float32 and bf16 reordered once for oneDNN, any rows (`inference.prepared.PreparedLinear`); dynamic int8
-    (`Int8Linear`); and what packing costs (one `_mkl_reorder_linear_weight` for those rows, done again at each new
-    row count; one oneDNN reorder, done once): how many calls at one row count repay a pack (issue 62, item 4)."""
+    float32 and bf16 `F.linear`; float32 through MKL's packed GEMM packed for those rows (what CTranslate2 uses);
+    float32 and bf16 reordered once for oneDNN, any rows (the payload's `_project`); dynamic int8 (`Int8Linear`);
+    and what packing costs (one `_mkl_reorder_linear_weight` for those rows, done again at each new row count; one
+    oneDNN reorder, done once): how many calls at one row count repay a pack (issue 62, item 4)."""
     from vaswani_mt.inference.compute_types import Int8Linear
-    from vaswani_mt.inference.prepared import ONEDNN_PREPACKED, PreparedLinear
     from vaswani_mt.model import fast_paths_vaswani as fast
+
+    mkl = torch.backends.mkl.is_available() and all(
+        hasattr(torch.ops.mkl, name) for name in ("_mkl_reorder_linear_weight", "_mkl_linear"))
 
     parser = command_parser(products)
     parser.add_argument("--model", default=None, help="a saved folder whose shapes to use (default: preset `small`)")
@@ -760,22 +762,21 @@ def products(argv=None) -> dict:
         linear = torch.nn.Linear(fan_in, fan_out).eval()
         bf16 = copy.deepcopy(linear).to(torch.bfloat16)
         int8 = Int8Linear.from_float(_dynamic_qconfig(copy.deepcopy(linear)))
-        prepared = {dtype: PreparedLinear(layer) for dtype, layer in (("float32", linear), ("bfloat16", bf16))
-                    if ONEDNN_PREPACKED}  # fmt: skip
         for rows in [int(r) for r in args.rows.split(",")]:
             x = torch.randn(rows, fan_in)
             xb = x.to(torch.bfloat16)
             ways = {"float32": partial(torch.nn.functional.linear, x, linear.weight, linear.bias),
                     "bfloat16": partial(torch.nn.functional.linear, xb, bf16.weight, bf16.bias),
                     "int8": partial(int8, x)}  # fmt: skip
-            if fast._MKL_PACKED_GEMM:
+            if mkl:
                 packed = torch.ops.mkl._mkl_reorder_linear_weight(linear.weight.detach(), rows)
                 ways["float32 MKL packed"] = partial(torch.ops.mkl._mkl_linear, x, packed, linear.weight, linear.bias,
                                                      rows)  # fmt: skip
                 ways["MKL pack"] = partial(torch.ops.mkl._mkl_reorder_linear_weight, linear.weight.detach(), rows)
-            if prepared:
-                ways["float32 prepacked"] = partial(prepared["float32"], x)
-                ways["bfloat16 prepacked"] = partial(prepared["bfloat16"], xb)
+            if torch.float32 in fast._PREPACKED_DTYPES:
+                ways["float32 prepacked"] = partial(fast._project, linear, x)
+            if torch.bfloat16 in fast._PREPACKED_DTYPES:
+                ways["bfloat16 prepacked"] = partial(fast._project, bf16, xb)
                 ways["oneDNN reorder bf16"] = partial(torch.ops.mkldnn._reorder_linear_weight, bf16.weight.detach(),
                                                       None)  # fmt: skip
             with torch.no_grad():

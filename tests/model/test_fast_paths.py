@@ -1,4 +1,4 @@
-"""The speed paths compute what the plain ones do: the training loss without logits, packed GEMMs for decoding,
+"""The speed paths compute what the plain ones do: the training loss without logits, prepacked weights for decoding,
 the cached sinusoids, the beam cache reordering and bf16 autocast."""
 
 from types import SimpleNamespace
@@ -88,65 +88,83 @@ def test_bf16_autocast_training_follows_float32():
         assert cosine > 0.98, name
 
 
-@pytest.mark.skipif(not fast_paths._MKL_PACKED_GEMM, reason="this torch build has no MKL packed GEMM")
-def test_packed_inference_gemms_equal_the_linear_layers_and_follow_weight_updates(monkeypatch):
+needs_onednn = pytest.mark.skipif(not fast_paths._ONEDNN_LINEAR, reason="this torch has no oneDNN prepacked linear")
+
+
+@needs_onednn
+def test_prepacked_inference_products_equal_the_linear_layers_and_follow_weight_updates(monkeypatch):
     model = make_model(seed=5)
     ids, mask = padded_batch(seed=4, lengths=(7, 4, 5))
     target = torch.tensor([[0, 5, 6], [0, 7, 8], [0, 9, 10]])
     with torch.no_grad():
         packed = model(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits
-        assert fast_paths._PACKED_WEIGHTS.get(model.lm_head) is not None  # the packed path was taken
-        monkeypatch.setattr(fast_paths, "_MKL_PACKED_GEMM", False)
+        assert fast_paths._REORDERED.get(model.lm_head) is not None  # the prepacked path was taken
+        monkeypatch.setattr(fast_paths, "_ONEDNN_LINEAR", False)
         plain = model(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits
         torch.testing.assert_close(packed, plain, atol=1e-5, rtol=1e-5)
-        monkeypatch.setattr(fast_paths, "_MKL_PACKED_GEMM", True)
-        # An in-place update (what an optimizer step does) must reach the next packed call.
+        monkeypatch.setattr(fast_paths, "_ONEDNN_LINEAR", True)
+        # An in-place update (what an optimizer step does) must reach the next prepacked call.
         model.model.decoder.layers[0].ffn.fc2.weight.mul_(2.0)
         model.lm_head.weight.add_(0.01)
         updated = model(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits
-        monkeypatch.setattr(fast_paths, "_MKL_PACKED_GEMM", False)
+        monkeypatch.setattr(fast_paths, "_ONEDNN_LINEAR", False)
         torch.testing.assert_close(
             updated, model(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits, atol=1e-5, rtol=1e-5
         )
         assert (updated - packed).abs().max().item() > 1e-3
 
 
-@pytest.mark.skipif(not fast_paths._MKL_PACKED_GEMM, reason="this torch build has no MKL packed GEMM")
+@needs_onednn
 def test_a_products_result_depends_on_its_shapes_alone_not_on_the_calls_before_it():
-    """Rows shrink as sentences leave; a weight keeps its last four row counts' copies. Whatever came before, a
-    product equals the one computed first in a fresh process, bit for bit (a resumed run writes the whole run's
-    bytes), and equals the linear layer to round-off."""
+    """Rows shrink as sentences leave; one reordered copy serves every row count. Whatever came before, a product
+    equals the one computed first in a fresh process, bit for bit (a resumed run writes the whole run's bytes), and
+    equals the linear layer to round-off; no row count reorders the weight again."""
     layer = make_model(seed=5).model.decoder.layers[0].ffn.fc1
     threads = torch.get_num_threads()
-    torch.set_num_threads(2)  # one thread sums the same way packed or not; two (the commands' default) do not
+    torch.set_num_threads(2)  # the commands' default: two threads split the sums, one does not
     try:
         with torch.no_grad():
             for rows in (64, 7):
                 probe = torch.randn(rows, layer.in_features, generator=torch.Generator().manual_seed(rows))
-                fast_paths._PACKED_WEIGHTS.pop(layer, None)
+                fast_paths._REORDERED.pop(layer, None)
                 first = fast_paths._project(layer, probe)  # the first call of a fresh process
-                for run, calls in [(rows, 3), (60, 2), (56, 3), (52, 3), (48, 3), (rows, 1)]:
+                copy = fast_paths._REORDERED[layer][1]
+                for run, calls in [(rows, 3), (60, 2), (56, 3), (52, 3), (48, 3), (300, 1), (rows, 1)]:
                     for _ in range(calls):  # a run of calls at one row count, as a batch decodes
                         states = torch.randn(run, layer.in_features)
                         torch.testing.assert_close(fast_paths._project(layer, states), layer(states), atol=1e-5, rtol=0)
                     assert torch.equal(fast_paths._project(layer, probe), first), (rows, run)
-            assert len(fast_paths._PACKED_WEIGHTS[layer].copies) == fast_paths._PACKED_ROW_COUNTS
+                assert fast_paths._REORDERED[layer][1] is copy
     finally:
         torch.set_num_threads(threads)
 
 
-def test_packed_gemm_needs_both_mkl_ops_and_without_them_is_the_linear_layer(monkeypatch):
-    """The packed path calls two private MKL ops (packing a weight, multiplying by it): a torch without either
-    takes `linear(states)`, bit for bit, and touches neither."""
-    assert not fast_paths._has_mkl_packed_gemm(SimpleNamespace(_mkl_linear=None))
-    assert not fast_paths._has_mkl_packed_gemm(SimpleNamespace(_mkl_reorder_linear_weight=None))
+@pytest.mark.skipif(torch.bfloat16 not in fast_paths._PREPACKED_DTYPES, reason="oneDNN has no native bf16 here")
+def test_bf16_prepacked_products_give_the_plain_bf16_tokens_and_the_tied_projection_stays_tied(monkeypatch):
+    """The bfloat16 compute type (`model.to(torch.bfloat16)`) multiplies by reordered bf16 weights: the same tokens as
+    plain bf16 products, the pre-softmax projection still the embeddings' matrix (§3.4)."""
+    model = make_model(seed=2).to(torch.bfloat16).eval()
+    ids, mask = padded_batch(seed=3, lengths=(7, 4, 5))
+    with torch.no_grad():
+        tokens = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8)
+        assert fast_paths._REORDERED[model.lm_head][0][-1] == torch.bfloat16  # the prepacked path was taken
+        assert model.lm_head.weight is model.model.shared.weight
+        monkeypatch.setattr(fast_paths, "_PREPACKED_DTYPES", (torch.float32,))
+        assert torch.equal(model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8), tokens)
+
+
+def test_prepacked_products_need_both_onednn_ops_and_without_them_are_the_linear_layer(monkeypatch):
+    """The prepacked path calls two private oneDNN ops (reordering a weight, multiplying by it): a torch without
+    either takes `linear(states)`, bit for bit, and touches neither."""
+    assert not fast_paths._has_onednn_linear(SimpleNamespace(_linear_pointwise=None))
+    assert not fast_paths._has_onednn_linear(SimpleNamespace(_reorder_linear_weight=None))
     layer = make_model(seed=5).model.decoder.layers[0].ffn.fc1
     states = torch.randn(3, 1, layer.in_features, generator=torch.Generator().manual_seed(0))
-    monkeypatch.setattr(fast_paths, "_MKL_PACKED_GEMM", False)
-    monkeypatch.setattr(torch.ops, "mkl", SimpleNamespace())  # as a build without them: a call would raise
+    monkeypatch.setattr(fast_paths, "_ONEDNN_LINEAR", False)
+    monkeypatch.setattr(torch.ops, "mkldnn", SimpleNamespace())  # as a build without them: a call would raise
     with torch.no_grad():
         assert torch.equal(fast_paths._project(layer, states), layer(states))
-    assert layer not in fast_paths._PACKED_WEIGHTS
+    assert layer not in fast_paths._REORDERED
 
 
 def test_cached_sinusoids_equal_the_formula_at_any_offset():
@@ -177,7 +195,7 @@ def test_beam_search_leaves_the_encoder_attention_cache_in_place_and_matches_mar
 
 def test_generate_compiled_with_a_static_cache_on_cpu_gives_the_eager_tokens():
     """torch.compile'd decoding (`cache_implementation="static"` + a `CompileConfig`): inductor cannot lower the
-    packed MKL GEMM of `_project`, which raised inside the compiled forward; compiled code takes `linear` instead."""
+    private packed GEMM of `_project`, which raised inside the compiled forward; compiled code takes `linear` instead."""
     from transformers import CompileConfig
 
     model = make_model(seed=3)
@@ -203,7 +221,7 @@ def test_without_torchs_private_functions_every_fast_path_falls_back_to_the_same
     # As a torch without them: the private functions gone, their feature checks false.
     monkeypatch.delattr(torch, "_log_softmax")
     monkeypatch.setattr(fast_paths, "_LOG_SOFTMAX_OUT", False)
-    monkeypatch.setattr(fast_paths, "_MKL_PACKED_GEMM", False)
+    monkeypatch.setattr(fast_paths, "_ONEDNN_LINEAR", False)
     assert model.train()(input_ids=ids, attention_mask=mask, labels=LABELS).loss.item() == pytest.approx(loss, abs=1e-6)
     with torch.no_grad():
         assert torch.equal(model.eval().generate(input_ids=ids, attention_mask=mask, max_len_b=6), tokens)

@@ -1,12 +1,13 @@
 """Compute types for inference, by CTranslate2's names: how a loaded model's matrix products run.
 
-- `float32` (the default): the saved weights as they are; exactly today's numbers.
+- `float32` (the default): the saved weights as they are; on a CPU each linear layer's weight reordered once for
+  oneDNN (the payload's `fast_paths_vaswani._project`), as in the model's own `generate()`.
 - `bfloat16`: the weights cast to bf16 (`model.to(torch.bfloat16)`), so every matrix product runs in bf16; the search
   still scores in float32 (our beam search and transformers' greedy search cast the logits before the log-softmax,
   the length penalty is applied to those float32 scores), softmax inside attention runs in float32 (eager) or with
-  float32 accumulation (sdpa), and LayerNorm accumulates in float32. On a CPU each linear layer's weight is
-  reordered once for oneDNN (`prepared.PreparedLinear`), not at every product. Only where the hardware multiplies
-  bf16 natively (`native_bf16()`, or a CUDA GPU that has it): elsewhere torch emulates it, about 2x slower.
+  float32 accumulation (sdpa), and LayerNorm accumulates in float32; on a CPU the weights reordered once, as
+  float32's. Only where the hardware multiplies bf16 natively (`native_bf16()`, or a CUDA GPU that has it):
+  elsewhere torch emulates it, about 2x slower.
 - `int8`: every `nn.Linear` (the encoder's and decoder's projections, the FFN and the pre-softmax projection
   `lm_head`) with int8 weights, one scale per output row, and its input quantized to int8 at each call (dynamic
   quantization, PyTorch's fbgemm kernels), as CTranslate2's int8. The embedding lookups stay float32: `lm_head`'s
@@ -94,12 +95,8 @@ def _quantize_int8(model: nn.Module) -> nn.Module:
 
 
 def _bfloat16(model: nn.Module) -> nn.Module:
-    """`model` in bf16, in place: weights, so the KV cache and the logits too; on a CPU its linear layers' weights
-    reordered once for oneDNN (`prepared.prepare_weights`, where this torch has the ops)."""
-    from vaswani_mt.inference.prepared import prepare_weights
-
-    model = model.to(torch.bfloat16)
-    return prepare_weights(model) if next(model.parameters()).device.type == "cpu" else model
+    """`model` in bf16, in place: weights, so the KV cache and the logits too."""
+    return model.to(torch.bfloat16)
 
 
 def compute_type_of(model: nn.Module) -> str:

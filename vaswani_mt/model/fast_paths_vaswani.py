@@ -1,7 +1,7 @@
 """The speed paths of modeling_vaswani.py: what the paper's plain operations compute, computed faster.
 
 - `apply_dropout`: `nn.functional.dropout`, with a keep mask drawn by `torch.rand` on a CPU (`_CpuDropout`).
-- `_project`: `linear(states)`, in CPU float32 inference through a weight packed once for MKL's GEMM.
+- `_project`: `linear(states)`, in CPU float32 and bf16 inference through a weight reordered once for oneDNN.
 - `projected_label_smoothed_cross_entropy`: the pre-softmax projection and the label-smoothed cross-entropy in one
   pass over chunks of rows, without keeping the logits; `chunked_label_smoothed_cross_entropy`, the same as
   torch.compile traces it (a fixed number of chunks, so one graph for every batch shape).
@@ -48,78 +48,75 @@ def apply_dropout(hidden_states: torch.Tensor, p: float, training: bool) -> torc
     return _CpuDropout.apply(hidden_states, p)
 
 
-# MKL's prepacked GEMM, the ops torch's own compiler uses for CPU inference: one packs a weight, the other multiplies
-# by it. A build without both falls back to F.linear.
-_MKL_PACKED_GEMM_OPS = ("_mkl_reorder_linear_weight", "_mkl_linear")
+# oneDNN's prepacked linear, the ops torch's own compiler calls for frozen CPU weights: one reorders a weight once
+# into oneDNN's blocked layout, the other multiplies any number of rows by it. A build without both: F.linear.
+_ONEDNN_LINEAR_OPS = ("_reorder_linear_weight", "_linear_pointwise")
 
 
-def _has_mkl_packed_gemm(ops=torch.ops.mkl) -> bool:
-    """Whether this torch can pack a weight for MKL's GEMM and multiply by it (`ops`: the namespace of both)."""
-    return torch.backends.mkl.is_available() and all(hasattr(ops, name) for name in _MKL_PACKED_GEMM_OPS)
+def _has_onednn_linear(ops=None) -> bool:
+    """Whether this torch can reorder a weight once for oneDNN and multiply by it (`ops`: the namespace of both,
+    torch.ops.mkldnn)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    ops = torch.ops.mkldnn if ops is None else ops
+    try:
+        return all(callable(getattr(ops, name, None)) for name in _ONEDNN_LINEAR_OPS)
+    except RuntimeError:  # a torch.ops namespace raises for an op it does not have
+        return False
 
 
-_MKL_PACKED_GEMM = _has_mkl_packed_gemm()
-# Above this many rows a GEMM is efficient unpacked, and packing again for each new batch shape would cost more.
-_PACKED_GEMM_MAX_ROWS = 256
-# A packed weight serves one row count, and rows shrink as sentences leave the search: a weight keeps the copies of
-# its last four row counts used, and every product of up to `_PACKED_GEMM_MAX_ROWS` rows goes through a copy, so that
-# its result depends on its shapes alone, never on the calls before it (a resumed or sharded run writes the
-# uninterrupted run's bytes). Packing only row counts that last (third call in a row) made 17x fewer packs but
-# results that depended on the history (RESULTS 2026-11-29, against the peers after).
-_PACKED_ROW_COUNTS = 4
-# Packed weights live here, not on the modules: they are opaque MKL tensors that cannot be copied or saved.
-_PACKED_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_ONEDNN_LINEAR = _has_onednn_linear()
 
 
-class _PackedCopies:
-    """A weight's packed copies by row count (the most recently used `_PACKED_ROW_COUNTS`). `key`: the weight as
-    packed (a changed one is packed again)."""
+def _has_native_onednn_bf16() -> bool:
+    """Whether oneDNN multiplies bf16 natively on this CPU (AVX512-BF16, AMX); elsewhere it would emulate it."""
+    try:
+        return _ONEDNN_LINEAR and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
-    def __init__(self, key: tuple, weight: torch.Tensor):
-        self.key, self.weight = key, weakref.ref(weight)
-        self.copies = {}  # rows -> packed copy, least recently used first
 
-    def for_rows(self, rows: int, weight: torch.Tensor) -> torch.Tensor:
-        """The copy packed for `rows`, packed now where there is none."""
-        packed = self.copies.pop(rows, None)
-        if packed is None:
-            packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
-        self.copies[rows] = packed  # the most recently used last
-        if len(self.copies) > _PACKED_ROW_COUNTS:
-            del self.copies[next(iter(self.copies))]
-        return packed
+# The dtypes `_project` prepacks: float32, and bf16 where the CPU multiplies it (the bfloat16 compute type).
+_PREPACKED_DTYPES = (torch.float32, torch.bfloat16) if _has_native_onednn_bf16() else (torch.float32,)
+# Reordered weights live here, not on the modules: they are opaque tensors that cannot be copied or saved. One copy a
+# weight serves every row count, so sentences leaving the search reorder nothing, and a product's result depends on
+# its shapes alone, never on the calls before it (a resumed or sharded run writes the uninterrupted run's bytes). MKL's
+# packed GEMM, before it, packed one copy per row count (RESULTS 2026-11-29, float32 through oneDNN).
+_REORDERED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _project(linear: nn.Linear, states: torch.Tensor) -> torch.Tensor:
-    """`linear(states)`, in CPU float32 inference through copies of the weight packed for MKL's GEMM.
+    """`linear(states)`, in CPU float32 (and native bf16) inference through a copy of the weight reordered once for
+    oneDNN.
 
-    An ordinary GEMM packs the weight at every call, which for decoding's few rows costs more than the arithmetic
-    (benchmarks/RESULTS.md, speed). A copy serves one row count (`_PackedCopies`); it is rebuilt when the weight
-    changes. Equal to `linear(states)` to float32 round-off; training, torch.compile, other dtypes and devices, and
-    hooked layers take `linear(states)`.
+    An ordinary product lays the weight out again at every call, which for decoding's few rows costs more than the
+    arithmetic (benchmarks/RESULTS.md, speed). The copy is made again when the weight changes. Equal to
+    `linear(states)` up to the order of the sums (float32 round-off); training, torch.compile, other dtypes and
+    devices, and hooked layers take `linear(states)`.
     """
-    rows = states.numel() // states.shape[-1] if states.numel() else 0
     if not (
-        _MKL_PACKED_GEMM
-        and 0 < rows <= _PACKED_GEMM_MAX_ROWS
+        _ONEDNN_LINEAR
+        and states.numel()
         and not torch.is_grad_enabled()
-        and not torch.compiler.is_compiling()  # inductor cannot lower MKL's packed GEMM; it plans its own
+        and not torch.compiler.is_compiling()  # inductor plans its own products
         and states.device.type == "cpu"
         and type(linear) is nn.Linear  # first: other layers (int8's) may have no `weight` tensor
-        and states.dtype == torch.float32 == linear.weight.dtype
+        and states.dtype == linear.weight.dtype
+        and states.dtype in _PREPACKED_DTYPES
         and not (linear._forward_hooks or linear._forward_pre_hooks or "forward" in linear.__dict__)
     ):
         # back to training after generating: drop the stale copy (not while compiling: a weak dictionary's size can
         # change between dynamo's passes over the code; a stale copy is never used, its key naming the weight's version)
-        if not torch.compiler.is_compiling() and linear.training and _PACKED_WEIGHTS:
-            _PACKED_WEIGHTS.pop(linear, None)
+        if not torch.compiler.is_compiling() and linear.training and _REORDERED:
+            _REORDERED.pop(linear, None)
         return linear(states)
     weight = linear.weight
-    key = (id(weight), weight.data_ptr(), weight._version, tuple(weight.shape))
-    entry = _PACKED_WEIGHTS.get(linear)
-    if entry is None or entry.key != key or entry.weight() is not weight:
-        entry = _PACKED_WEIGHTS[linear] = _PackedCopies(key, weight)
-    return torch.ops.mkl._mkl_linear(states, entry.for_rows(rows, weight), weight, linear.bias, rows)
+    key = (id(weight), weight.data_ptr(), weight._version, tuple(weight.shape), weight.dtype)
+    entry = _REORDERED.get(linear)
+    if entry is None or entry[0] != key:
+        entry = _REORDERED[linear] = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
+    bias = None if linear.bias is None else linear.bias.detach()
+    return torch.ops.mkldnn._linear_pointwise(states, entry[1], bias, "none", [], "")
 
 
 # Vocabulary-sized work of the training loss is done in chunks of at most this many logits (256 MB in float32).

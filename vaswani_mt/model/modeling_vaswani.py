@@ -133,7 +133,7 @@ class VaswaniAttention(nn.Module):
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         is_cross = key_value_states is not None
-        # `_project(linear, x)` is `linear(x)`; few-row CPU inference runs it through a packed GEMM.
+        # `_project(linear, x)` is `linear(x)`; CPU float32 inference runs it through a prepacked weight.
         query = self._heads(_project(self.q_proj, hidden_states), self.d_k)
 
         layer_cache = cache
