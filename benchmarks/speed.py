@@ -741,7 +741,8 @@ def products(argv=None) -> dict:
     from vaswani_mt.model import fast_paths_vaswani as fast
 
     mkl = torch.backends.mkl.is_available() and all(
-        hasattr(torch.ops.mkl, name) for name in ("_mkl_reorder_linear_weight", "_mkl_linear"))
+        hasattr(torch.ops.mkl, name) for name in ("_mkl_reorder_linear_weight", "_mkl_linear")
+    )
 
     parser = command_parser(products)
     parser.add_argument("--model", default=None, help="a saved folder whose shapes to use (default: preset `small`)")

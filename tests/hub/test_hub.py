@@ -229,7 +229,7 @@ def test_dry_run_builds_the_hub_folder_that_loads_in_a_fresh_process_without_vas
     assert files == {
         "README.md", "config.json", "generation_config.json", "model.safetensors", "configuration_vaswani.py",
         "modeling_vaswani.py", "generation_vaswani.py", "beam_search_vaswani.py", "constraints_vaswani.py",
-        "fast_paths_vaswani.py", "pipeline_vaswani.py",
+        "fast_paths_vaswani.py", "pipeline_vaswani.py", "processors_vaswani.py",
         "tokenizer.json", "tokenizer_config.json",
     }  # fmt: skip
     config = json.loads((output / "config.json").read_text())

@@ -195,7 +195,7 @@ def test_beam_search_leaves_the_encoder_attention_cache_in_place_and_matches_mar
 
 def test_generate_compiled_with_a_static_cache_on_cpu_gives_the_eager_tokens():
     """torch.compile'd decoding (`cache_implementation="static"` + a `CompileConfig`): inductor cannot lower the
-    private packed GEMM of `_project`, which raised inside the compiled forward; compiled code takes `linear` instead."""
+    prepacked product of `_project`, which raised inside the compiled forward; compiled code takes `linear` instead."""
     from transformers import CompileConfig
 
     model = make_model(seed=3)

@@ -57,8 +57,15 @@ def record(monkeypatch):
 
 
 def searched(rows: list[int], lengths=LENGTHS, max_len_b: int = 5, beams: int = 4) -> bool:
-    """Whether the decoder's rows at each step were exactly the beams of the sentences not yet at their limit."""
-    return rows == [beams * sum(step < length + max_len_b for length in lengths) for step in range(len(rows))]
+    """Whether the decoder's rows at each step were exactly the beams of the sentences not yet at their limit (at the
+    first step, where every beam is the decoder start, one row a sentence)."""
+    return rows == [(1 if step == 0 else beams) * sum(step < length + max_len_b for length in lengths)
+                    for step in range(len(rows))]  # fmt: skip
+
+
+def every_row(rows: list[int], first: int = 4) -> bool:
+    """Whether the decoder had every sentence's beams (16 rows) at every step after the first (`first` rows)."""
+    return rows == [first] + [16] * (len(rows) - 1)
 
 
 @pytest.mark.parametrize(
@@ -75,7 +82,7 @@ def test_a_sentence_that_cannot_improve_leaves_the_batch_and_the_others_get_the_
         kwargs = dict(input_ids=ids, attention_mask=mask, max_len_b=5, return_dict_in_generate=True, **options)
         leaving, left = record(model, **kwargs)
         kept, all_kept = record(model, leave=False, **kwargs)
-        assert searched(left.rows) and all_kept.rows == [16] * len(all_kept.rows)
+        assert searched(left.rows) and every_row(all_kept.rows)
         assert torch.equal(leaving.sequences, kept.sequences)
         assert torch.equal(leaving.beam_indices, kept.beam_indices)
         torch.testing.assert_close(left.scores, all_kept.scores, atol=1e-4, rtol=0)
@@ -139,13 +146,36 @@ def test_where_every_row_is_needed_the_search_keeps_them_all(record, options):
     ids, mask = padded_batch(seed=0, lengths=LENGTHS, vocab=60)
     out, recorded = record(model, input_ids=ids, attention_mask=mask, max_len_b=5, return_dict_in_generate=True,
                            **options)  # fmt: skip
-    assert recorded.rows == [16] * len(recorded.rows) and len(recorded.rows) == max(LENGTHS) + 5
+    first = 16 if options.get("output_attentions") or options.get("output_hidden_states") else 4  # per-step outputs
+    assert every_row(recorded.rows, first) and len(recorded.rows) == max(LENGTHS) + 5
     plain, _ = record(model, leave=False, input_ids=ids, attention_mask=mask, max_len_b=5, return_dict_in_generate=True)
     assert torch.equal(out.sequences, plain.sequences)
     steps = out.scores or out.logits or out.decoder_attentions or out.decoder_hidden_states or []
     for step in steps:
         first = step if torch.is_tensor(step) else step[0]
         assert first.shape[0] == 16
+
+
+def test_the_first_step_decodes_one_row_a_sentence_and_its_beams_get_what_every_row_gave(record, monkeypatch):
+    """Every beam starts as the decoder start: the first step runs once a sentence, its cache then copied to each
+    beam (as CTranslate2); tokens and n-best scores are those of the first step over every beam."""
+    model = make_model(seed=2, vocab_size=60)
+    ids, mask = padded_batch(seed=2, lengths=LENGTHS, vocab=60)
+    kwargs = dict(input_ids=ids, attention_mask=mask, max_len_b=5, return_dict_in_generate=True, output_scores=True,
+                  num_return_sequences=2)  # fmt: skip
+    alone, recorded = record(model, **kwargs)
+    decoder = beam_search_vaswani._Decoder
+
+    class EveryRow(decoder):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.first_alone = False
+
+    monkeypatch.setattr(beam_search_vaswani, "_Decoder", EveryRow)
+    every, full = record(model, **kwargs)
+    assert recorded.rows[0] == len(LENGTHS) and full.rows[0] == 4 * len(LENGTHS) and recorded.rows[1:] == full.rows[1:]
+    assert torch.equal(alone.sequences, every.sequences)
+    torch.testing.assert_close(alone.sequences_scores, every.sequences_scores, atol=1e-5, rtol=0)
 
 
 def test_with_early_stopping_a_sentence_leaves_once_it_has_num_beams_finished(record, monkeypatch):
@@ -177,7 +207,7 @@ def test_n_best_scores_leave_the_batch_too(record):
                   num_return_sequences=3)  # fmt: skip
     leaving, left = record(model, **kwargs)
     kept, all_kept = record(model, leave=False, **kwargs)
-    assert searched(left.rows) and all_kept.rows == [16] * len(all_kept.rows)
+    assert searched(left.rows) and every_row(all_kept.rows)
     assert torch.equal(leaving.sequences, kept.sequences) and torch.equal(leaving.beam_indices, kept.beam_indices)
     assert all(step.shape == (16, 60) for step in leaving.scores) and len(leaving.scores) == len(kept.scores)
     steps = model.compute_transition_scores(leaving.sequences, leaving.scores, leaving.beam_indices).sum(-1)

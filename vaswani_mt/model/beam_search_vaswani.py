@@ -12,21 +12,11 @@ from typing import NamedTuple
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.cache_utils import EncoderDecoderCache, StaticCache
-from transformers.generation import (
-    ForcedBOSTokenLogitsProcessor,
-    ForcedEOSTokenLogitsProcessor,
-    GenerateBeamEncoderDecoderOutput,
-    MinLengthLogitsProcessor,
-    MinNewTokensLengthLogitsProcessor,
-    NoBadWordsLogitsProcessor,
-    NoRepeatNGramLogitsProcessor,
-    RepetitionPenaltyLogitsProcessor,
-    SuppressTokensAtBeginLogitsProcessor,
-    SuppressTokensLogitsProcessor,
-)
+from transformers.generation import GenerateBeamEncoderDecoderOutput
 from transformers.modeling_outputs import BaseModelOutput
 
 from .constraints_vaswani import DynamicBeamAllocation, LexicalConstraints
+from .processors_vaswani import ROW_WISE_PROCESSORS, logits_processors
 
 
 def gnmt_length_penalty(length: int | torch.Tensor, alpha: float) -> float | torch.Tensor:
@@ -61,33 +51,6 @@ def _compiled(model, compile_config):
     if key not in compiled:
         compiled[key] = torch.compile(model.__call__, **options)
     return compiled[key]
-
-
-def _logits_processors(config: GenerationConfig, eos: torch.Tensor, device, user: LogitsProcessorList | None):
-    """transformers' processors for the options `beam_search` takes, in the order `generate()` applies them, then
-    the caller's."""
-    processors = LogitsProcessorList()
-    if config.repetition_penalty is not None and config.repetition_penalty != 1.0:
-        processors.append(RepetitionPenaltyLogitsProcessor(config.repetition_penalty))
-    if config.no_repeat_ngram_size:
-        processors.append(NoRepeatNGramLogitsProcessor(config.no_repeat_ngram_size))
-    if config.bad_words_ids is not None:
-        processors.append(NoBadWordsLogitsProcessor(config.bad_words_ids, eos))
-    if config.min_length:
-        processors.append(MinLengthLogitsProcessor(config.min_length, eos, device=device))
-    if config.min_new_tokens:
-        processors.append(MinNewTokensLengthLogitsProcessor(1, config.min_new_tokens, eos, device=device))
-    if config.forced_bos_token_id is not None:
-        processors.append(ForcedBOSTokenLogitsProcessor(config.forced_bos_token_id))
-    if config.forced_eos_token_id is not None:
-        processors.append(ForcedEOSTokenLogitsProcessor(config.max_length, config.forced_eos_token_id, device=device))
-    if config.suppress_tokens is not None:
-        processors.append(SuppressTokensLogitsProcessor(config.suppress_tokens, device=device))
-    if config.begin_suppress_tokens is not None:
-        begin = 1 if config.forced_bos_token_id is None else 2
-        processors.append(SuppressTokensAtBeginLogitsProcessor(config.begin_suppress_tokens, begin, device=device))
-    processors.extend(user or [])
-    return processors
 
 
 # Scores that are not log-probabilities, finite (not -inf) so that adding one or multiplying it by 0 stays a number.
@@ -247,6 +210,9 @@ class _Decoder:
         self.device = input_ids.device
         self.use_cache = config.use_cache is not False
         self.cache = _new_cache(model, config, config.max_length, self.mask.shape[1]) if self.use_cache else None
+        # The first step's beams are all the decoder start: one row a sentence, its cache then copied to each beam (as
+        # CTranslate2), where the cache grows (dynamic) and no per-step output needs every row.
+        self.first_alone = self.use_cache and self.cache is None and not self.extra and config.num_beams > 1
         self.forward = model
         self.scores, self.logits, self.self_attentions, self.cross_attentions, self.hidden = [], [], [], [], []
         self.batch = input_ids.shape[0]
@@ -255,15 +221,21 @@ class _Decoder:
     def next_log_probs(self, sequences: torch.Tensor, generated: int, restrict) -> torch.Tensor:
         """(B * K, V) log P of the `generated`-th token after each running hypothesis (`sequences`, (B, K, ...)):
         the model's, through the logits processors, the target prefix and `restrict` (the choice's)."""
-        flat = sequences[:, :, :generated].reshape(-1, generated)
+        flat, beams = sequences[:, :, :generated].reshape(-1, generated), self.config.num_beams
+        alone = generated == 1 and self.first_alone
         outputs = self.forward(
-            attention_mask=self.mask, decoder_input_ids=flat[:, -1:] if self.use_cache else flat,
-            encoder_outputs=self.expanded, cache=self.cache, use_cache=self.use_cache, return_dict=True, **self.extra,
+            attention_mask=self.mask[::beams] if alone else self.mask,
+            decoder_input_ids=flat[::beams] if alone else flat[:, -1:] if self.use_cache else flat,
+            encoder_outputs=BaseModelOutput(last_hidden_state=self.encoder_outputs[0]) if alone else self.expanded,
+            cache=self.cache, use_cache=self.use_cache, return_dict=True, **self.extra,
         )  # fmt: skip
         self.cache = _cache_of(outputs) if self.use_cache else None
+        if alone:  # each sentence's keys and values copied to its beams
+            self.cache.reorder_cache(torch.arange(self.batch, device=self.device).repeat_interleave(beams))
         if generated == 1 and self.cache is not None and getattr(self.config, "compile_config", None) is not None:
             self.forward = _compiled(self.model, self.config.compile_config)  # after the first step, as transformers
         logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32, device=self.device)
+        logits = logits.repeat_interleave(beams, dim=0) if alone else logits
         processed = self.processors(flat, torch.nn.functional.log_softmax(logits, dim=-1))
         log_probs = restrict(self.prefixed(processed, generated))
         if self.want["output_logits"]:
@@ -326,14 +298,6 @@ class _Decoder:
             self.cache.reorder_cache(beam_idx)
 
 
-# The processors `_logits_processors` builds: each reads its own rows only, and keeps no state per row.
-_ROW_WISE_PROCESSORS = (
-    RepetitionPenaltyLogitsProcessor, NoRepeatNGramLogitsProcessor, NoBadWordsLogitsProcessor, MinLengthLogitsProcessor,
-    MinNewTokensLengthLogitsProcessor, ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor,
-    SuppressTokensLogitsProcessor, SuppressTokensAtBeginLogitsProcessor,
-)  # fmt: skip
-
-
 def _sentences_can_leave(config: GenerationConfig, decoder: _Decoder,
                          stopping_criteria: StoppingCriteriaList | None) -> bool:  # fmt: skip
     """Whether finished sentences may leave the batch, as in fairseq's `SequenceGenerator`: not where something needs
@@ -348,7 +312,7 @@ def _sentences_can_leave(config: GenerationConfig, decoder: _Decoder,
         return False
     if getattr(config, "cache_implementation", None) not in (None, "dynamic"):
         return False
-    return all(type(p) in _ROW_WISE_PROCESSORS or callable(getattr(p, "keep_sentences", None))
+    return all(type(p) in ROW_WISE_PROCESSORS or callable(getattr(p, "keep_sentences", None))
                for p in decoder.processors)  # fmt: skip
 
 
@@ -544,7 +508,7 @@ def beam_search(
     setup = _Setup(num_beams=num_beams, keep=max(2, 1 + eos.numel()) * num_beams, eos=eos,
                    max_length=config.max_length, alpha=float(config.length_penalty),
                    early_stopping=config.early_stopping, stopping_criteria=stopping_criteria)  # fmt: skip
-    processors = _logits_processors(config, eos, device, logits_processor)
+    processors = logits_processors(config, eos, device, logits_processor)
     decoder = _Decoder(model, config, input_ids, attention_mask, encoder_outputs, processors, target_prefix)
     plain = _PlainChoice(num_beams, setup.keep)
     choice = plain if constraints is None else DynamicBeamAllocation(constraints, plain, eos)
