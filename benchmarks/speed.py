@@ -557,12 +557,13 @@ def count_work(args, model, tokenizer, limit, sources, references) -> dict:
     from vaswani_mt.inference.translator import Translator
 
     search_module = importlib.import_module(type(model).__module__.rsplit(".", 1)[0] + ".beam_search_vaswani")
-    rows: list[int] = []
+    rows: list[tuple[int, int]] = []  # (sentences, rows) a decoder step
     step = search_module._Decoder.next_log_probs
 
-    def counted_step(decoder, sequences, *rest):
-        rows.append(sequences.shape[0] * sequences.shape[1])
-        return step(decoder, sequences, *rest)
+    def counted_step(decoder, sequences, generated, *rest):
+        alone = generated == 1 and getattr(decoder, "first_alone", False)  # the first step: one row a sentence
+        rows.append((sequences.shape[0], sequences.shape[0] * (1 if alone else sequences.shape[1])))
+        return step(decoder, sequences, generated, *rest)
 
     search_module._Decoder.next_log_probs = counted_step
     can_leave, texts, work, nbest = search_module._sentences_can_leave, {}, {}, {}
@@ -572,10 +573,11 @@ def count_work(args, model, tokenizer, limit, sources, references) -> dict:
             rows.clear()
             ours = Translator(model, tokenizer, batch_size=args.batch, num_beams=args.beam, compute_type="float32")
             texts[side] = ours.translate(sources)
-            work[side] = {"decoder_steps": len(rows), "row_steps": sum(rows), "sentence_steps": sum(rows) // args.beam}
+            work[side] = {"decoder_steps": len(rows), "row_steps": sum(r for _, r in rows),
+                          "sentence_steps": sum(n for n, _ in rows)}  # fmt: skip
             nbest[side] = Translator(model, tokenizer, batch_size=args.batch, num_beams=args.beam, nbest=args.beam,
                                      compute_type="float32").translate(sources)  # fmt: skip
-            work[side]["nbest_row_steps"] = sum(rows) - work[side]["row_steps"]
+            work[side]["nbest_row_steps"] = sum(r for _, r in rows) - work[side]["row_steps"]
     finally:
         search_module._Decoder.next_log_probs, search_module._sentences_can_leave = step, can_leave
     pairs = [(a, b) for x, y in zip(*nbest.values(), strict=True) for a, b in zip(x, y, strict=True)]
