@@ -234,7 +234,7 @@ class _Decoder:
             self.cache.reorder_cache(torch.arange(self.batch, device=self.device).repeat_interleave(beams))
         if generated == 1 and self.cache is not None and getattr(self.config, "compile_config", None) is not None:
             self.forward = _compiled(self.model, self.config.compile_config)  # after the first step, as transformers
-        logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32, device=self.device)
+        logits = outputs.logits[:, -1, :].to(dtype=torch.float32, device=self.device)  # log_softmax: a new tensor
         logits = logits.repeat_interleave(beams, dim=0) if alone else logits
         processed = self.processors(flat, torch.nn.functional.log_softmax(logits, dim=-1))
         log_probs = restrict(self.prefixed(processed, generated))
