@@ -240,9 +240,9 @@ class _Decoder:
             encoder_outputs = model.get_encoder()(input_ids, attention_mask=attention_mask, **self.extra)
         self.encoder_outputs = encoder_outputs
         # Every beam of a sentence reads the same encoder states (and encoder-decoder keys and values).
-        states = encoder_outputs[0].repeat_interleave(config.num_beams, dim=0)
+        states = encoder_outputs[0].repeat_interleave(config.num_beams, dim=0).clone()
         self.expanded = BaseModelOutput(last_hidden_state=states)
-        self.mask = attention_mask.repeat_interleave(config.num_beams, dim=0)
+        self.mask = attention_mask.repeat_interleave(config.num_beams, dim=0).clone()
         self.model, self.config, self.processors, self.target_prefix = model, config, processors, target_prefix
         self.device = input_ids.device
         self.use_cache = config.use_cache is not False
@@ -257,12 +257,12 @@ class _Decoder:
         the model's, through the logits processors, the target prefix and `restrict` (the choice's)."""
         flat = sequences[:, :, :generated].reshape(-1, generated)
         outputs = self.forward(
-            attention_mask=self.mask, decoder_input_ids=flat[:, -1:] if self.use_cache else flat,
+            attention_mask=self.mask, decoder_input_ids=flat[:, -1:].clone() if self.use_cache else flat,
             encoder_outputs=self.expanded, cache=self.cache, use_cache=self.use_cache, return_dict=True, **self.extra,
         )  # fmt: skip
         self.cache = _cache_of(outputs) if self.use_cache else None
-        if generated == 1 and self.cache is not None and getattr(self.config, "compile_config", None) is not None:
-            self.forward = _compiled(self.model, self.config.compile_config)  # after the first step, as transformers
+        if generated == 2 and self.cache is not None and getattr(self.config, "compile_config", None) is not None:
+            self.forward = _compiled(self.model, self.config.compile_config)  # a cache of 1 would be a graph of its own
         logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32, device=self.device)
         processed = self.processors(flat, torch.nn.functional.log_softmax(logits, dim=-1))
         log_probs = restrict(self.prefixed(processed, generated))
