@@ -64,7 +64,7 @@ def test_the_kept_cache_is_the_users_unless_torchinductor_cache_dir_is_set(monke
     assert compiled.compile_cache_dir() == tmp_path / "home" / ".cache" / "vaswani_mt" / "inductor"
 
 
-def test_auto_compiles_an_input_long_enough_of_one_model_of_ours(fitted_folder, monkeypatch, tmp_path):
+def test_auto_compiles_an_input_long_enough_of_one_model_of_ours_on_the_cpu(fitted_folder, monkeypatch, tmp_path):
     from types import SimpleNamespace
 
     monkeypatch.setattr(compiled, "COMPILE_FROM_LINES", 5)
@@ -78,9 +78,11 @@ def test_auto_compiles_an_input_long_enough_of_one_model_of_ours(fitted_folder, 
     assert compile_step_of(SimpleNamespace(compile_step="auto", model=model * 2, input=str(long))) is None
     assert compile_step_of(SimpleNamespace(compile_step="off", model=model, input=str(long))) is None
     assert compile_step_of(SimpleNamespace(compile_step="frozen", model=model, input=str(short))) == "frozen"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # measured on CPUs: a GPU stays eager
+    assert compile_step_of(SimpleNamespace(compile_step="auto", model=model, input=str(long))) is None
 
 
-@pytest.mark.slow  # ~60 s: inductor compiles the step and freezes its weights
+@pytest.mark.slow  # ~60-100 s: inductor compiles the step, its weights frozen
 def test_the_compiled_step_with_frozen_weights_gives_the_eager_translations_and_scores(fitted, monkeypatch, tmp_path):
     model, tokenizer = fitted
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))

@@ -138,7 +138,7 @@ def add_compile_step(parser: argparse.ArgumentParser) -> None:
         "--compile_step", choices=("auto", "on", "frozen", "off"), default="auto",
         help="torch.compile the decoder step (inductor; docs/translating.md): on (its compile kept in the user's "
         "cache folder for the next run), frozen (the weights frozen into the graph, compiled anew each run), off, or "
-        "auto (default: on for an --input of a vaswani_mt model long enough to pay its compile back, else off)",
+        "auto (default: on for an --input long enough to pay the compile back, one vaswani_mt model, CPU; else off)",
     )  # fmt: skip
 
 

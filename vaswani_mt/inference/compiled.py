@@ -97,7 +97,12 @@ def compiling(compile_step: str | None) -> Iterator[None]:
 
 def auto_compile_step(lines: int | None, own_model: bool = True) -> str | None:
     """translate.py's --compile_step auto: `AUTO_COMPILE_STEP` for an input of at least `COMPILE_FROM_LINES` `lines`
-    (None: not known, a stream) translated by one vaswani_mt model (`own_model`), else None (eager)."""
+    (None: not known, a stream) translated by one vaswani_mt model (`own_model`) on the CPU (where it was measured),
+    else None (eager)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
     return AUTO_COMPILE_STEP if own_model and lines is not None and lines >= COMPILE_FROM_LINES else None
 
 
