@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -93,10 +94,13 @@ def main(argv=None) -> dict:
     record, sides, result = MachineRecord(), args.sides.split(","), {}
     root = Path(tempfile.mkdtemp(prefix="compile_step_"))
     runs = {}
-    for side in sides:  # a cold process, then (compiled sides) a fresh one on the cache the cold one left
-        runs[side, "cold"] = _run(args, side, root / side)
-        if side != "eager":
-            runs[side, "kept cache"] = _run(args, side, root / side)
+    try:
+        for side in sides:  # a cold process, then (compiled sides) a fresh one on the cache the cold one left
+            runs[side, "cold"] = _run(args, side, root / side)
+            if side != "eager":
+                runs[side, "kept cache"] = _run(args, side, root / side)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     eager = runs.get(("eager", "cold"))
     sentences = len(next(iter(runs.values()))["lines"])
     eager_rate = sentences / statistics.median(eager["seconds"][1:]) if eager else None
