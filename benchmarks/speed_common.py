@@ -8,7 +8,8 @@ per-round ratios (each round's two timings are seconds apart, so it cancels slow
 The scripts, one per purpose: speed.py (against the peers and faster inference: training step, decoding,
 batching, the peers, our compute types and CTranslate2 as our back end in one run), quality.py (BLEU of runs:
 curves, searches, ensembles), train_vs_marian.py (quality against Marian), terminology.py and alignments.py
-(controls), data_scale.py, scale.py and demo_load.py (scale and faults), gpu_check.sh (the GPU path).
+(controls), data_scale.py, scale.py and demo_load.py (scale and faults), gpu_check.sh (the GPU path),
+compile_step.py (the compiled decoder step against eager, each in fresh processes, cold and from inductor's cache).
 """
 
 import argparse

@@ -231,7 +231,7 @@ def test_only_a_decoder_compiled_with_dynamic_shapes_lets_sentences_leave(dynami
     assert beam_search_vaswani._sentences_can_leave(config, decoder, None) is leave
 
 
-@pytest.mark.slow  # ~100 s: inductor compiles 4 graphs; CI runs the test of the rule above
+@pytest.mark.slow  # ~40 s: inductor compiles 1 graph; CI runs the test of the rule above
 def test_a_decoder_compiled_with_dynamic_shapes_takes_the_shrinking_batch(record, monkeypatch):
     """`compile_config=CompileConfig(dynamic=True)`: the compiled decoder step takes the shrinking batch, with the
     eager search's tokens and scores."""

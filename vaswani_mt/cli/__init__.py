@@ -132,6 +132,35 @@ def add_compute_type(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def add_compile_step(parser: argparse.ArgumentParser) -> None:
+    """--compile_step, for the commands that translate with `decoding_options` (translate.py, evaluate.py)."""
+    parser.add_argument(
+        "--compile_step", choices=("auto", "on", "frozen", "off"), default="auto",
+        help="torch.compile the decoder step (inductor; docs/translating.md): on (its compile kept in the user's "
+        "cache folder for the next run), frozen (the weights frozen into the graph, compiled anew each run), off, or "
+        "auto (default: on for an --input long enough to pay the compile back, one vaswani_mt model, CPU; else off)",
+    )  # fmt: skip
+
+
+def compile_step_of(args: argparse.Namespace) -> str | None:
+    """--compile_step as `TranslationOptions.compile_step` (None: eager): auto by --input's lines, counted up to
+    `inference.compiled.COMPILE_FROM_LINES` (standard input, a CTranslate2 folder or an ensemble: eager)."""
+    choice = getattr(args, "compile_step", "off")
+    if choice != "auto":
+        return None if choice == "off" else choice
+    from vaswani_mt.inference.compiled import COMPILE_FROM_LINES, auto_compile_step
+    from vaswani_mt.inference.loading import is_ctranslate2_folder
+
+    path = getattr(args, "input", None)
+    if len(args.model) != 1 or is_ctranslate2_folder(args.model[0]) or not path or not os.path.isfile(path):
+        return None
+    lines = 0
+    with open(path, "rb") as text:
+        while lines < COMPILE_FROM_LINES and (block := text.read(1 << 20)):
+            lines += block.count(b"\n")
+    return auto_compile_step(lines)
+
+
 def check_compute_type(args: argparse.Namespace) -> None:
     """--compute_type checked for this machine before any model loads (`inference.compute_types`): a name it does
     not know, or bfloat16 where it is not native, ends the command with one line, `error: ...`."""

@@ -37,11 +37,13 @@ import vaswani_mt
 from vaswani_mt.cli import (
     CatalogJob,
     add_catalog_options,
+    add_compile_step,
     add_compute_type,
     agreed_plan,
     catalog_arguments,
     catalog_format,
     check_compute_type,
+    compile_step_of,
     end_process,
     names_missing_extras,
     saved_search,
@@ -60,7 +62,8 @@ EARLY_STOPPING = {"never": "never", "true": True, "false": False}
 
 def add_decoding_options(parser: argparse.ArgumentParser, sampling: bool = True) -> None:
     """--length_penalty, --max_tokens, --nbest, the controls (--constraints, --target_prefix_file, --block_file,
-    --disable_unk) and (with `sampling`) --sampling with its --topk, --topp, --temperature and --seed."""
+    --disable_unk), --compile_step and (with `sampling`) --sampling with --topk, --topp, --temperature, --seed."""
+    add_compile_step(parser)
     parser.add_argument(
         "--length_penalty", type=float, default=None, metavar="ALPHA", help="GNMT alpha (default: the model's)"
     )
@@ -162,6 +165,7 @@ def decoding_options(args: argparse.Namespace, **fields) -> TranslationOptions:
              "markup", "sampling", *SAMPLING_FIELDS)  # fmt: skip
     values = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
     values = {name: value for name, value in values.items() if value is not False}  # store_true flags not given
+    values["compile_step"] = compile_step_of(args)
     if getattr(args, "early_stopping", None) is not None:
         values["early_stopping"] = EARLY_STOPPING[args.early_stopping]
     values["batch_size"] = args.batch_size  # None with --max_tokens: no limit on rows

@@ -138,7 +138,7 @@ class TorchBackend:
         compute_type = resolve_compute_type(compute_type, model.device)
         if compute_type != "float32" and model.dtype == torch.float32:
             model = converted(copy.deepcopy(model), compute_type)
-        self.model, self.tokenizer = model.eval(), tokenizer
+        self.model, self.tokenizer, self._cache_kept = model.eval(), tokenizer, False
         self.generation_config = model.generation_config
         self.max_source_tokens = default_max_source_tokens(model, tokenizer)
         members = list(model.members) if isinstance(model, VaswaniEnsemble) else [model]
@@ -148,9 +148,21 @@ class TorchBackend:
             all(supervised_head(m.config) for m in members),
         )  # fmt: skip
 
-    @torch.no_grad()
     def search(self, batch: Batch, options: TranslationOptions) -> tuple[list, object]:
-        model, tokenizer, kwargs = self.model, self.tokenizer, batch.search.generate_kwargs()
+        """The translations of `batch` (with `options.compile_step`, by the compiled decoder step: compiled.py)."""
+        from vaswani_mt.inference.compiled import compiling, keep_compile_cache
+
+        if options.compile_step is not None and not self._cache_kept:
+            self._cache_kept = bool(keep_compile_cache())  # before the first compile of this process
+        with compiling(options.compile_step):
+            return self._search(batch, options)
+
+    @torch.no_grad()
+    def _search(self, batch: Batch, options: TranslationOptions) -> tuple[list, object]:
+        from vaswani_mt.inference.compiled import compile_kwargs
+
+        model, tokenizer = self.model, self.tokenizer
+        kwargs = {**batch.search.generate_kwargs(), **compile_kwargs(options.compile_step)}
         inputs = tokenizer.pad({"input_ids": batch.ids}, return_tensors="pt").to(model.device)
         if options.sampling:
             sampler = _SeededSampler(options.sampler, batch.lines)

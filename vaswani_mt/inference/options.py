@@ -20,6 +20,7 @@ from vaswani_mt.model.constraints_vaswani import ORDERS
 ALIGNMENT_KINDS = ("hard", "soft")
 MARKUP_FORMATS = ("xml", "directives")  # markup.py reads them; directives: format directives only, no tags
 COMPUTE_TYPES = ("float32", "bfloat16", "int8", "auto")  # ours (inference/compute_types.py)
+COMPILE_STEPS = ("on", "frozen")  # the decoder step torch.compile'd (inference/compiled.py); None: eager
 # CTranslate2's, which its folders take (its `compute_type`): the weights' type and the one products run in.
 CTRANSLATE2_COMPUTE_TYPES = ("default", "auto", "float32", "float16", "bfloat16", "int8", "int8_float32",
                              "int8_float16", "int8_bfloat16", "int16")  # fmt: skip
@@ -70,6 +71,7 @@ OWN_SEARCH = {
     "alignments": "alignments (--alignments) need vaswani_mt's own model, not {name}",
     "alignment_method": "alignment_method (--alignment_method) needs vaswani_mt's own model, not {name}",
     "markup": "markup (--markup) needs vaswani_mt's own model (it aligns), not {name}",
+    "compile_step": "compile_step={value!r} (--compile_step) needs vaswani_mt's own model, not {name}",
 }  # fmt: skip
 
 
@@ -109,7 +111,8 @@ class TranslationOptions:
     alone), `max_tokens` (fairseq's token budget), `chunk_size`
     lines read at a time (None: 16 batches, or 1024 lines with `max_tokens`), `max_source_tokens` (longer sources are
     cut, with a warning; None: the model's). Compute: `compute_type` (CTranslate2's names; None: as saved, unlike
-    "float32", which a CTranslate2 int8 export runs in), `threads` (None: torch's or CTranslate2's default).
+    "float32", which a CTranslate2 int8 export runs in), `threads` (None: torch's or CTranslate2's default),
+    `compile_step` ("on" or "frozen": the decoder step torch.compile'd, compiled.py; None: eager).
     `generate_kwargs`: any other `generate()` keyword (CTranslate2: `translate_batch`'s).
     """
 
@@ -138,6 +141,7 @@ class TranslationOptions:
     max_source_tokens: int | None = None
     compute_type: str | None = None
     threads: int | None = None
+    compile_step: str | None = None
     generate_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -184,6 +188,9 @@ class TranslationOptions:
         if self.compute_type is not None and self.compute_type not in {*COMPUTE_TYPES, *CTRANSLATE2_COMPUTE_TYPES}:
             raise ValueError(f"unknown compute type {self.compute_type!r}: use {', '.join(COMPUTE_TYPES)} (a "
                              f"CTranslate2 folder: {', '.join(CTRANSLATE2_COMPUTE_TYPES)})")  # fmt: skip
+        if self.compile_step is not None and self.compile_step not in COMPILE_STEPS:
+            raise ValueError(f"compile_step must be one of {', '.join(COMPILE_STEPS)} (None: eager), not "
+                             f"{self.compile_step!r}")  # fmt: skip
         self._check_sampling()
         if self.constraints is not None and self.constraints not in ORDERS:
             raise ValueError(f"constraint order must be one of {', '.join(ORDERS)}, not {self.constraints!r}")
@@ -269,5 +276,5 @@ class TranslationOptions:
                              "it with --alignment_supervision)")  # fmt: skip
 
 
-__all__ = ["ALIGNMENT_KINDS", "COMPUTE_TYPES", "CTRANSLATE2_COMPUTE_TYPES", "MARKUP_FORMATS", "OWN_SEARCH",
-           "BackendFacts", "Hypothesis", "Sampling", "TranslationOptions"]  # fmt: skip
+__all__ = ["ALIGNMENT_KINDS", "COMPILE_STEPS", "COMPUTE_TYPES", "CTRANSLATE2_COMPUTE_TYPES", "MARKUP_FORMATS",
+           "OWN_SEARCH", "BackendFacts", "Hypothesis", "Sampling", "TranslationOptions"]  # fmt: skip

@@ -203,9 +203,9 @@ class _Decoder:
             encoder_outputs = model.get_encoder()(input_ids, attention_mask=attention_mask, **self.extra)
         self.encoder_outputs = encoder_outputs
         # Every beam of a sentence reads the same encoder states (and encoder-decoder keys and values).
-        states = encoder_outputs[0].repeat_interleave(config.num_beams, dim=0)
+        states = encoder_outputs[0].repeat_interleave(config.num_beams, dim=0).clone()
         self.expanded = BaseModelOutput(last_hidden_state=states)
-        self.mask = attention_mask.repeat_interleave(config.num_beams, dim=0)
+        self.mask = attention_mask.repeat_interleave(config.num_beams, dim=0).clone()
         self.model, self.config, self.processors, self.target_prefix = model, config, processors, target_prefix
         self.device = input_ids.device
         self.use_cache = config.use_cache is not False
@@ -225,15 +225,15 @@ class _Decoder:
         alone = generated == 1 and self.first_alone
         outputs = self.forward(
             attention_mask=self.mask[::beams] if alone else self.mask,
-            decoder_input_ids=flat[::beams] if alone else flat[:, -1:] if self.use_cache else flat,
+            decoder_input_ids=flat[::beams] if alone else flat[:, -1:].clone() if self.use_cache else flat,
             encoder_outputs=BaseModelOutput(last_hidden_state=self.encoder_outputs[0]) if alone else self.expanded,
             cache=self.cache, use_cache=self.use_cache, return_dict=True, **self.extra,
         )  # fmt: skip
         self.cache = _cache_of(outputs) if self.use_cache else None
         if alone:  # each sentence's keys and values copied to its beams
             self.cache.reorder_cache(torch.arange(self.batch, device=self.device).repeat_interleave(beams))
-        if generated == 1 and self.cache is not None and getattr(self.config, "compile_config", None) is not None:
-            self.forward = _compiled(self.model, self.config.compile_config)  # after the first step, as transformers
+        if generated == 2 and self.cache is not None and getattr(self.config, "compile_config", None) is not None:
+            self.forward = _compiled(self.model, self.config.compile_config)  # a cache of 1 would be a graph of its own
         logits = outputs.logits[:, -1, :].to(dtype=torch.float32, device=self.device)  # log_softmax: a new tensor
         logits = logits.repeat_interleave(beams, dim=0) if alone else logits
         processed = self.processors(flat, torch.nn.functional.log_softmax(logits, dim=-1))
