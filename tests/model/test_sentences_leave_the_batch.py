@@ -242,9 +242,9 @@ def test_a_decoder_compiled_with_dynamic_shapes_takes_the_shrinking_batch(record
     eager, eager_recorded = record(model, input_ids=ids, attention_mask=mask, max_len_b=5)
     rows, scores, step, output = [], [], beam_search_vaswani._Decoder.next_log_probs, beam_search_vaswani._output
 
-    def counted_step(decoder, sequences, *args):
-        rows.append(sequences.shape[0] * sequences.shape[1])
-        return step(decoder, sequences, *args)
+    def counted_step(decoder, sequences, generated, *args):  # the rows decoded: one a sentence at the first step
+        rows.append(sequences.shape[0] * (1 if generated == 1 and decoder.first_alone else sequences.shape[1]))
+        return step(decoder, sequences, generated, *args)
 
     def recorded_output(finished, *args):
         scores.append(finished.scores[:, 0])
