@@ -76,8 +76,9 @@ def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, length_p
     the decoder layer whose encoder-decoder attention is drawn (1-based; 0 = the last), averaged over its heads,
     with the word alignment's links outlined. A text over `max_characters` is cut there before it is tokenized, and
     the notes say so. `terms`: comma-separated terms the translation must contain (terminology constraints, each
-    its target text or `source ||| target`; the notes say which it does). `markup`: inline XML tags and placeholders carried through by that alignment and the
-    search's placed terms: the translator's markup stage itself (`take_out_markup`, then `put_back`).
+    its target text or `source ||| target`; the notes say which it does). `markup`: inline XML tags and
+    placeholders carried through by that alignment and the search's placed terms: the translator's markup stage
+    itself (`take_out_markup`, then `put_back`).
     """
     from vaswani_mt.app.attention_plots import aligned_attentions, heatmap_figure, link_boxes
     from vaswani_mt.inference.controls import ControlReport
