@@ -18,9 +18,9 @@ the built-in test split with the main job's model.
 4. Speed: the test split translated with and without alignments, interleaved, medians (run under `flock` on a shared
    machine).
 5. Markup: each test sentence with a dictionary term (its English side in the source, its German side in the
-   reference) gets its first such English word wrapped in `<b>...</b>` and the German word as a constraint;
-   `translate(..., markup="xml")`: share of lines with the term inside the `<b>` element, share well-formed with the
-   same tags.
+   reference) gets its first such English word wrapped in `<b>...</b>` and the German word as a constraint, with that
+   English word as its source side (docs/constraints.md); `translate(..., markup="xml")`: share of lines with the
+   term inside the `<b>` element, share well-formed with the same tags.
 6. Markup as localizers write it (`--markup_heldout benchmarks/markup_heldout.jsonl`: this part and 5 only):
    245 UI strings and document sentences written for the test (pairs, void tags at the edges and between words,
    entities, `%%` and `{{ }}`, placeholders, comments and CDATA, stray `<` and `&`, broken lines, plain lines),
@@ -184,7 +184,8 @@ def measure_markup(model, tokenizer, rows, method) -> dict:
     report = ControlReport()
     start = time.perf_counter()
     outputs = translate(model, tokenizer, marked, batch_size=BATCH, markup="xml",
-                        constraints=[[row[2]] for row in rows], report=report, alignment_method=method)  # fmt: skip
+                        constraints=[[(row[1], row[2])] for row in rows], report=report,
+                        alignment_method=method)  # fmt: skip
     seconds = time.perf_counter() - start
     inside = formed = same = has_term = 0
     examples = []

@@ -318,3 +318,15 @@ def test_without_language_the_model_cards_target_language_is_the_catalogs(fitted
     source.write_text(HEADER + ENTRIES, encoding="utf-8")  # "Language: " left empty, as xgettext writes it
     _, code = run_catalog(fitted_folder, source, target, monkeypatch)
     assert code is None and polib.pofile(str(target)).metadata["Language"] == "de"  # the card's `language: [en, de]`
+
+
+def test_a_glossary_gives_each_line_its_terms_with_their_source_side():
+    from vaswani_mt.inference.catalogs import catalog_work
+
+    catalog = polib.POFile()
+    catalog.metadata = {"Plural-Forms": "nplurals=2; plural=(n != 1);"}
+    catalog.append(polib.POEntry(msgid="Open the <b>File</b> in the <i>new messages</i> folder."))
+    catalog.append(polib.POEntry(msgid="Two files"))
+    glossary = [("file", "Datei"), ("new messages", "neue Nachrichten"), ("folder", "Ordner")]
+    work = catalog_work(catalog, "de", glossary=glossary)
+    assert work.terms == [[("file", "Datei"), ("new messages", "neue Nachrichten"), ("folder", "Ordner")], []]

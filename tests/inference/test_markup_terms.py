@@ -1,6 +1,8 @@
 """Tags around forced terms (issue 63): every search that takes terms tells the alignment stage which words it placed
 for each term; a tag whose content holds a term wraps those words (and the aligned words next to them), an unmet
-term leaves the tag to the span rule; the demo's markup is the translator's stage."""
+term leaves the tag to the span rule; the demo's markup is the translator's stage. A term given with its source
+phrase goes to the tag around that phrase, found by string; without one, or where the line lacks it, the alignment
+decides."""
 
 import pytest
 import torch
@@ -101,3 +103,51 @@ def test_a_pair_around_every_word_of_the_line_goes_around_every_word_of_the_tran
             [0.1, 0.5, 0.35, 0.05]]  # fmt: skip
     out = restore(plan, aligned("Verwenden Sie ein starkes Passwort.", plan.text, rows))
     assert out == '<p class="hint">Verwenden Sie ein <b>starkes</b> Passwort.</p>'
+
+
+# "Open the <b>file</b> in the <i>folder</i>." -> "Öffne die Datei im Ordner.", "Datei" forced: its row attends most to
+# "folder", so the alignment gives the term to <i>; "Ordner." attends most to "folder" too.
+FILE = [[0.7, 0.1, 0.05, 0.05, 0.05, 0.05], [0.1, 0.6, 0.1, 0.1, 0.05, 0.05], [0.05, 0.05, 0.2, 0.05, 0.05, 0.6],
+        [0.05, 0.05, 0.05, 0.7, 0.1, 0.05], [0.05, 0.05, 0.3, 0.05, 0.05, 0.7]]  # fmt: skip
+
+
+def test_a_term_with_its_source_side_goes_into_the_tag_around_that_source_phrase():
+    plan = parse_markup("Open the <b>file</b> in the <i>folder</i>.")
+    translation = aligned("Öffne die Datei im Ordner.", plan.text, FILE, placed=[[2]])
+    assert restore(plan, translation) == "Öffne die <i>Datei</i> im <b>Ordner.</b>"  # the alignment's pick: wrong
+    for source in ("file", "FILE"):  # a whole word, any case
+        plan.sources = [source]
+        assert restore(plan, translation) == "Öffne die <b>Datei</b> im <i>Ordner.</i>"
+
+
+def test_a_source_side_not_in_the_line_leaves_the_holder_to_the_alignment():
+    plan = parse_markup("Open the <b>file</b> in the <i>folder</i>.")
+    translation = aligned("Öffne die Datei im Ordner.", plan.text, FILE, placed=[[2]])
+    before = restore(plan, translation)
+    for source in ("document", "fil", "files"):  # not a whole word of the line: read from the alignment
+        plan.sources = [source]
+        assert restore(plan, translation) == before == "Öffne die <i>Datei</i> im <b>Ordner.</b>"
+
+
+def test_a_term_with_its_source_side_is_searched_as_the_term_alone(fitted_folder):
+    options = {"num_beams": 4, "max_len_b": 20, "alignments": "hard", "constraints": "unordered"}
+    line = ENGLISH[3]  # "I would like a coffee, please!"
+    alone, *given = [Translator(str(fitted_folder), **options).translate([line], terms=[[term]])[0]
+                     for term in ("Buch", "coffee ||| Buch", ("coffee", "Buch"), (None, "Buch"))]  # fmt: skip
+    tabbed = Translator(str(fitted_folder), **options).translate([f"{line}\tcoffee ||| Buch"])[0]
+    for other in [*given, tabbed]:
+        assert (str(other), other.links, other.placed) == (str(alone), alone.links, alone.placed)
+    marked = Translator(str(fitted_folder), **options | {"markup": "xml", "alignments": None})
+    lines = ["I would like a <b>coffee</b>, please!"]  # the tiny model's alignment puts "Buch" outside the <b>
+    assert marked.translate(lines, terms=[["Buch"]])[0].count("<b>Buch") == 0
+    assert "<b>Buch</b>" in marked.translate(lines, terms=[[("coffee", "Buch")]])[0]
+
+
+def test_an_empty_source_side_fails_its_line_alone(fitted_folder):
+    from vaswani_mt.inference.controls import ControlReport
+
+    report = ControlReport()
+    translator = Translator(str(fitted_folder), num_beams=4, max_len_b=20, constraints="unordered")
+    out = translator.translate(ENGLISH[:2], terms=[["||| Buch"], ["Buch"]], report=report)
+    assert out[0] == "" and out[1]
+    assert report.failed == {1: "constraint 1: an empty source side before '|||' (of 'Buch')"}

@@ -75,13 +75,15 @@ def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, length_p
     `max_len_b` is b of the maximum output length |X| + b (§6.1: 50), `length_penalty` the GNMT alpha, `layer`
     the decoder layer whose encoder-decoder attention is drawn (1-based; 0 = the last), averaged over its heads,
     with the word alignment's links outlined. A text over `max_characters` is cut there before it is tokenized, and
-    the notes say so. `terms`: comma-separated terms the translation must contain (terminology constraints; the
-    notes say which it does). `markup`: inline XML tags and placeholders carried through by that alignment and the
-    search's placed terms: the translator's markup stage itself (`take_out_markup`, then `put_back`).
+    the notes say so. `terms`: comma-separated terms the translation must contain (terminology constraints, each
+    its target text or `source ||| target`; the notes say which it does). `markup`: inline XML tags and
+    placeholders carried through by that alignment and the search's placed terms: the translator's markup stage
+    itself (`take_out_markup`, then `put_back`).
     """
     from vaswani_mt.app.attention_plots import aligned_attentions, heatmap_figure, link_boxes
     from vaswani_mt.inference.controls import ControlReport
     from vaswani_mt.inference.markup import put_back, take_out_markup
+    from vaswani_mt.inference.terms import term_sides
     from vaswani_mt.inference.translator import Translator
 
     notes = []
@@ -97,12 +99,15 @@ def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, length_p
         text = plan.text
     wanted = [term.strip() for term in (terms or "").split(",") if term.strip()]
     try:
-        for term in wanted:
+        sides = [term_sides(term) for term in wanted]  # `source ||| target`: the tag around the source wraps it
+        for _, term in sides:
             phrase_forms(tokenizer, term)
             notes += [f"must contain: {note}" for note in [unusual_pieces(tokenizer, term)] if note]
     except ValueError as error:
         notes.append(f"must contain: {error}; translated without the terms")
-        wanted = []
+        wanted, sides = [], []
+    if plan is not None:
+        plan.terms, plan.sources = [term for _, term in sides], [source for source, _ in sides]
     if wanted and int(num_beams) < 2:
         notes.append("must contain: terms need a beam of 2 or more; searched with 4")
         num_beams = 4
@@ -115,7 +120,7 @@ def translate_for_demo(model, tokenizer, text: str, num_beams: int = 4, length_p
     if wanted:
         unmet = report.unmet.get(1, [])
         notes.append("must contain: " + ", ".join(
-            f"{term} {'✗ not met (no room within the length limit)' if term in unmet else '✓ met'}" for term in wanted
+            f"{term} {'✗ not met (no room within the length limit)' if term in unmet else '✓ met'}" for _, term in sides
         ))  # fmt: skip
     attentions = aligned_attentions(tokenizer, aligned, warned)
     num_layers = attentions.cross.shape[0]

@@ -203,7 +203,7 @@ def add_catalog_options(parser: argparse.ArgumentParser) -> None:
         "--glossary", default=None, metavar="F",
         help="a catalog's terms: F's lines are 'source term<TAB>target term'; each msgid line that has a source "
         "term (a whole word or phrase, any case) gets its target term as a constraint (--constraints, default "
-        "unordered)",
+        "unordered), with its source term (the tag around it wraps the target term)",
     )  # fmt: skip
     parser.add_argument(
         "--retranslate", action="store_true",

@@ -104,7 +104,7 @@ def add_decoding_options(parser: argparse.ArgumentParser, sampling: bool = True)
         help="terminology constraints: each input line is 'source<TAB>term<TAB>term...' (fairseq's format) and its "
         "translation contains every term (ordered: in that order), or is the best translation without a term that "
         "cannot fit its length limit, with a warning naming the line; a line without tabs is translated as without "
-        "the option",
+        "the option; a term written 'source phrase ||| term' also names what it translates (--markup: its tag)",
     )
     parser.add_argument(
         "--target_prefix_file",

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from vaswani_mt.inference.controls import ControlReport
 from vaswani_mt.inference.directives import Formatted, formats_of
+from vaswani_mt.inference.terms import phrase_spans
 from vaswani_mt.system.signals import TranslationInterrupted, interruptible
 
 logger = logging.getLogger(__name__)
@@ -145,7 +146,8 @@ def translate_catalog(translator, catalog, language: str, *, retranslate: bool =
     """Fills `catalog` (a `polib.POFile`) in place with `translator`'s translations (the module's docstring), for
     target `language`. The translator's `markup` must be set ("directives", or "xml" for entries with tags).
     `glossary`: (source term, target term) pairs; each line that has a source term (a whole word or phrase, any case)
-    gets its target term as a constraint (docs/constraints.md), as a tabbed line of `--constraints` would."""
+    gets its target term as a constraint (docs/constraints.md), as a tabbed line of `--constraints` would, with its
+    source term, so that a tag around the source term wraps the target term."""
     work = catalog_work(catalog, language, retranslate=retranslate, glossary=glossary)
     report = report if report is not None else ControlReport()
     before = set(report.unrestored)
@@ -158,10 +160,10 @@ def translate_catalog(translator, catalog, language: str, *, retranslate: bool =
     return fill_catalog(catalog, work, language, outputs, set(report.unrestored) - before)
 
 
-def glossary_terms(line: str, glossary: Sequence[tuple[str, str]]) -> list[str]:
-    """The target terms of the `glossary` entries whose source term `line` has (a whole word or phrase, any case)."""
-    return [target for source, target in glossary
-            if re.search(rf"(?<!\w){re.escape(source)}(?!\w)", line, re.IGNORECASE)]  # fmt: skip
+def glossary_terms(line: str, glossary: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The `glossary` entries, (source term, target term), whose source term `line` has (a whole word or phrase, any
+    case): terms with their source side (terms.py), so a tag around the source term wraps the target term."""
+    return [(source, target) for source, target in glossary if phrase_spans(line, source)]
 
 
 def read_glossary(path: str) -> list[tuple[str, str]]:

@@ -1,7 +1,8 @@
 """What a translation must contain, start with, or never contain: terminology constraints, forced target prefixes,
 blocked phrases, as text, turned into the token ids `generate()` takes (model/constraints_vaswani.py).
 
-Constraints are fairseq's `--constraints` (`source<TAB>term<TAB>term`); one that cannot be met within the length
+Constraints are fairseq's `--constraints` (`source<TAB>term<TAB>term`; a term may carry the source phrase it
+translates, `source ||| target`, for the markup stage: terms.py); one that cannot be met within the length
 limit leaves the best translation, reported in the `ControlReport` and warned. Blocked phrases and `<unk>` go to
 `bad_words_ids` and `suppress_tokens`. A line whose control is bad gets an empty translation and one error line
 naming it; every other line is translated.
@@ -13,6 +14,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from vaswani_mt.inference.terms import SIDES, term_sides
 from vaswani_mt.model.constraints_vaswani import ORDERS, phrase_forms
 from vaswani_mt.model.pipeline_vaswani import unusual_pieces
 
@@ -97,13 +99,22 @@ def blocked_ids(tokenizer, block: Sequence[str] = (), disable_unk: bool = False,
 
 @dataclass
 class LineControls:
-    """The constraints and prefixes of the lines `_translate_batches` translates (aligned with them; None: not used)."""
+    """The constraints and prefixes of the lines `_translate_batches` translates (aligned with them; None: not used):
+    each line's target `terms` and their `sources` (terms.py: the source phrase of each, None where not given)."""
 
     terms: Sequence[Sequence[str]] | None = None
     prefixes: Sequence[str] | None = None
     order: str = "unordered"
     report: ControlReport | None = None
     tabbed: int = 0  # lines of constrained input read with a tab (none: `warn_no_tabs`)
+    sources: Sequence[Sequence[str | None]] | None = None
+
+    def read_terms(self, lines: Sequence[Sequence]) -> None:
+        """Each line's terms as given (`terms.term_sides`: text, `source ||| target`, or pairs) into `terms` and
+        `sources`."""
+        sides = [[term_sides(term) for term in line] for line in lines]
+        self.sources = [[source for source, _ in line] for line in sides]
+        self.terms = [[target for _, target in line] for line in sides]
 
     def __post_init__(self):
         if self.order not in ORDERS:
@@ -128,6 +139,7 @@ class LineControls:
                 continue
             try:
                 room = search.limits(model.generation_config, [len(encoded[i])])[0] - 1  # tokens before </s>
+                _check_sources(terms, self.sources[i] if self.sources is not None else [])
                 prepared[i] = self._line(tokenizer, terms, prefix, room, banned)
             except ValueError as error:
                 fail(self.report, first_line + i, str(error))
@@ -200,6 +212,13 @@ class LineControls:
             missing = [term for term, ok in zip(self.terms[i], met[row].tolist(), strict=False) if not ok]
             if missing:
                 warn_unmet(self.report, first_line + i, missing)
+
+
+def _check_sources(terms: Sequence[str], sources: Sequence[str | None]) -> None:
+    """ValueError naming the first term given with an empty source side (`||| target`)."""
+    for number, (term, source) in enumerate(zip(terms, sources, strict=False), 1):
+        if source is not None and not source.strip():
+            raise ValueError(f"constraint {number}: an empty source side before {SIDES!r} (of {term!r})")
 
 
 def _banned_in(ids: Sequence[int], banned: list[list[int]]) -> list[int] | None:

@@ -132,6 +132,7 @@ class MarkupPlan:
     formats: frozenset[str] = PLAIN
     xml: bool = True
     terms: list[str] = field(default_factory=list)  # forced into its translation: no point goes between their words
+    sources: list[str | None] = field(default_factory=list)  # each term's source phrase (None: not given)
 
 
 @dataclass
@@ -384,10 +385,11 @@ def _placed_joints(plan: MarkupPlan, alignment: Alignment) -> dict[int, str]:
 
 def restore(plan: MarkupPlan, translation, rule: str = SPAN_RULE) -> str:
     """The translation of `plan.text` (an `AlignedTranslation` with hard links, and where terms were forced the
-    words the search placed for them) with `plan`'s markup put back; `rule`: the span rule (spans.py)."""
+    words the search placed for them; `plan.sources`, their source phrases) with `plan`'s markup put back; `rule`:
+    the span rule (spans.py)."""
     if plan.broken or not plan.marked:
         return str(translation)
-    alignment = Alignment.of(plan.text, translation)
+    alignment = Alignment.of(plan.text, translation, plan.sources)
     span = pair_spans(plan.pairs, alignment, rule)
     children = _placed_children(plan, alignment, span)
     output = _render(plan, alignment.words, span, children, _placed_joints(plan, alignment))

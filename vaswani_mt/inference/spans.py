@@ -8,10 +8,12 @@ parent (of the line, at the top) goes around every word of its parent's span.
 A pair that holds a forced term (`--constraints`, met by the search) wraps the term: the search reports which target
 tokens it placed for each constraint (`AlignedTranslation.placed`), so the term's words need no alignment. The span is
 the term's words plus the runs of aligned words that touch them; a pair around it keeps its rule's span, widened to
-hold the term. Which pair holds a term is read from the alignment (`_claims`: a term word's hard link into the
-content, a content word's most-attending target word in the term, or the content holding the source word that gives
-the term the largest share of its attention): of the pairs that claim it, the innermost, then the one whose content
-the term attends most. A term the search could not place (unmet) is no pair's: the rule alone decides.
+hold the term. Which pair holds a term: for a term given with its source phrase (terms.py: a glossary's pair,
+`source ||| target`), the pairs whose content has that phrase (a whole word or phrase, any case; found in the line
+but in no pair: none); else it is read from the alignment (`_claims`: a term word's hard link into the content, a
+content word's most-attending target word in the term, or the content holding the source word that gives the term
+the largest share of its attention). Of the pairs that hold it, the innermost, then the one whose content the term
+attends most. A term the search could not place (unmet) is no pair's: the rule alone decides.
 
 The rules, chosen on the dev part of the held-out markup set and measured on its test part (`benchmarks/alignments.py
 --markup_heldout`; RESULTS.md, 2026-11-29 markup spans):
@@ -29,6 +31,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
+
+from vaswani_mt.inference.terms import phrase_spans
 
 if TYPE_CHECKING:  # annotations only: taking markup out and checking it needs no torch
     import torch
@@ -65,8 +69,8 @@ def _runs(words: Sequence[int]) -> list[list[int]]:
 class Alignment:
     """A translation as `restore` reads it: the source's word `spans` (character offsets in the plain text), the
     target `words`, each source word's linked target words (`targets`, sorted), the soft alignment (`soft`, target
-    words x source words, None where it does not fit the words) and the target words of each constraint the search
-    placed (`placed`, None: unmet)."""
+    words x source words, None where it does not fit the words), the target words of each constraint the search
+    placed (`placed`, None: unmet) and each constraint's source phrase (`sources`, None or missing: not given)."""
 
     text: str
     spans: list[tuple[int, int]]
@@ -74,10 +78,12 @@ class Alignment:
     targets: dict[int, list[int]]
     soft: torch.Tensor | None
     placed: list[list[int] | None]
+    sources: Sequence[str | None] = ()
 
     @classmethod
-    def of(cls, text: str, translation) -> Alignment:
-        """The alignment of `translation`, an `AlignedTranslation` of `text` (or a plain string: no links)."""
+    def of(cls, text: str, translation, sources: Sequence[str | None] = ()) -> Alignment:
+        """The alignment of `translation`, an `AlignedTranslation` of `text` (or a plain string: no links), whose
+        constraints had the source phrases `sources`."""
         spans = [m.span() for m in _WORD.finditer(text)]
         words = list(getattr(translation, "target_words", None) or str(translation).split())
         targets: dict[int, list[int]] = {}
@@ -89,7 +95,7 @@ class Alignment:
         soft = soft if soft is not None and soft.numel() and soft.shape[0] == len(words) else None
         placed = [None if w is None else [t for t in w if t < len(words)] or None
                   for w in getattr(translation, "placed", None) or []]  # fmt: skip
-        return cls(text, spans, words, targets, soft, placed)
+        return cls(text, spans, words, targets, soft, placed, list(sources))
 
     def covered(self, start: int, end: int) -> list[int]:
         """The source words that characters `start` to `end` touch."""
@@ -158,10 +164,13 @@ def _term_holders(pairs: Sequence, alignment: Alignment) -> tuple[dict[int, set[
     contents = [alignment.covered(pair.start, pair.end) for pair in pairs]
     forced: dict[int, set[int]] = {}
     holders = set()
-    for term in alignment.placed:
+    for number, term in enumerate(alignment.placed):
         if term is None:
             continue
-        claimants = [i for i, content in enumerate(contents) if content and _claims(alignment, content, term)]
+        source = alignment.sources[number] if number < len(alignment.sources) else None
+        claimants = _source_holders(pairs, alignment.text, source) if source else None
+        if claimants is None:  # no source side, or not in the line: the alignment says
+            claimants = [i for i, content in enumerate(contents) if content and _claims(alignment, content, term)]
         inner = [i for i in claimants if not any(_inside(j, i, pairs) for j in claimants if j != i)]
         if not inner:
             continue
@@ -171,6 +180,15 @@ def _term_holders(pairs: Sequence, alignment: Alignment) -> tuple[dict[int, set[
             forced.setdefault(holder, set()).update(term)
             holder = pairs[holder].parent
     return forced, holders
+
+
+def _source_holders(pairs: Sequence, text: str, source: str) -> list[int] | None:
+    """The pairs whose content has the `source` phrase (whole words, any case) somewhere in the plain `text`; None
+    where the line does not have it."""
+    found = phrase_spans(text, source)
+    if not found:
+        return None
+    return [i for i, pair in enumerate(pairs) if any(pair.start <= a and b <= pair.end for a, b in found)]
 
 
 def _inside(inner: int, outer: int, pairs: Sequence) -> bool:

@@ -75,7 +75,8 @@ class Translator:
     `model`: anything `load_backend` takes. `translate(lines)` gives a list, `translate_iterable(lines)` an iterator,
     both in input order: per line a `str` (with `alignments`, an `AlignedTranslation`; with `markup`, the tags put
     back) or, with `nbest`, a list of `Hypothesis`. Per-line controls come with the lines: `terms` (a list of terms
-    per line; without it, with `options.constraints`, each line is fairseq's `source<TAB>term<TAB>...`) and
+    per line, each its target text or with its source phrase, terms.py; without it, with `options.constraints`, each
+    line is fairseq's `source<TAB>term<TAB>...`) and
     `prefixes` (a target prefix per line, "" for none), read along with them; `report` gets what the controls did.
     With `markup`, a line that is a `directives.Formatted` has its own format directives (a gettext entry's flags).
     """
@@ -150,8 +151,9 @@ class Translator:
         if self.options.markup:
             formats = [getattr(line, "formats", None) for line in sentences]  # a `Formatted` line's own
             plans = take_out_markup(sentences, first_line, formats, xml=self.options.markup == "xml")
-            for plan, terms in zip(plans, (controls.terms or []) if controls is not None else [], strict=False):
-                plan.terms = list(terms)  # forced into the text: the markup put back never splits them
+            if controls is not None and controls.terms is not None:  # forced: the markup put back wraps them whole
+                for plan, terms, sources in zip(plans, controls.terms, controls.sources, strict=False):
+                    plan.terms, plan.sources = list(terms), list(sources)
         texts = [plan.text for plan in plans] if plans is not None else sentences
         nbest = self.options.nbest
         results: list = [""] * len(texts) if nbest is None else [[Hypothesis("", 0.0, 0.0)] * nbest for _ in texts]
@@ -241,9 +243,10 @@ def _read_controls(chunk: list[str], controls: LineControls, tabbed: bool, terms
     `controls`; ValueError where the terms or prefixes end before the lines."""
     if tabbed:
         controls.tabbed += sum("\t" in line for line in chunk)
-        chunk, controls.terms = map(list, zip(*map(split_constrained_line, chunk), strict=True))
+        chunk, given = map(list, zip(*map(split_constrained_line, chunk), strict=True))
+        controls.read_terms(given)
     elif terms is not None:
-        controls.terms = [list(t) for t in itertools.islice(terms, len(chunk))]
+        controls.read_terms([list(t) for t in itertools.islice(terms, len(chunk))])
         if len(controls.terms) < len(chunk):
             raise ValueError(f"the terms end before input line {first + len(controls.terms)}")
     if prefixes is not None:
