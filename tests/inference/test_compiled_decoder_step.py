@@ -1,5 +1,5 @@
 """The compiled decoder step (`vaswani_mt.inference.compiled`, issue 62 item 5): `compile_step` reaches the search as
-a `CompileConfig` of dynamic shapes, traced without duck sizing (frozen: with inductor's `freezing` on), both only
+a `CompileConfig` of dynamic shapes, traced without duck sizing and with inductor's `freezing` on, both only
 while the search runs; its compile is kept in the user's cache folder; translate.py's `auto` compiles long inputs
 only; the compiled step with frozen weights gives the eager search's translations and n-best scores (the
 rows-leaving tolerance)."""
@@ -16,13 +16,15 @@ from vaswani_mt.inference.translator import Translator
 pytestmark = [pytest.mark.usefixtures("one_thread")]
 
 
-def test_compile_step_takes_on_frozen_or_none():
-    assert TranslationOptions(compile_step="frozen").compile_step == "frozen"
-    with pytest.raises(ValueError, match=r"compile_step must be one of on, frozen .*not 'auto'"):
+def test_compile_step_takes_on_or_none():
+    assert TranslationOptions(compile_step="on").compile_step == "on"
+    with pytest.raises(ValueError, match=r"compile_step must be one of on .*not 'frozen'"):  # merged into "on"
+        TranslationOptions(compile_step="frozen")
+    with pytest.raises(ValueError, match=r"compile_step must be one of on .*not 'auto'"):
         TranslationOptions(compile_step="auto")  # translate.py resolves auto before the options are made
 
 
-@pytest.mark.parametrize("step", [None, "on", "frozen"])
+@pytest.mark.parametrize("step", [None, "on"])
 def test_the_search_gets_the_compile_config_and_freezing_only_while_it_runs(fitted, step, monkeypatch, tmp_path):
     from torch._inductor import config as inductor
     from torch.fx.experimental import _config as shapes
@@ -45,8 +47,8 @@ def test_the_search_gets_the_compile_config_and_freezing_only_while_it_runs(fitt
         return
     assert duck_shape is False  # else 64 rows took the head size's symbol, and a second graph followed
     assert config.dynamic is True and config.mode is None  # dynamic: sentences still leave the batch
-    assert freezing is (step == "frozen" and compiled.FREEZING)
-    assert (config.options or {}).get("freezing", False) is freezing  # keys the frozen step apart from "on"'s
+    assert freezing is compiled.FREEZING
+    assert (config.options or {}).get("freezing", False) is freezing  # keys the frozen step apart from others
     assert torch._inductor.runtime.cache_dir_utils.cache_dir() == str(tmp_path / "vaswani_mt" / "inductor")
 
 
@@ -77,7 +79,7 @@ def test_auto_compiles_an_input_long_enough_of_one_model_of_ours_on_the_cpu(fitt
     assert compile_step_of(SimpleNamespace(compile_step="auto", model=model, input=None)) is None  # a stream
     assert compile_step_of(SimpleNamespace(compile_step="auto", model=model * 2, input=str(long))) is None
     assert compile_step_of(SimpleNamespace(compile_step="off", model=model, input=str(long))) is None
-    assert compile_step_of(SimpleNamespace(compile_step="frozen", model=model, input=str(short))) == "frozen"
+    assert compile_step_of(SimpleNamespace(compile_step="on", model=model, input=str(short))) == "on"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # measured on CPUs: a GPU stays eager
     assert compile_step_of(SimpleNamespace(compile_step="auto", model=model, input=str(long))) is None
 
@@ -91,7 +93,7 @@ def test_the_compiled_step_with_frozen_weights_gives_the_eager_translations_and_
     eager = Translator(model, tokenizer, options).translate(lines)
     torch._dynamo.reset()
     try:
-        frozen = Translator(model, tokenizer, options.replace(compile_step="frozen")).translate(lines)
+        frozen = Translator(model, tokenizer, options.replace(compile_step="on")).translate(lines)
         counts = dict(torch._dynamo.utils.counters["inductor"])
     finally:
         torch._dynamo.reset()

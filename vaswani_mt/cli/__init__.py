@@ -135,10 +135,10 @@ def add_compute_type(parser: argparse.ArgumentParser) -> None:
 def add_compile_step(parser: argparse.ArgumentParser) -> None:
     """--compile_step, for the commands that translate with `decoding_options` (translate.py, evaluate.py)."""
     parser.add_argument(
-        "--compile_step", choices=("auto", "on", "frozen", "off"), default="auto",
-        help="torch.compile the decoder step (inductor; docs/translating.md): on (its compile kept in the user's "
-        "cache folder for the next run), frozen (the weights frozen into the graph, compiled anew each run), off, or "
-        "auto (default: on for an --input long enough to pay the compile back, one vaswani_mt model, CPU; else off)",
+        "--compile_step", choices=("auto", "on", "off"), default="auto",
+        help="torch.compile the decoder step with its weights frozen into the graph (inductor; docs/translating.md): "
+        "on, off, or auto (default: on for an --input long enough to pay the compile back, one vaswani_mt model, "
+        "CPU; else off)",
     )  # fmt: skip
 
 

@@ -2,14 +2,14 @@
 search's step, the whole decoder stack over the rows still searched, torch.compile'd (inductor) with dynamic shapes
 from the third step (beam_search_vaswani.py), so that finished sentences still leave the batch.
 
-- "on": one graph for every row count and length, the weights as the graph's inputs. inductor's caches (its graphs
-  and C++ kernels) are kept in the user's cache folder (`compile_cache_dir`), so a later run loads the graph instead
-  of compiling it; dynamo still traces the step in each process.
-- "frozen": the same with inductor's `freezing`: the weights become constants of the graph, folded and each linear
-  layer's weight reordered once for oneDNN (as prepared.py does for bf16). torch 2.13 caches no frozen graph (its
-  reordered weights do not pickle, "mkldnn tensors unpickleable"), so each run lowers it again; only its C++ kernels
-  come from the cache. `freezing` is a setting of inductor's (private) config, which dynamo must also see while it
-  traces: patched for the search only, behind a feature check (`FREEZING`); without it "frozen" is "on".
+- "on": one graph for every row count and length, with inductor's `freezing`: the weights become constants of the
+  graph, folded and each linear layer's weight reordered once for oneDNN (as the eager `_project` does). inductor's
+  caches are kept in the user's cache folder (`compile_cache_dir`): torch 2.13 caches no frozen graph (its reordered
+  weights do not pickle, "mkldnn tensors unpickleable"), so each run lowers it again, but its C++ kernels come from
+  the cache (compile 15 s against 23 s). `freezing` is a setting of inductor's (private) config, which dynamo must
+  also see while it traces: patched for the search only, behind a feature check (`FREEZING`); without it the step
+  is compiled with the weights as the graph's inputs. That form alone ran at 0.98-1.01x the eager step, whose
+  weights are prepacked too, and was removed (RESULTS.md's removed table).
 - translate.py's "auto" (its default): `AUTO_COMPILE_STEP` where the input has at least `COMPILE_FROM_LINES` lines
   (the compile paid back), else eager (RESULTS.md, 2026-11-29, the compiled step with frozen weights and a kept cache).
 """
@@ -21,10 +21,12 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-# The input, in lines, from which compiling the step pays on a translate.py run: its compile from the kept cache
-# over the time saved a sentence (2026-11-28: 61 s, 9.6 ms, one thread; the quiet figure of 2026-11-29 replaces it).
-COMPILE_FROM_LINES = 6000
-AUTO_COMPILE_STEP = "on"  # what "auto" compiles there: "frozen" compiles anew each run (no cache)
+# The input, in lines, from which compiling the step pays on a translate.py run: its compile (23 s in a first run,
+# 15 s with the kernels cached) over the time saved a sentence (1.26 ms: eager 71.2 sentences/s, compiled 78.2, the
+# median of its rounds), 2 threads, the main job's model (RESULTS.md, 2026-11-29, the compiled step): 18,000 pays in
+# a first run too.
+COMPILE_FROM_LINES = 18000
+AUTO_COMPILE_STEP = "on"  # what "auto" compiles there
 
 
 def _settings(module: str, name: str):
@@ -71,12 +73,12 @@ def keep_compile_cache() -> Path:
 
 def compile_kwargs(compile_step: str | None) -> dict:
     """The `generate()` keywords of `compile_step`: a transformers `CompileConfig` of dynamic shapes (torch.compile's
-    default mode; "frozen": inductor's `freezing` in its options, which also keys the compiled step apart)."""
+    default mode; inductor's `freezing` in its options, which also keys the compiled step apart)."""
     if compile_step is None:
         return {}
     from transformers import CompileConfig
 
-    options = {"freezing": True} if compile_step == "frozen" and FREEZING else None
+    options = {"freezing": True} if FREEZING else None
     return {"compile_config": CompileConfig(dynamic=True, fullgraph=False, mode=None, options=options)}
 
 
@@ -84,13 +86,13 @@ def compile_kwargs(compile_step: str | None) -> dict:
 def compiling(compile_step: str | None) -> Iterator[None]:
     """The context a search with `compile_step` runs in, set while dynamo traces the step: every size a symbol of
     its own (duck sizing off: it gave 64 rows, 16 sentences of 4 beams, the head size's symbol, which the cache's
-    `cat` then fixed at 64, so a second graph followed); "frozen": inductor's `freezing` on. Each where this torch
+    `cat` then fixed at 64, so a second graph followed); inductor's `freezing` on. Each where this torch
     has the setting; nothing for eager."""
     with contextlib.ExitStack() as stack:
         shapes = _settings("torch.fx.experimental._config", "use_duck_shape") if compile_step else None
         if shapes is not None:
             stack.enter_context(shapes.patch(use_duck_shape=False))
-        if compile_step == "frozen" and FREEZING:
+        if compile_step and FREEZING:
             stack.enter_context(_settings("torch._inductor.config", "freezing").patch(freezing=True))
         yield
 

@@ -20,7 +20,7 @@ from vaswani_mt.model.constraints_vaswani import ORDERS
 ALIGNMENT_KINDS = ("hard", "soft")
 MARKUP_FORMATS = ("xml", "directives")  # markup.py reads them; directives: format directives only, no tags
 COMPUTE_TYPES = ("float32", "bfloat16", "int8", "auto")  # ours (inference/compute_types.py)
-COMPILE_STEPS = ("on", "frozen")  # the decoder step torch.compile'd (inference/compiled.py); None: eager
+COMPILE_STEPS = ("on",)  # the decoder step torch.compile'd, its weights frozen (inference/compiled.py); None: eager
 # CTranslate2's, which its folders take (its `compute_type`): the weights' type and the one products run in.
 CTRANSLATE2_COMPUTE_TYPES = ("default", "auto", "float32", "float16", "bfloat16", "int8", "int8_float32",
                              "int8_float16", "int8_bfloat16", "int16")  # fmt: skip
@@ -112,7 +112,7 @@ class TranslationOptions:
     lines read at a time (None: 16 batches, or 1024 lines with `max_tokens`), `max_source_tokens` (longer sources are
     cut, with a warning; None: the model's). Compute: `compute_type` (CTranslate2's names; None: as saved, unlike
     "float32", which a CTranslate2 int8 export runs in), `threads` (None: torch's or CTranslate2's default),
-    `compile_step` ("on" or "frozen": the decoder step torch.compile'd, compiled.py; None: eager).
+    `compile_step` ("on": the decoder step torch.compile'd with its weights frozen, compiled.py; None: eager).
     `generate_kwargs`: any other `generate()` keyword (CTranslate2: `translate_batch`'s).
     """
 
