@@ -32,8 +32,8 @@ from vaswani_mt.system.devices import native_bf16
 # `auto` by hardware class: the fastest type whose sacreBLEU on the model's dev split is within 0.1 of float32's
 # with the model's own search (benchmarks/speed.py peers --split validation, beam 4 at batch 16; greedy int8 lost
 # 0.19 on test). On the main job's model of 2026-11-29 every type qualifies on dev (float32 7.58, bfloat16 7.63,
-# int8 7.74) and on test (7.82, 7.82, 7.79): the speed decides, int8 1.65x float32 against bfloat16's 1.33x with its
-# prepared weights (RESULTS.md, 2026-11-29 against the peers after the speed work of issues 61-67).
+# int8 7.74) and on test (7.82, 7.82, 7.79): the speed decides, int8 1.11x float32 against bfloat16's 1.06x, all
+# three on prepacked or int8 weights (RESULTS.md, 2026-11-29 float32 through oneDNN's prepacked weights).
 AUTO_COMPUTE_TYPES = {
     "native-bf16 CPU": "int8",
     "AVX2 CPU": "float32",  # not measured
